@@ -1,0 +1,75 @@
+"""Errors users see. Every error that comes from a program carries a span and
+renders as ``file:line:col: error: message`` + the source line + a caret."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    """The text of one .tile program and the name it is reported under."""
+    name: str
+    text: str
+
+    def line(self, lineno: int) -> str:
+        lines = self.text.splitlines()
+        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    source: Source
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.col}"
+
+
+class TilecError(Exception):
+    """Base of every error tilec raises on purpose."""
+
+    def __init__(self, message: str, span: Span | None = None, note: str | None = None):
+        self.message = message
+        self.span = span
+        self.note = note
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        if self.span is None:
+            text = f"error: {self.message}"
+        else:
+            s = self.span
+            src_line = s.source.line(s.line)
+            width = max(1, (s.end_col - s.col) if s.end_line == s.line else len(src_line) - s.col + 1)
+            caret = " " * (s.col - 1) + "^" + "~" * (width - 1)
+            text = f"{s}: error: {self.message}\n{src_line}\n{caret}"
+        if self.note:
+            text += f"\nnote: {self.note}"
+        return text
+
+
+class ParseError(TilecError):
+    """The text is not a tilec program."""
+
+
+class SemanticError(TilecError):
+    """The program parses but breaks a rule of the language or of the target."""
+
+
+class UnsupportedError(SemanticError):
+    """A construct of the language that this version of tilec does not lower yet."""
+
+
+class LaunchError(TilecError):
+    """A call's arguments break a rule (shape, dtype, device, TMA legality)."""
+
+
+class CompileError(TilecError):
+    """NVRTC rejected the generated CUDA: a tilec bug, reported with both lines."""
+
+
+class DeviceError(TilecError):
+    """The CUDA driver reported an error while loading or running a kernel."""

@@ -1,0 +1,304 @@
+"""Parse tree -> IR. One method per grammar rule; every node gets its span."""
+from __future__ import annotations
+
+from lark import Token, Transformer, v_args
+from lark.exceptions import VisitError
+
+from ..errors import SemanticError, Source, Span
+from ..ir import nodes as ir
+
+_KEYWORD_CONSTS = {"true": 1, "false": 0}
+_DECLS = ("const", "let", "require", "grid", "threads", "shared", "local")
+
+
+class _Decl:
+    """A top-level declaration on its way into the Kernel node."""
+
+    def __init__(self, kind, value, span):
+        self.kind, self.value, self.span = kind, value, span
+
+
+@v_args(meta=True)
+class _Builder(Transformer):
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta) -> Span:
+        if getattr(meta, "empty", True):
+            return None
+        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _tok_span(self, tok: Token) -> Span:
+        return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)
+
+    # ------------------------------------------------------------ expressions
+    def int_lit(self, meta, ch):
+        return ir.Int(int(ch[0]), span=self._span(meta))
+
+    def float_lit(self, meta, ch):
+        return ir.Float(float(ch[0]), span=self._span(meta))
+
+    def name(self, meta, ch):
+        n = str(ch[0])
+        if n in _KEYWORD_CONSTS:
+            return ir.Int(_KEYWORD_CONSTS[n], span=self._span(meta))
+        return ir.Var(n, span=self._span(meta))
+
+    def binary(self, meta, ch):
+        lhs, op, rhs = ch
+        return ir.BinOp(str(op), lhs, rhs, span=self._span(meta))
+
+    def unary_op(self, meta, ch):
+        op, operand = ch
+        if str(op) == "+":
+            return operand
+        return ir.UnaryOp(str(op), operand, span=self._span(meta))
+
+    def kwarg(self, meta, ch):
+        return ("kw", str(ch[0]), ch[1], self._tok_span(ch[0]))
+
+    def _split_args(self, args):
+        pos, kws = [], []
+        for a in args:
+            if a is None:
+                continue
+            if isinstance(a, tuple) and a and a[0] == "kw":
+                kws.append((a[1], a[2]))
+            else:
+                if kws:
+                    raise SemanticError("positional argument after a keyword argument", a.span)
+                pos.append(a)
+        return tuple(pos), tuple(kws)
+
+    def call(self, meta, ch):
+        func, *args = ch
+        pos, kws = self._split_args(args)
+        return ir.Call(str(func), pos, kws, span=self._span(meta))
+
+    def cast(self, meta, ch):
+        return ir.Cast(ir.DTYPES[str(ch[0])], ch[1], span=self._span(meta))
+
+    def subscript(self, meta, ch):
+        return ir.Subscript(str(ch[0]), tuple(ch[1:]), span=self._span(meta))
+
+    def slice(self, meta, ch):
+        return ir.Slice(ch[0], ch[1], span=self._span(meta))
+
+    def tuple(self, meta, ch):
+        return ir.TupleExpr(tuple(ch), span=self._span(meta))
+
+    # ------------------------------------------------------------ statements
+    def shape(self, meta, ch):
+        return tuple(ch)
+
+    def param(self, meta, ch):
+        name, dtype, shape = ch
+        dt = ir.DTYPES[str(dtype)]
+        if shape is None:
+            return ir.ScalarParam(str(name), dt, span=self._span(meta))
+        return ir.TensorParam(str(name), dt, shape, span=self._span(meta))
+
+    def const_item(self, meta, ch):
+        return (str(ch[0]), ch[1], self._tok_span(ch[0]))
+
+    def const_stmt(self, meta, ch):
+        return _Decl("const", list(ch), self._span(meta))
+
+    def let_stmt(self, meta, ch):
+        return _Decl("let", (str(ch[0]), ch[1], self._tok_span(ch[0])), self._span(meta))
+
+    def require_stmt(self, meta, ch):
+        text = self.source.text[meta.start_pos:meta.end_pos]
+        text = text[len("require"):].rstrip(";").strip()
+        return _Decl("require", ir.Require(ch[0], text, span=self._span(meta)), self._span(meta))
+
+    def grid_stmt(self, meta, ch):
+        names = [c for c in ch if isinstance(c, Token)]
+        exprs = [c for c in ch if not isinstance(c, Token)]
+        if len(names) != len(exprs):
+            raise SemanticError(f"grid names {len(names)} block indices but gives {len(exprs)} sizes",
+                                self._span(meta))
+        if len(names) > 3:
+            raise SemanticError("a grid has at most 3 dimensions", self._span(meta))
+        return _Decl("grid", (tuple(map(str, names)), tuple(exprs)), self._span(meta))
+
+    def threads_stmt(self, meta, ch):
+        return _Decl("threads", ch[0], self._span(meta))
+
+    def _tile_decl(self, scope, meta, ch):
+        name, dtype, shape = ch
+        return _Decl(scope, ir.Buffer(str(name), scope, ir.DTYPES[str(dtype)], shape,
+                                      span=self._span(meta)), self._span(meta))
+
+    def shared_decl(self, meta, ch):
+        return self._tile_decl("shared", meta, ch)
+
+    def local_decl(self, meta, ch):
+        return self._tile_decl("local", meta, ch)
+
+    def block(self, meta, ch):
+        return list(ch)
+
+    def _region(self, e, what):
+        if isinstance(e, ir.Var):
+            return ir.Region(e.name, (), (), span=e.span)
+        if isinstance(e, ir.Subscript):
+            starts, extents = [], []
+            for ix in e.indices:
+                if isinstance(ix, ir.Slice):
+                    starts.append(ix.start)
+                    extents.append(ir.BinOp("-", ix.stop, ix.start, span=ix.span))
+                else:
+                    starts.append(ix)
+                    extents.append(None)
+            return ir.Region(e.name, tuple(starts), tuple(extents), span=e.span)
+        raise SemanticError(f"the {what} of a copy must be a tile or a tensor region", e.span)
+
+    def _need_args(self, fname, pos, n, span, names):
+        if len(pos) != n:
+            raise SemanticError(f"{fname} takes {n} arguments ({', '.join(names)}), got {len(pos)}", span)
+
+    def _tile_name(self, e, fname, what):
+        if not isinstance(e, ir.Var):
+            raise SemanticError(f"the {what} of {fname} must be a tile name", e.span)
+        return e.name
+
+    def call_stmt(self, meta, ch):
+        func, *args = ch
+        fname = str(func)
+        span = self._span(meta)
+        pos, kws = self._split_args(args)
+        allowed_kws = {"gemm": {"transpose_b"}}.get(fname, set())
+        for k, v in kws:
+            if k not in allowed_kws:
+                raise SemanticError(f"{fname} has no argument '{k}'", v.span)
+        if fname == "copy":
+            self._need_args("copy", pos, 2, span, ["src", "dst"])
+            return ir.Copy(self._region(pos[0], "source"), self._region(pos[1], "destination"), span=span)
+        if fname == "fill":
+            self._need_args("fill", pos, 2, span, ["tile", "value"])
+            return ir.Fill(self._tile_name(pos[0], "fill", "first argument"), pos[1], span=span)
+        if fname == "gemm":
+            self._need_args("gemm", pos, 3, span, ["a", "b", "acc"])
+            tb = dict(kws).get("transpose_b", ir.Int(0))
+            if not isinstance(tb, ir.Int):
+                raise SemanticError("transpose_b must be true or false", tb.span)
+            a, b, acc = (self._tile_name(x, "gemm", w) for x, w in zip(pos, ("a", "b", "acc")))
+            return ir.Gemm(a, b, acc, bool(tb.value), span=span)
+        raise SemanticError(f"unknown statement '{fname}' (expected copy, fill or gemm)",
+                            self._tok_span(func))
+
+    def for_stmt(self, meta, ch):
+        var, kind, *rest = ch
+        body = rest[-1]
+        pos, kws = self._split_args(rest[:-1])
+        span = self._span(meta)
+        kind_s = str(kind)
+        if kind_s == "range":
+            if len(pos) != 1 or kws:
+                raise SemanticError("range takes one argument: range(n)", self._tok_span(kind))
+            return ir.For(str(var), pos[0], None, tuple(body), span=span)
+        if kind_s == "pipelined":
+            kw = dict(kws)
+            if len(pos) != 1 or set(kw) - {"stages"}:
+                raise SemanticError("pipelined takes pipelined(n, stages = S)", self._tok_span(kind))
+            return ir.For(str(var), pos[0], kw.get("stages", ir.Int(2)), tuple(body), span=span)
+        raise SemanticError(f"a for loop runs over range(n) or pipelined(n, stages = S), not '{kind_s}'",
+                            self._tok_span(kind))
+
+    def parallel_stmt(self, meta, ch):
+        names = [str(c) for c in ch if isinstance(c, Token)]
+        rest = [c for c in ch if not isinstance(c, Token)]
+        body = rest[-1]
+        extents = rest[:-1]
+        if len(names) != len(extents):
+            raise SemanticError(f"parallel names {len(names)} indices but gives {len(extents)} extents",
+                                self._span(meta))
+        return ir.Parallel(tuple(names), tuple(extents), tuple(body), span=self._span(meta))
+
+    def if_stmt(self, meta, ch):
+        cond, then, orelse = ch
+        if orelse is None:
+            orelse = []
+        elif isinstance(orelse, ir.If):
+            orelse = [orelse]
+        return ir.If(cond, tuple(then), tuple(orelse), span=self._span(meta))
+
+    def assign_stmt(self, meta, ch):
+        name, *idx, value = ch
+        return ir.Assign(str(name), tuple(idx), value, span=self._span(meta))
+
+    # ------------------------------------------------------------ the kernel
+    def kernel(self, meta, ch):
+        name, *rest = ch
+        body = rest[-1]
+        params = tuple(p for p in rest[:-1] if p is not None)
+        span = self._span(meta)
+        consts, lets, requires, buffers, stmts = [], [], [], [], []
+        grid = threads = None
+        seen = {}
+        for p in params:
+            self._declare(seen, p.name, p.span, "parameter")
+            if isinstance(p, ir.TensorParam) and not 1 <= len(p.shape) <= 5:
+                raise SemanticError(f"tensor '{p.name}' has rank {len(p.shape)}; tensors have rank 1 to 5", p.span)
+        for s in body:
+            if isinstance(s, _Decl):
+                if s.kind == "const":
+                    for cname, value, cspan in s.value:
+                        self._declare(seen, cname, cspan, "const")
+                        consts.append((cname, value, cspan))
+                elif s.kind == "let":
+                    self._declare(seen, s.value[0], s.value[2], "let")
+                    lets.append((s.value[0], s.value[1]))
+                elif s.kind == "require":
+                    requires.append(s.value)
+                elif s.kind == "grid":
+                    if grid is not None:
+                        raise SemanticError("grid is declared twice", s.span)
+                    for g in s.value[0]:
+                        self._declare(seen, g, s.span, "block index")
+                    grid = s.value
+                elif s.kind == "threads":
+                    if threads is not None:
+                        raise SemanticError("threads is declared twice", s.span)
+                    threads = s.value
+                else:
+                    self._declare(seen, s.value.name, s.value.span, "tile")
+                    buffers.append(s.value)
+            else:
+                stmts.append(s)
+        self._no_nested_decls(stmts)
+        if grid is None:
+            raise SemanticError(f"kernel '{name}' has no grid declaration", self._tok_span(name),
+                                note="add e.g. `grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));`")
+        if threads is None:
+            raise SemanticError(f"kernel '{name}' has no threads declaration", self._tok_span(name),
+                                note="add e.g. `threads 128;`")
+        return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
+                         grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span)
+
+    def _declare(self, seen, name, span, what):
+        if name in seen:
+            raise SemanticError(f"'{name}' is already declared (as a {seen[name]})", span)
+        seen[name] = what
+
+    def _no_nested_decls(self, stmts):
+        for s in stmts:
+            for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
+                for inner in getattr(s, f):
+                    if isinstance(inner, _Decl):
+                        raise SemanticError(f"'{inner.kind}' declarations go at the top level of the kernel",
+                                            inner.span)
+                self._no_nested_decls(getattr(s, f))
+
+    def start(self, meta, ch):
+        return ch[0]
+
+
+def build_ir(tree, source: Source) -> ir.Kernel:
+    """The program's kernel, as IR."""
+    try:
+        return _Builder(source).transform(tree)
+    except VisitError as e:
+        raise e.orig_exc from None

@@ -1,0 +1,81 @@
+"""Text -> lark parse tree, with lark's exceptions turned into located ParseErrors."""
+from __future__ import annotations
+
+import functools
+
+import lark
+
+from .._resources import resource_dir
+from ..errors import ParseError, Source, Span
+
+# How an expected terminal is named in an error message.
+_TERMINAL_WORDS = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "DTYPE": "a dtype",
+    "CMP_OP": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '%'",
+    "OR_OP": "'||'",
+    "AND_OP": "'&&'",
+    "NEG_OP": "'!'",
+}
+_EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "DTYPE"}
+
+
+@functools.lru_cache(maxsize=1)
+def parser() -> lark.Lark:
+    grammar = (resource_dir("grammar") / "tilec.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _describe_terminal(name: str) -> str:
+    if name in _TERMINAL_WORDS:
+        return _TERMINAL_WORDS[name]
+    for t in parser().terminals:
+        if t.name == name and t.pattern.type == "str":
+            return f"'{t.pattern.value}'"
+    return name.lower()
+
+
+def _describe_expected(expected) -> str:
+    names = set(expected)
+    words = []
+    if _EXPR_START <= names:
+        words.append("an expression")
+        names -= _EXPR_START | {"ADD_OP", "NEG_OP"}
+    words += sorted(_describe_terminal(n) for n in names)
+    if len(words) == 1:
+        return words[0]
+    if len(words) <= 6:
+        return "one of " + ", ".join(words)
+    return "one of " + ", ".join(words[:6]) + ", ..."
+
+
+def _describe_token(tok) -> str:
+    if tok.type == "$END":
+        return "end of input"
+    return f"'{tok}'"
+
+
+def parse_tree(source: Source) -> lark.Tree:
+    try:
+        return parser().parse(source.text)
+    except lark.exceptions.UnexpectedToken as e:
+        tok = e.token
+        if tok.type == "$END":
+            lines = source.text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+            end = col + 1
+        else:
+            line, col = tok.line, tok.column
+            end = col + max(1, len(str(tok)))
+        msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(e.expected)}"
+        raise ParseError(msg, Span(source, line, col, line, end)) from None
+    except lark.exceptions.UnexpectedCharacters as e:
+        ch = source.text[e.pos_in_stream]
+        raise ParseError(f"unexpected character '{ch}'",
+                         Span(source, e.line, e.column, e.line, e.column + 1)) from None
+    except lark.exceptions.UnexpectedEOF as e:  # pragma: no cover - LALR reports UnexpectedToken
+        raise ParseError(f"unexpected end of input; expected {_describe_expected(e.expected)}") from None

@@ -1,0 +1,166 @@
+"""Expression utilities shared by passes: folding, substitution, free names,
+and the divisibility facts that TMA alignment proofs rest on."""
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+
+from . import nodes as ir
+
+INT_BINOPS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "==": lambda a, b: int(a == b),
+    "!=": lambda a, b: int(a != b),
+    "<": lambda a, b: int(a < b),
+    "<=": lambda a, b: int(a <= b),
+    ">": lambda a, b: int(a > b),
+    ">=": lambda a, b: int(a >= b),
+    "&&": lambda a, b: int(bool(a) and bool(b)),
+    "||": lambda a, b: int(bool(a) or bool(b)),
+}
+INT_CALLS = {
+    "min": (2, min),
+    "max": (2, max),
+    "cdiv": (2, lambda a, b: -(-a // b)),
+    "abs": (1, abs),
+}
+FLOAT_CALLS = {"exp", "log", "sqrt", "rsqrt"}
+
+
+def map_expr(e, fn):
+    """Rebuild `e` bottom-up, applying `fn` to every node after its children."""
+    if isinstance(e, ir.BinOp):
+        e = replace(e, lhs=map_expr(e.lhs, fn), rhs=map_expr(e.rhs, fn))
+    elif isinstance(e, ir.UnaryOp):
+        e = replace(e, operand=map_expr(e.operand, fn))
+    elif isinstance(e, ir.Call):
+        e = replace(e, args=tuple(map_expr(a, fn) for a in e.args),
+                    kwargs=tuple((k, map_expr(v, fn)) for k, v in e.kwargs))
+    elif isinstance(e, ir.Cast):
+        e = replace(e, value=map_expr(e.value, fn))
+    elif isinstance(e, ir.TupleExpr):
+        e = replace(e, items=tuple(map_expr(i, fn) for i in e.items))
+    elif isinstance(e, ir.Subscript):
+        e = replace(e, indices=tuple(map_expr(i, fn) for i in e.indices))
+    elif isinstance(e, ir.Slice):
+        e = replace(e, start=map_expr(e.start, fn), stop=map_expr(e.stop, fn))
+    return fn(e)
+
+
+def walk_expr(e):
+    yield e
+    for child in _children(e):
+        yield from walk_expr(child)
+
+
+def _children(e):
+    if isinstance(e, ir.BinOp):
+        return (e.lhs, e.rhs)
+    if isinstance(e, ir.UnaryOp):
+        return (e.operand,)
+    if isinstance(e, ir.Call):
+        return tuple(e.args) + tuple(v for _, v in e.kwargs)
+    if isinstance(e, ir.Cast):
+        return (e.value,)
+    if isinstance(e, ir.TupleExpr):
+        return e.items
+    if isinstance(e, ir.Subscript):
+        return e.indices
+    if isinstance(e, ir.Slice):
+        return (e.start, e.stop)
+    return ()
+
+
+def free_names(e) -> set:
+    return {x.name for x in walk_expr(e) if isinstance(x, ir.Var)}
+
+
+def fold(e):
+    """Constant-fold integer arithmetic (floor division, as the language defines)."""
+    def step(x):
+        if isinstance(x, ir.BinOp) and isinstance(x.lhs, ir.Int) and isinstance(x.rhs, ir.Int):
+            if x.op in ("/", "%") and x.rhs.value == 0:
+                from ..errors import SemanticError
+                raise SemanticError("division by zero in a constant expression", x.span)
+            return ir.Int(INT_BINOPS[x.op](x.lhs.value, x.rhs.value), span=x.span)
+        if isinstance(x, ir.BinOp):
+            # x * 1, x + 0, 0 * x: keep generated index math short.
+            if x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
+                return x.lhs
+            if x.op == "*" and isinstance(x.lhs, ir.Int) and x.lhs.value == 1:
+                return x.rhs
+            if x.op in "+-" and isinstance(x.rhs, ir.Int) and x.rhs.value == 0:
+                return x.lhs
+            if x.op == "+" and isinstance(x.lhs, ir.Int) and x.lhs.value == 0:
+                return x.rhs
+        if isinstance(x, ir.UnaryOp) and isinstance(x.operand, ir.Int):
+            return ir.Int(-x.operand.value if x.op == "-" else int(not x.operand.value), span=x.span)
+        if isinstance(x, ir.Call) and x.func in INT_CALLS and all(isinstance(a, ir.Int) for a in x.args):
+            n, f = INT_CALLS[x.func]
+            if len(x.args) == n:
+                if x.func == "cdiv" and x.args[1].value == 0:
+                    from ..errors import SemanticError
+                    raise SemanticError("division by zero in a constant expression", x.span)
+                return ir.Int(f(*(a.value for a in x.args)), span=x.span)
+        return x
+    return map_expr(e, step)
+
+
+def substitute(e, mapping: dict):
+    """Replace Vars by name with expressions (consts, lets)."""
+    def step(x):
+        if isinstance(x, ir.Var) and x.name in mapping:
+            return mapping[x.name]
+        return x
+    return map_expr(e, step)
+
+
+def divisor(e) -> int:
+    """The largest d this analysis proves divides every value of integer `e`
+    (0 means e is always 0). Unknown names divide by 1."""
+    if isinstance(e, ir.Int):
+        return abs(e.value)
+    if isinstance(e, ir.BinOp):
+        a, b = divisor(e.lhs), divisor(e.rhs)
+        if e.op in "+-":
+            return math.gcd(a, b)
+        if e.op == "*":
+            return a * b
+    if isinstance(e, ir.UnaryOp) and e.op == "-":
+        return divisor(e.operand)
+    return 1
+
+
+def map_stmt_exprs(s, fn):
+    """Apply `fn` to every expression held by statement `s` (not nested blocks)."""
+    changes = {}
+    for f in fields(s):
+        v = getattr(s, f.name)
+        if isinstance(v, ir.Expr):
+            changes[f.name] = fn(v)
+        elif isinstance(v, ir.Region):
+            changes[f.name] = replace(v, starts=tuple(fn(x) for x in v.starts),
+                                      extents=tuple(None if x is None else fn(x) for x in v.extents))
+        elif f.name in ("coords", "indices", "extents") and isinstance(v, tuple):
+            changes[f.name] = tuple(fn(x) if isinstance(x, ir.Expr) else x for x in v)
+    return replace(s, **changes) if changes else s
+
+
+def map_body(body, fn_stmt):
+    """Rebuild a block: nested blocks first, then `fn_stmt` on each statement,
+    which returns a statement or a list of statements."""
+    out = []
+    for s in body:
+        nested = {f: map_body(getattr(s, f), fn_stmt) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        if nested:
+            s = replace(s, **nested)
+        r = fn_stmt(s)
+        if isinstance(r, (list, tuple)):
+            out.extend(r)
+        else:
+            out.append(r)
+    return tuple(out)

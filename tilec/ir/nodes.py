@@ -1,0 +1,408 @@
+"""IR node types: small frozen dataclasses, each with the span of its source text.
+
+Expressions are trees of `Expr`; statements form structured blocks (tuples).
+Passes build new nodes with `dataclasses.replace` instead of mutating."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import Span
+
+SPAN = field(default=None, compare=False, repr=False)
+
+
+# ---------------------------------------------------------------- dtypes
+
+@dataclass(frozen=True)
+class DType:
+    name: str       # the tilec spelling: f16, bf16, ...
+    size: int       # bytes
+    ctype: str      # CUDA C++ type under NVRTC (no headers)
+    numpy: str      # numpy dtype name ('' when numpy has none)
+    tmap: str       # CUtensorMapDataType enum suffix
+    is_float: bool
+
+
+DTYPES = {d.name: d for d in [
+    DType("f16", 2, "__half", "float16", "FLOAT16", True),
+    DType("bf16", 2, "__nv_bfloat16", "bfloat16", "BFLOAT16", True),
+    DType("f32", 4, "float", "float32", "FLOAT32", True),
+    DType("f64", 8, "double", "float64", "FLOAT64", True),
+    DType("i8", 1, "signed char", "int8", "UINT8", False),
+    DType("u8", 1, "unsigned char", "uint8", "UINT8", False),
+    DType("i16", 2, "short", "int16", "UINT16", False),
+    DType("u16", 2, "unsigned short", "uint16", "UINT16", False),
+    DType("i32", 4, "int", "int32", "INT32", False),
+    DType("u32", 4, "unsigned int", "uint32", "UINT32", False),
+    DType("i64", 8, "long long", "int64", "INT64", False),
+    DType("u64", 8, "unsigned long long", "uint64", "UINT64", False),
+    DType("f8e4m3", 1, "__nv_fp8_e4m3", "float8_e4m3fn", "UINT8", True),
+    DType("f8e5m2", 1, "__nv_fp8_e5m2", "float8_e5m2", "UINT8", True),
+]}
+
+
+# ---------------------------------------------------------------- expressions
+
+class Expr:
+    span: Optional[Span]
+
+
+@dataclass(frozen=True)
+class Int(Expr):
+    value: int
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Float(Expr):
+    value: float
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    """A name. `kind` is filled in by name resolution:
+    symbol (shape symbol bound at launch), scalar (scalar parameter), block
+    (block index), loop (for variable), lane (parallel variable), let, const."""
+    name: str
+    kind: str = ""
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    op: str
+    lhs: Expr
+    rhs: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class UnaryOp(Expr):
+    op: str
+    operand: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    func: str
+    args: tuple
+    kwargs: tuple = ()          # ((name, Expr), ...)
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    dtype: DType
+    value: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class TupleExpr(Expr):
+    items: tuple
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Slice(Expr):
+    """`start : stop` inside a region subscript."""
+    start: Expr
+    stop: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Subscript(Expr):
+    """`name[i, j]`: an element of a tile in an expression, or a region in a copy."""
+    name: str
+    indices: tuple
+    span: Optional[Span] = SPAN
+
+
+# ---------------------------------------------------------------- declarations
+
+@dataclass(frozen=True)
+class TensorParam:
+    name: str
+    dtype: DType
+    shape: tuple            # of Expr, outermost first
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+    dtype: DType
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A block-wide tile: scope 'shared' (shared memory) or 'local' (registers,
+    element e of the flattened tile held by thread e % threads)."""
+    name: str
+    scope: str
+    dtype: DType
+    shape: tuple            # of int after const folding
+    smem_offset: Optional[int] = None
+    span: Optional[Span] = SPAN
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.dtype.size
+
+
+@dataclass(frozen=True)
+class Require:
+    cond: Expr
+    text: str
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One CUtensorMap the host encodes and passes as a __grid_constant__ parameter."""
+    name: str
+    tensor: str
+    kind: str               # 'tiled'
+    box: tuple              # outermost first, like the source
+    element_strides: tuple  # outermost first
+    swizzle: str            # none | 32B | 64B | 128B
+    l2_promotion: str       # none | 64B | 128B | 256B
+    span: Optional[Span] = SPAN
+
+    def box_bytes(self, dtype: DType) -> int:
+        n = dtype.size
+        for b, s in zip(self.box, self.element_strides):
+            n *= -(-b // s)
+        return n
+
+
+@dataclass(frozen=True)
+class Mbarrier:
+    name: str
+    arrivals: int
+    in_loop: bool           # phase kept in a register and flipped after each wait
+    span: Optional[Span] = SPAN
+
+
+# ---------------------------------------------------------------- statements
+
+class Stmt:
+    span: Optional[Span]
+
+
+@dataclass(frozen=True)
+class Region:
+    """`A[i0, i1]` or `A[i0 : i0 + 64, ...]`, or a bare tile name (whole tile)."""
+    name: str
+    starts: tuple           # of Expr, one per dim of the named tensor/tile
+    extents: tuple          # of Expr or None (None: from the other side of the copy)
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Copy(Stmt):
+    src: Region
+    dst: Region
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Fill(Stmt):
+    buffer: str
+    value: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Gemm(Stmt):
+    a: str
+    b: str
+    acc: str
+    transpose_b: bool
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    buffer: str
+    indices: tuple
+    value: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class Parallel(Stmt):
+    vars: tuple             # names
+    extents: tuple          # of Expr (ints after folding)
+    body: tuple
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: str
+    extent: Expr
+    stages: Optional[int]   # None: range(n); else pipelined(n, stages=S)
+    body: tuple
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: tuple
+    orelse: tuple
+    span: Optional[Span] = SPAN
+
+
+# ---- after lower_copies
+
+@dataclass(frozen=True)
+class TmaLoad(Stmt):
+    """global -> shared, cp.async.bulk.tensor .tile; completes on `barrier`."""
+    tensor: str
+    buffer: str
+    coords: tuple           # of Expr, outermost first (the region's starts)
+    tensor_map: str = ""
+    barrier: str = ""
+    bytes: int = 0
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class TmaStore(Stmt):
+    """shared -> global, cp.async.bulk.tensor .tile .bulk_group."""
+    buffer: str
+    tensor: str
+    coords: tuple
+    tensor_map: str = ""
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class ThreadCopy(Stmt):
+    """An element-wise copy done by all threads of the block; global sides are
+    bounds-checked (outside reads give zero, outside writes are dropped)."""
+    src: Region
+    dst: Region
+    shape: tuple            # of int: the tile shape that moves
+    span: Optional[Span] = SPAN
+
+
+# ---- after insert_barriers
+
+@dataclass(frozen=True)
+class MbarrierInit(Stmt):
+    barriers: tuple         # of Mbarrier
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class ArriveExpectTx(Stmt):
+    barrier: str
+    bytes: int
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class MbarrierWait(Stmt):
+    barrier: str
+    parity: Optional[int]   # a literal parity, or None: the barrier's phase register
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class FlipPhase(Stmt):
+    barrier: str
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class ProxyFence(Stmt):
+    """fence.proxy.async.shared::cta: generic-proxy smem writes become visible to TMA."""
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class SyncThreads(Stmt):
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class BulkCommit(Stmt):
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class BulkWait(Stmt):
+    """cp.async.bulk.wait_group[.read] 0: earlier TMA stores have read their smem
+    (`read=True`) or completed."""
+    read: bool
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class OneThread(Stmt):
+    """A block executed by thread 0 only (TMA issue, expect-tx, store commit)."""
+    body: tuple
+    span: Optional[Span] = SPAN
+
+
+# ---------------------------------------------------------------- the kernel
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple               # TensorParam | ScalarParam
+    consts: tuple               # ((name, int), ...) in declaration order
+    lets: tuple                 # ((name, Expr), ...)
+    requires: tuple             # Require
+    grid_vars: tuple            # names bound to blockIdx.x, .y, .z
+    grid: tuple                 # of Expr
+    threads: Optional[Expr]
+    buffers: tuple              # Buffer
+    body: tuple
+    tensor_maps: tuple = ()
+    barriers: tuple = ()
+    smem_bytes: int = 0
+    span: Optional[Span] = SPAN
+
+    def param(self, name):
+        return next((p for p in self.params if p.name == name), None)
+
+    def buffer(self, name):
+        return next((b for b in self.buffers if b.name == name), None)
+
+    def tensor_map(self, name):
+        return next(t for t in self.tensor_maps if t.name == name)
+
+    @property
+    def tensors(self):
+        return tuple(p for p in self.params if isinstance(p, TensorParam))
+
+    @property
+    def scalars(self):
+        return tuple(p for p in self.params if isinstance(p, ScalarParam))
+
+
+STMT_BLOCK_FIELDS = {For: ("body",), Parallel: ("body",), If: ("then", "orelse"), OneThread: ("body",)}
+
+
+def walk_stmts(body):
+    """Every statement of a block, depth first, nested blocks included."""
+    for s in body:
+        yield s
+        for f in STMT_BLOCK_FIELDS.get(type(s), ()):
+            yield from walk_stmts(getattr(s, f))

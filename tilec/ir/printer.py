@@ -1,0 +1,153 @@
+"""The IR printer: what `tilec emit --emit ir [--after PASS]` shows and what
+FileCheck tests read. Every fact a pass decides (box, bytes, barrier, parity,
+smem offset) is visible here."""
+from __future__ import annotations
+
+from . import nodes as ir
+
+_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
+         "+": 4, "-": 4, "*": 5, "/": 5, "%": 5}
+
+
+def expr(e, prec: int = 0) -> str:
+    if isinstance(e, ir.Int):
+        return str(e.value)
+    if isinstance(e, ir.Float):
+        return repr(e.value)
+    if isinstance(e, ir.Var):
+        return e.name
+    if isinstance(e, ir.BinOp):
+        p = _PREC[e.op]
+        text = f"{expr(e.lhs, p)} {e.op} {expr(e.rhs, p + 1)}"
+        return f"({text})" if p < prec else text
+    if isinstance(e, ir.UnaryOp):
+        return f"{e.op}{expr(e.operand, 6)}"
+    if isinstance(e, ir.Call):
+        args = [expr(a) for a in e.args] + [f"{k} = {expr(v)}" for k, v in e.kwargs]
+        return f"{e.func}({', '.join(args)})"
+    if isinstance(e, ir.Cast):
+        return f"{e.dtype.name}({expr(e.value)})"
+    if isinstance(e, ir.TupleExpr):
+        return "(" + ", ".join(expr(i) for i in e.items) + ")"
+    if isinstance(e, ir.Subscript):
+        return f"{e.name}[{', '.join(expr(i) for i in e.indices)}]"
+    if isinstance(e, ir.Slice):
+        return f"{expr(e.start)} : {expr(e.stop)}"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def region(r: ir.Region) -> str:
+    if not r.starts:
+        return r.name
+    parts = []
+    for s, x in zip(r.starts, r.extents):
+        parts.append(expr(s) if x is None else f"{expr(s)} : +{expr(x)}")
+    return f"{r.name}[{', '.join(parts)}]"
+
+
+def _loc(s) -> str:
+    return f"  // line {s.span.line}" if s.span is not None else ""
+
+
+def stmt(s, ind: str) -> list:
+    L = _loc(s)
+    if isinstance(s, ir.Copy):
+        return [f"{ind}copy {region(s.src)} -> {region(s.dst)}{L}"]
+    if isinstance(s, ir.Fill):
+        return [f"{ind}fill {s.buffer}, {expr(s.value)}{L}"]
+    if isinstance(s, ir.Gemm):
+        tb = ", transpose_b" if s.transpose_b else ""
+        return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{L}"]
+    if isinstance(s, ir.Assign):
+        return [f"{ind}{s.buffer}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}{L}"]
+    if isinstance(s, ir.Parallel):
+        head = f"{ind}parallel ({', '.join(s.vars)}) in ({', '.join(expr(x) for x in s.extents)}) {{{L}"
+        return [head] + block(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, ir.For):
+        it = f"range({expr(s.extent)})" if s.stages is None else \
+            f"pipelined({expr(s.extent)}, stages = {expr(s.stages) if isinstance(s.stages, ir.Expr) else s.stages})"
+        return [f"{ind}for {s.var} in {it} {{{L}"] + block(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, ir.If):
+        out = [f"{ind}if {expr(s.cond)} {{{L}"] + block(s.then, ind + "  ")
+        if s.orelse:
+            out += [f"{ind}}} else {{"] + block(s.orelse, ind + "  ")
+        return out + [f"{ind}}}"]
+    if isinstance(s, ir.TmaLoad):
+        via = f" map {s.tensor_map}" if s.tensor_map else ""
+        bar = f" bar {s.barrier} bytes {s.bytes}" if s.barrier else ""
+        coords = ", ".join(expr(c) for c in s.coords)
+        return [f"{ind}tma.load.tile {s.buffer} <- {s.tensor}[{coords}]{via}{bar}{L}"]
+    if isinstance(s, ir.TmaStore):
+        via = f" map {s.tensor_map}" if s.tensor_map else ""
+        coords = ", ".join(expr(c) for c in s.coords)
+        return [f"{ind}tma.store.tile {s.tensor}[{coords}] <- {s.buffer}{via}{L}"]
+    if isinstance(s, ir.ThreadCopy):
+        shape = "x".join(map(str, s.shape))
+        return [f"{ind}thread.copy {region(s.src)} -> {region(s.dst)} tile {shape}{L}"]
+    if isinstance(s, ir.MbarrierInit):
+        bars = ", ".join(f"{b.name}(arrivals={b.arrivals})" for b in s.barriers)
+        return [f"{ind}mbarrier.init {bars}"]
+    if isinstance(s, ir.ArriveExpectTx):
+        return [f"{ind}mbarrier.arrive.expect_tx {s.barrier}, {s.bytes} bytes{L}"]
+    if isinstance(s, ir.MbarrierWait):
+        parity = f"phase({s.barrier})" if s.parity is None else str(s.parity)
+        return [f"{ind}mbarrier.try_wait.parity {s.barrier}, {parity}{L}"]
+    if isinstance(s, ir.FlipPhase):
+        return [f"{ind}phase({s.barrier}) ^= 1"]
+    if isinstance(s, ir.ProxyFence):
+        return [f"{ind}fence.proxy.async.shared::cta{L}"]
+    if isinstance(s, ir.SyncThreads):
+        return [f"{ind}barrier.sync{L}"]
+    if isinstance(s, ir.BulkCommit):
+        return [f"{ind}cp.async.bulk.commit_group"]
+    if isinstance(s, ir.BulkWait):
+        return [f"{ind}cp.async.bulk.wait_group{'.read' if s.read else ''} 0"]
+    if isinstance(s, ir.OneThread):
+        return [f"{ind}one_thread {{"] + block(s.body, ind + "  ") + [f"{ind}}}"]
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def block(body, ind: str) -> list:
+    out = []
+    for s in body:
+        out += stmt(s, ind)
+    return out
+
+
+def _const_value(v):
+    return v if isinstance(v, int) else expr(v[1]) if isinstance(v, tuple) else expr(v)
+
+
+def kernel(k: ir.Kernel) -> str:
+    out = []
+    params = []
+    for p in k.params:
+        if isinstance(p, ir.TensorParam):
+            params.append(f"{p.name}: {p.dtype.name}[{', '.join(expr(d) for d in p.shape)}]")
+        else:
+            params.append(f"{p.name}: {p.dtype.name}")
+    out.append(f"kernel {k.name}({', '.join(params)}) {{")
+    for c in k.consts:
+        out.append(f"  const {c[0]} = {_const_value(c[1])}")
+    for name, value in k.lets:
+        out.append(f"  let {name} = {expr(value)}")
+    for r in k.requires:
+        out.append(f"  require {expr(r.cond)}")
+    out.append(f"  grid ({', '.join(k.grid_vars)}) = ({', '.join(expr(g) for g in k.grid)})")
+    out.append(f"  threads {expr(k.threads)}")
+    for b in k.buffers:
+        where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
+        shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
+        out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
+    for t in k.tensor_maps:
+        out.append(f"  tensormap {t.name}: {t.kind} {t.tensor} box [{', '.join(map(str, t.box))}]"
+                   f" element_strides [{', '.join(map(str, t.element_strides))}]"
+                   f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
+    for b in k.barriers:
+        out.append(f"  mbarrier {b.name} arrivals {b.arrivals}{' phase register' if b.in_loop else ''}")
+    if k.smem_bytes:
+        out.append(f"  dynamic_smem {k.smem_bytes} bytes")
+    out.append("")
+    out += block(k.body, "  ")
+    out.append("}")
+    return "\n".join(out) + "\n"

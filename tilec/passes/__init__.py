@@ -1,0 +1,15 @@
+"""The pass pipeline, in order. This list is the only place that orders passes."""
+from __future__ import annotations
+
+from . import check_types, fold_consts, insert_barriers, lower_copies, plan_smem, plan_tma
+
+PIPELINE = (
+    fold_consts,        # consts, lets, shape symbols, name kinds
+    check_types,        # memory spaces, ranks, dtypes, where names may be used
+    lower_copies,       # copy -> TMA load / TMA store / thread copy
+    plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules
+    insert_barriers,    # mbarriers, parities, fences, block barriers, bulk groups
+    plan_smem,          # shared-memory offsets and size
+)
+
+PASS_NAMES = ("parse",) + tuple(p.NAME for p in PIPELINE)

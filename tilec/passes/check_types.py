@@ -1,0 +1,191 @@
+"""check-types: memory spaces, ranks, dtypes and the places each name may be
+used. After this pass every Copy's regions name what they should."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import SemanticError, UnsupportedError
+from ..ir import nodes as ir
+from ..ir.exprs import walk_expr
+
+NAME = "check-types"
+
+_GRID_KINDS = {"symbol", "scalar"}
+
+
+def space(k: ir.Kernel, name: str) -> str:
+    """global | shared | local | view (im2col) for the name of a copy side."""
+    b = k.buffer(name)
+    if b is not None:
+        return b.scope
+    if isinstance(k.param(name), ir.TensorParam):
+        return "global"
+    if any(n == name for n, _ in k.lets):
+        return "view"
+    return "scalar"
+
+
+def run(k: ir.Kernel) -> ir.Kernel:
+    t = k.threads.value
+    if not (32 <= t <= 1024 and t % 32 == 0):
+        raise SemanticError(f"threads must be a multiple of 32 between 32 and 1024, got {t}", k.threads.span)
+    for g in k.grid:
+        _only_kinds(g, _GRID_KINDS, "a grid size")
+    for r in k.requires:
+        _only_kinds(r.cond, _GRID_KINDS, "a require")
+    for p in k.tensors:
+        for d in p.shape:
+            _only_kinds(d, {"symbol"}, "a tensor shape")
+    for name, e in k.lets:
+        if isinstance(e, ir.Call) and e.func == "im2col":
+            raise UnsupportedError("im2col views are not supported yet (TMA im2col lands with issue #4)", e.span)
+    return replace(k, body=_check_body(k, k.body, lanes=None))
+
+
+def _only_kinds(e, allowed, what):
+    for x in walk_expr(e):
+        if isinstance(x, ir.Var) and x.kind not in allowed:
+            raise SemanticError(f"{what} may use shape symbols and scalar parameters only; "
+                                f"'{x.name}' is a {_kind_word(x.kind)}", x.span)
+        if isinstance(x, ir.Subscript):
+            raise SemanticError(f"{what} cannot read tile elements", x.span)
+
+
+def _kind_word(kind):
+    return {"block": "block index", "loop": "loop variable", "lane": "parallel index",
+            "tile": "tile", "tensor": "tensor", "view": "view"}.get(kind, kind)
+
+
+def _check_body(k, body, lanes):
+    out = []
+    for s in body:
+        if isinstance(s, ir.Copy):
+            if lanes is not None:
+                raise SemanticError("copy cannot appear inside a parallel body", s.span)
+            s = _check_copy(k, s)
+        elif isinstance(s, ir.Fill):
+            if lanes is not None:
+                raise SemanticError("fill cannot appear inside a parallel body", s.span)
+            _tile(k, s.buffer, s.span, "fill")
+            _check_value(k, s.value, lanes)
+        elif isinstance(s, ir.Gemm):
+            raise UnsupportedError("gemm is not supported yet (tensor-core gemm lands with issue #5)", s.span)
+        elif isinstance(s, ir.Parallel):
+            if lanes is not None:
+                raise SemanticError("parallel bodies do not nest", s.span)
+            for x in s.extents:
+                if not isinstance(x, ir.Int) or x.value <= 0:
+                    raise SemanticError("parallel extents must be positive compile-time integers", x.span)
+            s = replace(s, body=_check_body(k, s.body, dict(zip(s.vars, (x.value for x in s.extents)))))
+        elif isinstance(s, ir.Assign):
+            if lanes is None:
+                raise SemanticError("tile elements are assigned inside a parallel body", s.span)
+            _check_element(k, ir.Subscript(s.buffer, s.indices, span=s.span), lanes)
+            _check_value(k, s.value, lanes)
+        elif isinstance(s, ir.For):
+            _no_elements(s.extent, "a loop bound")
+            s = replace(s, body=_check_body(k, s.body, lanes))
+        elif isinstance(s, ir.If):
+            if lanes is None:
+                _no_elements(s.cond, "an if condition outside a parallel body")
+            else:
+                _check_value(k, s.cond, lanes)
+            s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
+        out.append(s)
+    return tuple(out)
+
+
+def _no_elements(e, what):
+    for x in walk_expr(e):
+        if isinstance(x, ir.Subscript):
+            raise SemanticError(f"{what} cannot read tile elements", x.span)
+        if isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):
+            raise SemanticError(f"'{x.name}' is a {_kind_word(x.kind)}, not a value", x.span)
+
+
+def _tile(k, name, span, what):
+    b = k.buffer(name)
+    if b is None:
+        raise SemanticError(f"{what} needs a shared or local tile; '{name}' is not one", span)
+    return b
+
+
+def _check_value(k, e, lanes):
+    for x in walk_expr(e):
+        if isinstance(x, ir.Subscript):
+            _check_element(k, x, lanes)
+        elif isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):
+            raise SemanticError(f"'{x.name}' is a {_kind_word(x.kind)}; read one element as {x.name}[...]",
+                                x.span)
+
+
+def _check_element(k, sub: ir.Subscript, lanes):
+    if isinstance(k.param(sub.name), ir.TensorParam):
+        raise SemanticError(f"'{sub.name}' is a global tensor; copy a region of it into a tile to read "
+                            "its elements", sub.span)
+    b = _tile(k, sub.name, sub.span, "element access")
+    if any(isinstance(i, ir.Slice) for i in sub.indices):
+        raise SemanticError("slices are for copy regions, not element access", sub.span)
+    if len(sub.indices) != len(b.shape):
+        raise SemanticError(f"tile '{b.name}' has rank {len(b.shape)} but is indexed with "
+                            f"{len(sub.indices)} indices", sub.span)
+    if b.scope == "local":
+        # A local tile lives in registers, element e in thread e % threads: only the
+        # parallel loop's own index reaches it without moving data between threads.
+        ok = (lanes is not None and tuple(lanes.values()) == b.shape and
+              all(isinstance(i, ir.Var) and i.name == v for i, v in zip(sub.indices, lanes)))
+        if not ok:
+            raise SemanticError(f"local tile '{b.name}' is read and written at the parallel loop's own "
+                                f"indices, in a parallel over its whole shape {list(b.shape)}", sub.span)
+
+
+def _check_copy(k, s: ir.Copy) -> ir.Copy:
+    sides = []
+    for r, what in ((s.src, "source"), (s.dst, "destination")):
+        sp = space(k, r.name)
+        if sp == "scalar":
+            raise SemanticError(f"the {what} of a copy must be a tensor or a tile; '{r.name}' is not", r.span)
+        if sp == "view":
+            raise UnsupportedError("copies from im2col views are not supported yet", r.span)
+        if sp in ("shared", "local"):
+            if r.starts:
+                raise SemanticError(f"a tile side of a copy is the whole tile: write '{r.name}', not a subscript",
+                                    r.span)
+            b = k.buffer(r.name)
+            sides.append((sp, b.dtype, b.shape))
+        else:
+            p = k.param(r.name)
+            if r.starts and len(r.starts) != len(p.shape):
+                raise SemanticError(f"tensor '{p.name}' has rank {len(p.shape)} but the region gives "
+                                    f"{len(r.starts)} coordinates", r.span)
+            for x in r.starts:
+                _no_elements(x, "a region origin")
+            sides.append((sp, p.dtype, None))
+    (ssp, sdt, sshape), (dsp, ddt, dshape) = sides
+    if ssp == "global" and dsp == "global":
+        raise SemanticError("copy from global to global: stage it through a shared tile", s.span)
+    tile_shape = sshape or dshape
+    if sshape and dshape and sshape != dshape:
+        raise SemanticError(f"copy between tiles of shapes {list(sshape)} and {list(dshape)}", s.span)
+    if {ssp, dsp} == {"global", "shared"} and sdt != ddt:
+        raise SemanticError(f"a global<->shared copy moves bytes with TMA: {sdt.name} and {ddt.name} differ "
+                            f"(convert through a parallel body or a local tile)", s.span)
+    # fill in region origins and extents on the global side
+    new = []
+    for r, sp in ((s.src, ssp), (s.dst, dsp)):
+        if sp == "global":
+            p = k.param(r.name)
+            rank = len(p.shape)
+            if len(tile_shape) > rank:
+                raise SemanticError(f"a tile of rank {len(tile_shape)} does not fit tensor '{p.name}' of rank {rank}",
+                                    s.span)
+            box = (1,) * (rank - len(tile_shape)) + tuple(tile_shape)
+            starts = r.starts or tuple(ir.Int(0) for _ in range(rank))
+            extents = r.extents or (None,) * rank
+            for x, want in zip(extents, box):
+                if x is not None and not (isinstance(x, ir.Int) and x.value == want):
+                    raise SemanticError(f"the region's extents must match the tile shape {list(tile_shape)}",
+                                        x.span or r.span)
+            r = replace(r, starts=starts, extents=tuple(ir.Int(v) for v in box))
+        new.append(r)
+    return replace(s, src=new[0], dst=new[1])

@@ -1,0 +1,137 @@
+"""fold-consts: apply const overrides, fold consts and integer lets into every
+expression, bind shape symbols, and resolve each remaining name to its kind."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import SemanticError, TilecError
+from ..ir import nodes as ir
+from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_body, map_expr, map_stmt_exprs, substitute
+
+NAME = "fold-consts"
+
+
+def run(k: ir.Kernel, overrides: dict) -> ir.Kernel:
+    declared = {c[0] for c in k.consts}
+    for name in overrides:
+        if name not in declared:
+            raise TilecError(f"kernel '{k.name}' has no const '{name}' to override"
+                             f" (its consts: {', '.join(sorted(declared)) or 'none'})")
+
+    # consts, in order; an override replaces the declared value
+    values: dict = {}
+    consts = []
+    for name, expr, span in k.consts:
+        if name in overrides:
+            v = overrides[name]
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TilecError(f"const '{name}' must be an integer, got {v!r}")
+        else:
+            e = fold(substitute(expr, values))
+            if not isinstance(e, ir.Int):
+                raise SemanticError(f"const '{name}' is not a compile-time integer", expr.span,
+                                    note="consts may use integer literals and earlier consts only")
+            v = e.value
+        values[name] = ir.Int(v, span=span)
+        consts.append((name, v))
+
+    # names and their kinds
+    kinds = {}
+    for p in k.params:
+        kinds[p.name] = "tensor" if isinstance(p, ir.TensorParam) else "scalar"
+    symbols = []
+    for t in k.tensors:
+        for d in t.shape:
+            if isinstance(d, ir.Var) and d.name not in values and d.name not in kinds and d.name not in symbols:
+                symbols.append(d.name)
+    for s in symbols:
+        kinds[s] = "symbol"
+    for g in k.grid_vars:
+        kinds[g] = "block"
+    for b in k.buffers:
+        kinds[b.name] = "tile"
+
+    env = dict(values)
+    lets = []
+    for name, e in k.lets:
+        e = fold(substitute(e, env))
+        if isinstance(e, ir.Call) and e.func == "im2col":
+            kinds[name] = "view"
+            lets.append((name, e))
+            continue
+        env[name] = e
+        lets.append((name, e))
+
+    def resolve(e, bound):
+        def step(x):
+            if isinstance(x, ir.Var):
+                kind = bound.get(x.name) or kinds.get(x.name)
+                if kind is None:
+                    raise SemanticError(f"unknown name '{x.name}'", x.span)
+                return replace(x, kind=kind)
+            if isinstance(x, ir.Call) and x.func not in INT_CALLS and x.func not in FLOAT_CALLS \
+                    and x.func != "im2col":
+                raise SemanticError(f"unknown function '{x.func}'", x.span)
+            return x
+        return map_expr(fold(substitute(e, env)), step)
+
+    params = []
+    for p in k.params:
+        if isinstance(p, ir.TensorParam):
+            p = replace(p, shape=tuple(resolve(d, {}) for d in p.shape))
+        params.append(p)
+
+    buffers = []
+    for b in k.buffers:
+        shape = []
+        for d in b.shape:
+            v = fold(substitute(d, env))
+            if not isinstance(v, ir.Int):
+                raise SemanticError(f"tile '{b.name}' must have a compile-time shape", d.span)
+            if v.value <= 0:
+                raise SemanticError(f"tile '{b.name}' has a dimension of {v.value}", d.span)
+            shape.append(v.value)
+        buffers.append(replace(b, shape=tuple(shape)))
+
+    threads = fold(substitute(k.threads, env))
+    if not isinstance(threads, ir.Int):
+        raise SemanticError("threads must be a compile-time integer", k.threads.span)
+
+    body = _resolve_body(k.body, resolve, {})
+    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets),
+                   requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
+                   grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
+                   buffers=tuple(buffers), body=body)
+
+
+def _resolve_body(body, resolve, bound):
+    out = []
+    for s in body:
+        if isinstance(s, ir.For):
+            stages = s.stages
+            if stages is not None:
+                st = resolve(stages, bound)
+                if not isinstance(st, ir.Int) or st.value < 1:
+                    raise SemanticError("stages must be a compile-time integer of at least 1", stages.span)
+                stages = st.value
+            inner = dict(bound, **{s.var: "loop"})
+            s = replace(s, extent=resolve(s.extent, bound), stages=stages,
+                        body=_resolve_body(s.body, resolve, inner))
+        elif isinstance(s, ir.Parallel):
+            inner = dict(bound, **{v: "lane" for v in s.vars})
+            s = replace(s, extents=tuple(resolve(x, bound) for x in s.extents),
+                        body=_resolve_body(s.body, resolve, inner))
+        elif isinstance(s, ir.If):
+            s = replace(s, cond=resolve(s.cond, bound), then=_resolve_body(s.then, resolve, bound),
+                        orelse=_resolve_body(s.orelse, resolve, bound))
+        else:
+            s = map_stmt_exprs(s, lambda e: resolve(e, bound))
+            if isinstance(s, (ir.Copy,)):
+                for r in (s.src, s.dst):
+                    resolve(ir.Var(r.name, span=r.span), bound)
+            elif isinstance(s, (ir.Fill, ir.Assign)):
+                resolve(ir.Var(s.buffer, span=s.span), bound)
+        out.append(s)
+    return tuple(out)
+
+

@@ -1,0 +1,247 @@
+"""insert-barriers: the TMA mbarrier protocol and the block-level ordering
+around every shared tile.
+
+- Consecutive TMA loads share one mbarrier; thread 0 arrives with
+  `expect_tx` = the sum of their full boxes, then issues them.
+- The first consumer of a loaded tile waits with `try_wait.parity`: all
+  threads before a thread access, thread 0 alone before a TMA store. A barrier
+  used in a loop keeps its phase in a register that flips after each wait;
+  elsewhere each barrier completes once and waits on parity 0.
+- Loads still in flight are waited for before a loop or an `if`, at the end of
+  a loop body or branch, and at the end of the kernel, so every phase that is
+  armed is waited on exactly once on every path.
+- Threads that wrote a tile fence (`fence.proxy.async.shared::cta`) and meet
+  at a block barrier before TMA reads it or overwrites it; a TMA store is
+  followed by `commit_group`, and by `wait_group.read 0` before its tile is
+  written again and before the kernel exits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..ir import nodes as ir
+from ..ir.exprs import walk_expr
+
+NAME = "insert-barriers"
+
+
+@dataclass
+class _State:
+    pending: dict = field(default_factory=dict)       # tile -> barrier of a load not yet waited
+    thread_read: set = field(default_factory=set)     # tiles read by threads since the last block barrier
+    thread_written: set = field(default_factory=set)  # ... written by threads since the last block barrier
+    unfenced: set = field(default_factory=set)        # written by threads since the last proxy fence
+    storing: set = field(default_factory=set)         # read by a TMA store not yet waited for
+    one_thread_seen: set = field(default_factory=set)  # waited by thread 0 only: others need a barrier
+    observed: set = field(default_factory=set)        # its load's phase was waited on by every thread
+
+    def copy(self):
+        return _State(dict(self.pending), set(self.thread_read), set(self.thread_written),
+                      set(self.unfenced), set(self.storing), set(self.one_thread_seen), set(self.observed))
+
+    def join(self, other):
+        assert not self.pending and not other.pending
+        return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
+                      self.unfenced | other.unfenced, self.storing | other.storing,
+                      self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
+
+
+def _tile_accesses(k, s):
+    """(reads, writes): the shared tiles a thread-level statement touches."""
+    shared = {b.name for b in k.buffers if b.scope == "shared"}
+    reads, writes = set(), set()
+    if isinstance(s, ir.ThreadCopy):
+        reads.add(s.src.name)
+        writes.add(s.dst.name)
+    elif isinstance(s, ir.Fill):
+        writes.add(s.buffer)
+    elif isinstance(s, ir.Parallel):
+        for inner in ir.walk_stmts(s.body):
+            for e in _stmt_exprs(inner):
+                reads |= {x.name for x in walk_expr(e) if isinstance(x, ir.Subscript)}
+            if isinstance(inner, ir.Assign):
+                writes.add(inner.buffer)
+    return reads & shared, writes & shared
+
+
+def _stmt_exprs(s):
+    if isinstance(s, ir.Assign):
+        return (s.value,) + tuple(s.indices)
+    if isinstance(s, ir.If):
+        return (s.cond,)
+    return ()
+
+
+class _Inserter:
+    def __init__(self, k: ir.Kernel):
+        self.k = k
+        self.barriers = []
+        self.bar_tiles = {}
+
+    def new_barrier(self, tiles, in_loop, span):
+        name = f"bar{len(self.barriers)}"
+        self.barriers.append(ir.Mbarrier(name, 1, in_loop, span=span))
+        self.bar_tiles[name] = tuple(tiles)
+        return self.barriers[-1]
+
+    # ---- the waits
+    def wait(self, st, bar_name, out, one_thread=False, span=None):
+        bar = next(b for b in self.barriers if b.name == bar_name)
+        w = [ir.MbarrierWait(bar.name, None if bar.in_loop else 0, span=span)]
+        if bar.in_loop:
+            w.append(ir.FlipPhase(bar.name))
+        tiles = self.bar_tiles[bar.name]
+        if one_thread:
+            out.append(ir.OneThread(tuple(w)))
+            st.one_thread_seen |= set(tiles)
+        else:
+            out.extend(w)
+            # Every thread observed this phase; the next arrival on the barrier
+            # must come after a block barrier, or a slow thread could miss a phase.
+            st.observed |= set(tiles)
+        for t in tiles:
+            st.pending.pop(t, None)
+
+    def flush(self, st, out, span=None):
+        for bar in dict.fromkeys(st.pending.values()):
+            self.wait(st, bar, out, span=span)
+
+    def sync(self, st, out, fence, span):
+        if fence:
+            out.append(ir.ProxyFence(span=span))
+            st.unfenced.clear()
+        out.append(ir.SyncThreads(span=span))
+        st.thread_read.clear()
+        st.thread_written.clear()
+        st.one_thread_seen.clear()
+        st.observed.clear()
+
+    # ---- statements
+    def block(self, body, st, in_loop):
+        out = []
+        i = 0
+        while i < len(body):
+            s = body[i]
+            if isinstance(s, ir.TmaLoad):
+                run = [s]
+                while i + 1 < len(body) and isinstance(body[i + 1], ir.TmaLoad) and \
+                        body[i + 1].buffer not in {r.buffer for r in run}:
+                    i += 1
+                    run.append(body[i])
+                self.loads(run, st, out, in_loop)
+            elif isinstance(s, ir.TmaStore):
+                self.store(s, st, out)
+            elif isinstance(s, ir.For):
+                self.flush(st, out, s.span)
+                entry = st.join(self.effects(s.body))
+                body_out = self.block(s.body, entry.copy(), True)
+                exit_state = self._last_state
+                out.append(replace(s, body=body_out))
+                new = entry.join(exit_state)
+                self._assign(st, new)
+            elif isinstance(s, ir.If):
+                self.flush(st, out, s.span)
+                then = self.block(s.then, st.copy(), in_loop)
+                then_state = self._last_state
+                orelse = self.block(s.orelse, st.copy(), in_loop)
+                else_state = self._last_state
+                out.append(replace(s, then=then, orelse=orelse))
+                self._assign(st, then_state.join(else_state))
+            else:
+                self.thread_access(s, st, out)
+            i += 1
+        self.flush(st, out)
+        self._last_state = st
+        return tuple(out)
+
+    @staticmethod
+    def _assign(st, new):
+        st.pending, st.thread_read, st.thread_written = new.pending, new.thread_read, new.thread_written
+        st.unfenced, st.storing, st.one_thread_seen = new.unfenced, new.storing, new.one_thread_seen
+        st.observed = new.observed
+
+    def effects(self, body):
+        """What one trip through `body` may leave behind (for the loop back edge)."""
+        st = _State()
+        for s in ir.walk_stmts(body):
+            r, w = _tile_accesses(self.k, s)
+            st.thread_read |= r
+            st.thread_written |= w
+            st.unfenced |= w
+            if isinstance(s, ir.TmaStore):
+                st.storing.add(s.buffer)
+            if isinstance(s, ir.TmaLoad):
+                st.observed.add(s.buffer)
+        return st
+
+    def loads(self, run, st, out, in_loop):
+        tiles = [s.buffer for s in run]
+        for t in tiles:
+            if t in st.pending:
+                self.wait(st, st.pending[t], out, span=run[0].span)
+        if st.storing & set(tiles):
+            out.append(ir.OneThread((ir.BulkWait(read=True),)))
+            st.storing -= set(tiles)
+        touched = set(tiles) & (st.thread_read | st.thread_written | st.unfenced | st.observed)
+        if touched:
+            self.sync(st, out, fence=bool(set(tiles) & st.unfenced), span=run[0].span)
+        bar = self.new_barrier(tiles, in_loop, run[0].span)
+        total = sum(s.bytes for s in run)
+        issued = [ir.ArriveExpectTx(bar.name, total, span=run[0].span)]
+        issued += [replace(s, barrier=bar.name) for s in run]
+        out.append(ir.OneThread(tuple(issued)))
+        for t in tiles:
+            st.pending[t] = bar.name
+
+    def store(self, s, st, out):
+        t = s.buffer
+        if t in st.pending:
+            self.wait(st, st.pending[t], out, one_thread=True, span=s.span)
+        if t in st.unfenced:
+            self.sync(st, out, fence=True, span=s.span)
+        out.append(ir.OneThread((s, ir.BulkCommit())))
+        st.storing.add(t)
+
+    def thread_access(self, s, st, out):
+        reads, writes = _tile_accesses(self.k, s)
+        touched = reads | writes
+        for t in sorted(touched):
+            if t in st.pending:
+                self.wait(st, st.pending[t], out, span=s.span)
+        need_sync = bool(touched & st.one_thread_seen)
+        if writes & st.storing:
+            out.append(ir.OneThread((ir.BulkWait(read=True),)))
+            st.storing -= writes
+            need_sync = True
+        if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
+            need_sync = True
+        if need_sync:
+            self.sync(st, out, fence=False, span=s.span)
+        out.append(s)
+        st.thread_read |= reads
+        st.thread_written |= writes
+        st.unfenced |= writes
+
+
+def _merge_one_thread(body):
+    out = []
+    for s in body:
+        nested = {f: _merge_one_thread(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        if nested:
+            s = replace(s, **nested)
+        if isinstance(s, ir.OneThread) and out and isinstance(out[-1], ir.OneThread):
+            out[-1] = ir.OneThread(out[-1].body + s.body)
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def run(k: ir.Kernel) -> ir.Kernel:
+    ins = _Inserter(k)
+    st = _State()
+    body = list(ins.block(k.body, st, False))
+    if st.storing:
+        body.append(ir.OneThread((ir.BulkWait(read=True),)))
+    if ins.barriers:
+        body = [ir.OneThread((ir.MbarrierInit(tuple(ins.barriers)),)), ir.SyncThreads()] + body
+    return replace(k, body=_merge_one_thread(tuple(body)), barriers=tuple(ins.barriers))

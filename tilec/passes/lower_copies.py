@@ -1,0 +1,29 @@
+"""lower-copies: pick each copy's lowering from its pair of memory spaces.
+
+    global -> shared   TmaLoad   (cp.async.bulk.tensor .tile, completes on an mbarrier)
+    shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group)
+    anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import nodes as ir
+from ..ir.exprs import map_body
+from .check_types import space
+
+NAME = "lower-copies"
+
+
+def run(k: ir.Kernel) -> ir.Kernel:
+    def lower(s):
+        if not isinstance(s, ir.Copy):
+            return s
+        src, dst = space(k, s.src.name), space(k, s.dst.name)
+        if (src, dst) == ("global", "shared"):
+            return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
+        if (src, dst) == ("shared", "global"):
+            return ir.TmaStore(s.src.name, s.dst.name, s.dst.starts, span=s.span)
+        tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
+        return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)
+    return replace(k, body=map_body(k.body, lower))
