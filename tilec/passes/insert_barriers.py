@@ -133,7 +133,7 @@ class _Inserter:
                 self.store(s, st, out)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
-                entry = st.join(self.effects(s.body))
+                entry = self.back_edge_state(s.body, st)
                 body_out = self.block(s.body, entry.copy(), True)
                 exit_state = self._last_state
                 out.append(replace(s, body=body_out))
@@ -160,19 +160,19 @@ class _Inserter:
         st.unfenced, st.storing, st.one_thread_seen = new.unfenced, new.storing, new.one_thread_seen
         st.observed = new.observed
 
-    def effects(self, body):
-        """What one trip through `body` may leave behind (for the loop back edge)."""
-        st = _State()
-        for s in ir.walk_stmts(body):
-            r, w = _tile_accesses(self.k, s)
-            st.thread_read |= r
-            st.thread_written |= w
-            st.unfenced |= w
-            if isinstance(s, ir.TmaStore):
-                st.storing.add(s.buffer)
-            if isinstance(s, ir.TmaLoad):
-                st.observed.add(s.buffer)
-        return st
+    def back_edge_state(self, body, st):
+        """The state at a loop's head: what enters it, joined with what one more
+        trip through the body leaves (a fixpoint; the sets only grow)."""
+        head = st.copy()
+        for _ in range(8):
+            dry = _Inserter(self.k)
+            dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
+            dry.block(body, head.copy(), True)
+            new = head.join(dry._last_state)
+            if new == head:
+                break
+            head = new
+        return head
 
     def loads(self, run, st, out, in_loop):
         tiles = [s.buffer for s in run]

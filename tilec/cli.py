@@ -1,0 +1,79 @@
+"""The `tilec` command: emit any stage of a kernel, check a program, run the demo."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import TilecError
+
+EMITS = ("cuda", "host", "ptx", "ir", "tma")
+
+
+def _consts(pairs):
+    out = {}
+    for p in pairs or []:
+        name, eq, value = p.partition("=")
+        if not eq or not name.isidentifier():
+            raise TilecError(f"-D takes NAME=VALUE, got '{p}'")
+        try:
+            out[name] = int(value, 0)
+        except ValueError:
+            raise TilecError(f"-D {name}: '{value}' is not an integer") from None
+    return out
+
+
+def _cmd_emit(args):
+    from .compiler import lower
+    from .kernel import compile as compile_kernel
+    consts = _consts(args.define)
+    if args.emit == "ir":
+        lowered = lower(args.file, consts)
+        text = lowered.ir_text(args.after or "plan-smem")
+    elif args.after:
+        raise TilecError("--after goes with --emit ir")
+    else:
+        k = compile_kernel(args.file, **consts)
+        text = {"cuda": k.cuda_source, "host": k.host_source, "ptx": k.ptx}.get(args.emit) or k.tma_table()
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _cmd_check(args):
+    from .kernel import compile as compile_kernel
+    k = compile_kernel(args.file, **_consts(args.define))
+    print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
+
+
+def _cmd_demo(args):
+    from .demo import main as demo
+    demo(args.file)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tilec", description="tile language -> CUDA C++ with Hopper TMA")
+    sub = ap.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("emit", help="print one stage of a kernel")
+    e.add_argument("file")
+    e.add_argument("--emit", choices=EMITS, default="cuda")
+    e.add_argument("--after", help="with --emit ir: the pass to print the IR after (default: the last)")
+    e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help="override a const")
+    e.set_defaults(run=_cmd_emit)
+    c = sub.add_parser("check", help="parse, check and compile; exit 0 or print the errors")
+    c.add_argument("file")
+    c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
+    c.set_defaults(run=_cmd_check)
+    d = sub.add_parser("demo", help="compile an example, print its CUDA, and on a GPU run and check it")
+    d.add_argument("file", nargs="?", default=None)
+    d.set_defaults(run=_cmd_demo)
+    args = ap.parse_args(argv)
+    try:
+        args.run(args)
+    except TilecError as err:
+        print(err.render(), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

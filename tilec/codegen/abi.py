@@ -1,0 +1,57 @@
+"""The kernel's parameter list, shared by the CUDA and host-wrapper generators so
+that what one declares the other packs, in the same order."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..ir import nodes as ir
+from ..ir.exprs import walk_expr
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str                   # tensor_map | pointer | dim | stride | symbol | scalar
+    tensor: Optional[str] = None
+    index: int = 0
+    dtype: Optional[ir.DType] = None
+
+
+def thread_copied_tensors(k: ir.Kernel) -> list:
+    """Tensors that threads read or write element by element (need a pointer)."""
+    names = []
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.ThreadCopy):
+            for r in (s.src, s.dst):
+                if isinstance(k.param(r.name), ir.TensorParam) and r.name not in names:
+                    names.append(r.name)
+    return names
+
+
+def body_names(k: ir.Kernel, kind: str) -> set:
+    found = set()
+    for s in ir.walk_stmts(k.body):
+        for v in vars(s).values():
+            items = v if isinstance(v, tuple) else (v,)
+            for item in items:
+                exprs = [item] if isinstance(item, ir.Expr) else \
+                    list(item.starts) + [x for x in item.extents if x is not None] if isinstance(item, ir.Region) else []
+                for e in exprs:
+                    found |= {x.name for x in walk_expr(e) if isinstance(x, ir.Var) and x.kind == kind}
+    return found
+
+
+def kernel_params(k: ir.Kernel) -> list:
+    params = [Param(t.name, "tensor_map", tensor=t.tensor) for t in k.tensor_maps]
+    for name in thread_copied_tensors(k):
+        t = k.param(name)
+        params.append(Param(name, "pointer", tensor=name, dtype=t.dtype))
+        params += [Param(f"{name}_dim{i}", "dim", tensor=name, index=i) for i in range(len(t.shape))]
+        params += [Param(f"{name}_stride{i}", "stride", tensor=name, index=i) for i in range(len(t.shape))]
+    symbols = body_names(k, "symbol")
+    ordered = [d.name for t in k.tensors for d in t.shape if isinstance(d, ir.Var)]
+    params += [Param(s, "symbol") for s in dict.fromkeys(ordered) if s in symbols]
+    scalars = body_names(k, "scalar")
+    params += [Param(p.name, "scalar", dtype=p.dtype) for p in k.scalars if p.name in scalars]
+    return params

@@ -1,0 +1,288 @@
+"""IR -> CUDA C++ through templates/kernel.cu.j2. This module only prints what
+the IR already decided: one small rule per statement kind."""
+from __future__ import annotations
+
+import functools
+import math
+
+import jinja2
+
+from .._version import __version__
+from .._resources import resource_dir
+from ..ir import nodes as ir
+from ..ir.exprs import walk_expr
+from .abi import kernel_params
+
+_WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
+_C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
+           "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_FLOAT_FN = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
+_DOUBLE_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(resource_dir("templates"))),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def ctype(dt: ir.DType) -> str:
+    return _WRAPPED.get(dt.name, dt.ctype)
+
+
+class _Printer:
+    def __init__(self, k: ir.Kernel):
+        self.k = k
+        self.threads = k.threads.value
+        self.uses_math = False
+        self.in_loop_barriers = [b.name for b in k.barriers if b.in_loop]
+        self.last_commented = None
+
+    # ---------------------------------------------------------- expressions
+    def expr(self, e, prec=0, double=False) -> str:
+        if isinstance(e, ir.Int):
+            return str(e.value) if -2**31 <= e.value < 2**31 else f"{e.value}LL"
+        if isinstance(e, ir.Float):
+            text = repr(e.value)
+            return text if double else text + "f"
+        if isinstance(e, ir.Var):
+            return e.name
+        if isinstance(e, ir.BinOp):
+            p = _C_PREC[e.op]
+            text = f"{self.expr(e.lhs, p, double)} {e.op} {self.expr(e.rhs, p + 1, double)}"
+            return f"({text})" if p < prec else text
+        if isinstance(e, ir.UnaryOp):
+            return f"{e.op}{self.expr(e.operand, 7, double)}"
+        if isinstance(e, ir.Call):
+            args = ", ".join(self.expr(a, 0, double) for a in e.args)
+            if e.func in ("min", "max", "cdiv", "abs"):
+                self.uses_math = True
+                return f"tl_{e.func}({args})"
+            return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
+        if isinstance(e, ir.Cast):
+            return f"{ctype(e.dtype)}({self.expr(e.value, 0, double)})"
+        if isinstance(e, ir.Subscript):
+            b = self.k.buffer(e.name)
+            ref = self.element(b, e.indices)
+            return f"float({ref})" if b.dtype.name in _WRAPPED else ref
+        raise TypeError(f"cannot print {e!r}")
+
+    def is_double(self, *exprs) -> bool:
+        for e in exprs:
+            for x in walk_expr(e):
+                if isinstance(x, ir.Subscript) and self.k.buffer(x.name).dtype.name == "f64":
+                    return True
+                if isinstance(x, ir.Var) and x.kind == "scalar" and self.k.param(x.name).dtype.name == "f64":
+                    return True
+        return False
+
+    def element(self, b: ir.Buffer, indices) -> str:
+        if b.scope == "local":
+            return f"{b.name}[slot]"  # only ever inside a thread loop (check-types)
+        return f"{b.name}[{self.flat(b.shape, [self.expr(i, 5) for i in indices])}]"
+
+    @staticmethod
+    def flat(shape, idx) -> str:
+        terms = []
+        for d, i in enumerate(idx):
+            stride = math.prod(shape[d + 1:])
+            terms.append(i if stride == 1 else f"{i} * {stride}")
+        return " + ".join(terms)
+
+    # ---------------------------------------------------------- statements
+    def block(self, body, ind="") -> list:
+        out = []
+        for s in body:
+            out += self.stmt(s, ind)
+        return out
+
+    def comment(self, s, ind) -> list:
+        if s.span is None or s.span.line == self.last_commented:
+            return []
+        self.last_commented = s.span.line
+        text = s.span.source.line(s.span.line).strip()
+        return [f"{ind}// {s.span.source.name}:{s.span.line}: {text}"]
+
+    def stmt(self, s, ind) -> list:
+        if isinstance(s, ir.OneThread):
+            return [f"{ind}if (threadIdx.x == 0) {{"] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
+        if isinstance(s, ir.MbarrierInit):
+            return [f"{ind}mbarrier_init(&{b.name}, {b.arrivals});" for b in s.barriers] + \
+                   [f"{ind}fence_mbarrier_init();"]
+        if isinstance(s, ir.SyncThreads):
+            return [f"{ind}__syncthreads();"]
+        if isinstance(s, ir.ArriveExpectTx):
+            return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx(&{s.barrier}, {s.bytes});"]
+        if isinstance(s, ir.TmaLoad):
+            coords = ", ".join(self.expr(c) for c in reversed(s.coords))
+            return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier}, {coords});"]
+        if isinstance(s, ir.MbarrierWait):
+            parity = f"phase_{s.barrier}" if s.parity is None else str(s.parity)
+            return self.comment(s, ind) + [f"{ind}mbarrier_wait(&{s.barrier}, {parity});"]
+        if isinstance(s, ir.FlipPhase):
+            return [f"{ind}phase_{s.barrier} ^= 1;"]
+        if isinstance(s, ir.TmaStore):
+            coords = ", ".join(self.expr(c) for c in reversed(s.coords))
+            return self.comment(s, ind) + \
+                [f"{ind}tma_store_{len(s.coords)}d(&{s.tensor_map}, {s.buffer}, {coords});"]
+        if isinstance(s, ir.BulkCommit):
+            return [f"{ind}bulk_commit_group();"]
+        if isinstance(s, ir.BulkWait):
+            return [f"{ind}bulk_wait_group_read_0();"]
+        if isinstance(s, ir.ProxyFence):
+            return [f"{ind}fence_proxy_async_shared();"]
+        if isinstance(s, ir.For):
+            head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
+            return self.comment(s, ind) + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
+        if isinstance(s, ir.If):
+            out = self.comment(s, ind) + [f"{ind}if ({self.expr(s.cond)}) {{"] + self.block(s.then, ind + "  ")
+            if s.orelse:
+                out += [f"{ind}}} else {{"] + self.block(s.orelse, ind + "  ")
+            return out + [f"{ind}}}"]
+        if isinstance(s, ir.Parallel):
+            shape = tuple(x.value for x in s.extents)
+            return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
+        if isinstance(s, ir.Assign):
+            b = self.k.buffer(s.buffer)
+            double = b.dtype.name == "f64" or self.is_double(s.value)
+            return [f"{ind}{self.element(b, s.indices)} = {self.expr(s.value, 0, double)};"]
+        if isinstance(s, ir.Fill):
+            b = self.k.buffer(s.buffer)
+            names = [f"i{d}" for d in range(len(b.shape))]
+            value = self.expr(s.value, 0, b.dtype.name == "f64")
+            line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
+            return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
+        if isinstance(s, ir.ThreadCopy):
+            return self.comment(s, ind) + self.thread_copy(s, ind)
+        raise TypeError(f"cannot print {type(s).__name__}")
+
+    def thread_loop(self, shape, names, body, ind) -> list:
+        """Element e of a tile goes to thread e % threads, register slot e / threads."""
+        n = math.prod(shape)
+        slots = -(-n // self.threads)
+        out = [f"{ind}#pragma unroll", f"{ind}for (int slot = 0; slot < {slots}; ++slot) {{",
+               f"{ind}  const int e = slot * {self.threads} + threadIdx.x;"]
+        inner = ind + "  "
+        if n % self.threads:
+            out.append(f"{inner}if (e < {n}) {{")
+            inner += "  "
+        for d, name in enumerate(names):
+            stride = math.prod(shape[d + 1:])
+            idx = "e" if stride == 1 else f"e / {stride}"
+            if d > 0:
+                idx = f"{idx} % {shape[d]}" if stride != 1 else f"e % {shape[d]}"
+            out.append(f"{inner}const int {name} = {idx};")
+        out += [inner + line[2:] for line in body]
+        if n % self.threads:
+            out.append(f"{ind}  }}")
+        out.append(f"{ind}}}")
+        return out
+
+    def thread_copy(self, s: ir.ThreadCopy, ind) -> list:
+        names = [f"i{d}" for d in range(len(s.shape))]
+        src_b, dst_b = self.k.buffer(s.src.name), self.k.buffer(s.dst.name)
+        lines = []
+        if src_b is not None:
+            value = self.element(src_b, [ir.Var(n) for n in names])
+        else:
+            ptr, cond = self.global_element(s.src, names, "src")
+            lines += [f"  const bool src_in = {cond};"]
+            value = f"(src_in ? {ptr} : {ctype(self.k.param(s.src.name).dtype)}(0))"
+        src_dt = (src_b or self.k.param(s.src.name)).dtype
+        dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
+        if src_dt != dst_dt:
+            arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
+            value = f"{ctype(dst_dt)}(static_cast<{arith}>({value}))"
+        if dst_b is not None:
+            lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
+        else:
+            ptr, cond = self.global_element(s.dst, names, "dst")
+            lines.append(f"  if ({cond}) {ptr} = {value};")
+        return self.thread_loop(s.shape, names, lines, ind)
+
+    def global_element(self, r: ir.Region, names, which):
+        """The element of tensor region `r` at tile index `names`, and its in-bounds test.
+        Index math is 64-bit: tensors may be larger than 2^31 elements."""
+        t = self.k.param(r.name)
+        lead = len(t.shape) - len(names)
+        idx, conds = [], []
+        for d, start in enumerate(r.starts):
+            coord = self.expr(start, 5)
+            if d >= lead:
+                coord = f"{coord} + {names[d - lead]}"
+            idx.append(f"static_cast<long long>({coord}) * {t.name}_stride{d}")
+            conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>({t.name}_dim{d})")
+        return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _primitives(k: ir.Kernel, printer_uses_math: bool) -> list:
+    stmts = list(ir.walk_stmts(k.body))
+    need = []
+
+    def add(macro, *args):
+        need.append({"macro": macro, "args": args})
+
+    dtypes = {b.dtype.name for b in k.buffers} | {p.dtype.name for p in k.params}
+    for name, macro in (("f16", "f16"), ("bf16", "bf16")):
+        if name in dtypes:
+            add(macro)
+    if "f8e4m3" in dtypes:
+        add("f8", "f8e4m3_t", "e4m3")
+    if "f8e5m2" in dtypes:
+        add("f8", "f8e5m2_t", "e5m2")
+    if k.tensor_maps:
+        add("tensor_map")
+    if k.tensor_maps or k.barriers:
+        add("smem_addr")
+    if k.barriers:
+        add("mbarrier")
+    for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad)}):
+        add("tma_load", rank)
+    for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaStore)}):
+        add("tma_store", rank)
+    if any(isinstance(s, (ir.BulkCommit, ir.BulkWait)) for s in stmts):
+        add("bulk_group")
+    if any(isinstance(s, ir.ProxyFence) for s in stmts):
+        add("proxy_fence")
+    if printer_uses_math:
+        add("math")
+    return need
+
+
+def _param_decl(k: ir.Kernel, p) -> str:
+    if p.kind == "tensor_map":
+        return f"const __grid_constant__ CUtensorMap {p.name}"
+    if p.kind == "pointer":
+        return f"{ctype(p.dtype)}* __restrict__ {p.name}"
+    if p.kind in ("dim", "stride", "symbol"):
+        return f"const long long {p.name}"
+    return f"const {ctype(p.dtype)} {p.name}"
+
+
+def generate(k: ir.Kernel, source_name: str) -> str:
+    pr = _Printer(k)
+    body = pr.block(k.body)
+    prologue = []
+    if k.smem_bytes:
+        prologue.append("extern __shared__ __align__(1024) unsigned char smem[];")
+    for b in k.buffers:
+        shape = ", ".join(map(str, b.shape))
+        if b.scope == "shared":
+            prologue.append(f"{ctype(b.dtype)}* const {b.name} = reinterpret_cast<{ctype(b.dtype)}*>"
+                            f"(smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
+        else:
+            slots = -(-b.elements // pr.threads)
+            prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"
+                            f" element e in thread e % {pr.threads}")
+    for b in k.barriers:
+        prologue.append(f"__shared__ __align__(8) unsigned long long {b.name};")
+    for name in pr.in_loop_barriers:
+        prologue.append(f"unsigned phase_{name} = 0;  // parity of {name}'s next phase")
+    for axis, name in zip("xyz", k.grid_vars):
+        prologue.append(f"const int {name} = blockIdx.{axis};")
+    consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
+    return _env().get_template("kernel.cu.j2").render(
+        version=__version__, source_name=source_name, kernel_name=k.name, consts=consts,
+        primitives=_primitives(k, pr.uses_math), threads=pr.threads,
+        params=[_param_decl(k, p) for p in kernel_params(k)] or ["void"],
+        prologue=prologue, body=body)

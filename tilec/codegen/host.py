@@ -1,0 +1,96 @@
+"""IR -> the Python host wrapper, through templates/host.py.j2."""
+from __future__ import annotations
+
+from .._version import __version__
+from ..ir import nodes as ir
+from ..ir.exprs import free_names
+from ..ir.printer import expr as tile_expr
+from .abi import kernel_params
+from .cuda import _env
+
+_PY_OPS = {"/": "//", "&&": "and", "||": "or"}
+_PY_PREC = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
+            "+": 5, "-": 5, "*": 6, "//": 6, "%": 6}
+
+
+def py_expr(e, prec=0) -> str:
+    if isinstance(e, ir.Int):
+        return str(e.value)
+    if isinstance(e, ir.Float):
+        return repr(e.value)
+    if isinstance(e, ir.Var):
+        return e.name
+    if isinstance(e, ir.BinOp):
+        op = _PY_OPS.get(e.op, e.op)
+        p = _PY_PREC[op]
+        text = f"{py_expr(e.lhs, p)} {op} {py_expr(e.rhs, p + 1)}"
+        return f"({text})" if p < prec else text
+    if isinstance(e, ir.UnaryOp):
+        return f"(not {py_expr(e.operand, 7)})" if e.op == "!" else f"-{py_expr(e.operand, 7)}"
+    if isinstance(e, ir.Call):
+        args = ", ".join(py_expr(a) for a in e.args)
+        return f"rt.cdiv({args})" if e.func == "cdiv" else f"{e.func}({args})"
+    raise TypeError(f"not a host expression: {e!r}")
+
+
+def written_tensors(k: ir.Kernel) -> tuple:
+    out = []
+    for s in ir.walk_stmts(k.body):
+        name = s.tensor if isinstance(s, ir.TmaStore) else s.dst.name if isinstance(s, ir.ThreadCopy) else None
+        if name and k.param(name) is not None and name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def generate(k: ir.Kernel, source_name: str) -> str:
+    lines = []
+    for p in k.params:
+        if isinstance(p, ir.TensorParam):
+            lines.append(f'{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
+        else:
+            lines.append(f'{p.name} = call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
+    # shape symbols: bound by their first bare appearance, checked everywhere else
+    bound = {}
+    checks = []
+    for t in k.tensors:
+        for d, e in enumerate(t.shape):
+            if isinstance(e, ir.Var) and e.name not in bound:
+                bound[e.name] = f"{t.name} dim {d}"
+                lines.append(f"{e.name} = {t.name}.shape[{d}]")
+            elif isinstance(e, ir.Var):
+                checks.append(f'call.bind({t.name}, {d}, {e.name}, "{e.name}", "{bound[e.name]}")')
+            else:
+                checks.append(f'call.expect({t.name}, {d}, {py_expr(e)}, "{tile_expr(e)}")')
+    lines += checks
+    for r in k.requires:
+        names = sorted(free_names(r.cond))
+        values = "{" + ", ".join(f'"{n}": {n}' for n in names) + "}"
+        lines.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
+    grid = [py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
+    lines.append(f"grid = ({', '.join(grid)})")
+    params = []
+    for p in kernel_params(k):
+        if p.kind == "tensor_map":
+            t = k.tensor_map(p.name)
+            params.append(f'call.tensor_map({t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
+                          f'"{t.l2_promotion}"),  # {t.name}')
+        elif p.kind == "pointer":
+            params.append(f"rt.pointer({p.tensor}),")
+        elif p.kind == "dim":
+            params.append(f"rt.i64({p.tensor}.shape[{p.index}]),")
+        elif p.kind == "stride":
+            params.append(f"rt.i64({p.tensor}.strides[{p.index}]),")
+        elif p.kind == "symbol":
+            params.append(f"rt.i64({p.name}),")
+        else:
+            params.append(f'rt.scalar_value({p.name}, "{p.dtype.name}"),')
+    lines.append("call.launch(grid, THREADS, DYNAMIC_SMEM_BYTES, [")
+    lines += ["    " + x for x in params]
+    lines.append("])")
+    doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
+                                                    if isinstance(p, ir.TensorParam) else "")
+                    for p in k.params)
+    return _env().get_template("host.py.j2").render(
+        version=__version__, source_name=source_name, kernel_name=k.name, threads=k.threads.value,
+        smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc,
+        signature=", ".join(p.name for p in k.params), lines=lines)

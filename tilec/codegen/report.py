@@ -1,0 +1,32 @@
+"""`tilec emit --emit tma`: every TMA copy with its map, box, smem offset and the
+expect-tx bytes of its barrier. What a user reads when a kernel hangs."""
+from __future__ import annotations
+
+from ..ir import nodes as ir
+from ..ir.printer import expr
+
+
+def tma_table(k: ir.Kernel) -> str:
+    rows = [("line", "kind", "tensor", "tile", "box", "swizzle", "smem offset", "bytes", "barrier", "expect-tx")]
+    expect = {}
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.ArriveExpectTx):
+            expect[s.barrier] = s.bytes
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, (ir.TmaLoad, ir.TmaStore)):
+            tm = k.tensor_map(s.tensor_map)
+            buf = k.buffer(s.buffer)
+            t = k.param(s.tensor)
+            box = "x".join(map(str, tm.box))
+            coords = ", ".join(expr(c) for c in s.coords)
+            if isinstance(s, ir.TmaLoad):
+                rows.append((str(s.span.line if s.span else "?"), "load.tile", f"{t.name}[{coords}]", buf.name,
+                             box, tm.swizzle, str(buf.smem_offset), str(s.bytes), s.barrier,
+                             str(expect.get(s.barrier, "?"))))
+            else:
+                rows.append((str(s.span.line if s.span else "?"), "store.tile", f"{t.name}[{coords}]", buf.name,
+                             box, tm.swizzle, str(buf.smem_offset), str(tm.box_bytes(t.dtype)), "bulk_group", "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return f"TMA copies of kernel {k.name} (box outermost first; expect-tx is the barrier's total)\n" + \
+        "\n".join(lines) + "\n"

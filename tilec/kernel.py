@@ -1,0 +1,98 @@
+"""`tilec.compile` and the Kernel object: every stage of one compiled kernel."""
+from __future__ import annotations
+
+import builtins
+import threading
+
+from .codegen import cuda as cuda_codegen
+from .codegen import host as host_codegen
+from .compiler import load_source, lower
+from .errors import TilecError
+from .passes import PASS_NAMES
+from .runtime import driver, nvrtc
+
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
+
+
+class Kernel:
+    """A compiled tilec kernel. Call it with the kernel's arguments (torch / cupy
+    tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
+
+    def __init__(self, lowered, arch: str):
+        self._lowered = lowered
+        self.name = lowered.kernel.name
+        self.arch = arch
+        self.consts = dict(lowered.kernel.consts)
+        self.cuda_source = cuda_codegen.generate(lowered.kernel, lowered.source.name)
+        self.host_source = host_codegen.generate(lowered.kernel, lowered.source.name)
+        self._compiled = nvrtc.compile_cuda(self.cuda_source, self.name, arch)
+        namespace = {}
+        exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
+        self._launch = namespace["launch"]
+        self._loaded = {}
+        self._load_lock = threading.Lock()
+
+    # ---- inspection
+    @property
+    def ptx(self) -> str:
+        return self._compiled.ptx
+
+    @property
+    def cubin(self) -> bytes:
+        return self._compiled.cubin
+
+    @property
+    def compile_seconds(self) -> float:
+        return self._compiled.seconds
+
+    @property
+    def kernel_ir(self):
+        return self._lowered.kernel
+
+    def ir(self, after: str | None = None) -> str:
+        """The IR after the pass named `after`; with no name, the list of passes."""
+        if after is None:
+            return "\n".join(PASS_NAMES) + "\n"
+        return self._lowered.ir_text(after)
+
+    def tma_table(self) -> str:
+        from .codegen.report import tma_table
+        return tma_table(self._lowered.kernel)
+
+    # ---- running
+    def _module(self, device: int):
+        m = self._loaded.get(device)
+        if m is None:
+            with self._load_lock:
+                m = self._loaded.get(device)
+                if m is None:
+                    m = driver.LoadedKernel(self.cubin, self.name, device, self._lowered.kernel.smem_bytes)
+                    self._loaded[device] = m
+        return m
+
+    def __call__(self, *args, stream=None, **kwargs):
+        return self._launch(self._module, *args, stream=stream, **kwargs)
+
+    def __repr__(self):
+        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
+        return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
+
+
+def compile(src, arch: str | None = None, **consts) -> Kernel:
+    """Compile a .tile program (a path or the text) with optional const overrides."""
+    source = load_source(src)
+    if arch is None:
+        arch = driver.target_arch()
+    key = (source.name, source.text, tuple(sorted(consts.items())), arch)
+    k = _CACHE.get(key)
+    if k is None:
+        with _CACHE_LOCK:
+            k = _CACHE.get(key)
+            if k is None:
+                k = Kernel(lower(source, consts), arch)
+                _CACHE[key] = k
+    return k
+
+
+__all__ = ["Kernel", "compile", "TilecError"]

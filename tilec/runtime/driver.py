@@ -1,0 +1,95 @@
+"""The CUDA driver side: devices, primary contexts, modules and launches."""
+from __future__ import annotations
+
+import functools
+import threading
+
+from ..errors import DeviceError
+
+_LOCK = threading.Lock()
+
+
+def check(result, what: str):
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        from cuda.bindings import driver as cu
+        name = cu.cuGetErrorName(err)[1]
+        name = name.decode() if isinstance(name, bytes) else str(err)
+        raise DeviceError(f"{what} failed: {name}")
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _init() -> bool:
+    """True when a driver and at least one GPU are present."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return False
+    try:
+        if int(cu.cuInit(0)[0]) != 0:
+            return False
+        err, n = cu.cuDeviceGetCount()
+        return int(err) == 0 and n > 0
+    except Exception:   # no libcuda.so on this machine
+        return False
+
+
+def have_gpu() -> bool:
+    return _init()
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device: int) -> tuple:
+    from cuda.bindings import driver as cu
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    A = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attribute")
+    minor = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attribute")
+    return major, minor
+
+
+def target_arch(device: int = 0) -> str:
+    """sm_90a on Hopper and when there is no GPU (what tilec compiles for in CI)."""
+    if not have_gpu():
+        return "sm_90a"
+    major, minor = compute_capability(device)
+    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def primary_context(device: int):
+    from cuda.bindings import driver as cu
+    if not have_gpu():
+        raise DeviceError("no CUDA GPU is available: tilec can compile here but not run kernels")
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    return check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+
+
+def make_current(device: int) -> None:
+    from cuda.bindings import driver as cu
+    ctx = primary_context(device)
+    cur = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(cur) != int(ctx):
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+class LoadedKernel:
+    """A cubin loaded into one device's primary context."""
+
+    def __init__(self, cubin: bytes, name: str, device: int, smem_bytes: int):
+        from cuda.bindings import driver as cu
+        major, _ = compute_capability(device)
+        if major < 9:
+            raise DeviceError(f"device {device} has compute capability {major}.x; "
+                              "tilec kernels use TMA and need Hopper (sm_90) or newer")
+        make_current(device)
+        self.module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.function = check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+        if smem_bytes > 48 * 1024:
+            check(cu.cuFuncSetAttribute(
+                self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        self.device = device

@@ -1,0 +1,244 @@
+"""What generated host wrappers call: read arguments (torch, cupy, anything with
+DLPack or __cuda_array_interface__, numpy copied in and out), check them, build
+tensor maps and launch."""
+from __future__ import annotations
+
+import ctypes
+
+from ..errors import LaunchError
+from ..ir.nodes import DTYPES
+from . import driver
+from .driver import check
+from .tensormap import encode_tiled
+
+_NP_NAMES = {d.numpy: d.name for d in DTYPES.values() if d.numpy}
+_TORCH_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "i8",
+                "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32", "uint32": "u32",
+                "int64": "i64", "uint64": "u64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+class TensorArg:
+    """One tensor argument as the kernel sees it: device pointer, shape and
+    strides in elements (outermost first), and where it lives."""
+    __slots__ = ("name", "ptr", "shape", "strides", "dtype", "device", "host", "stream", "keep")
+
+    def __init__(self, name, ptr, shape, strides, dtype, device, stream=None, host=None, keep=None):
+        self.name, self.ptr, self.shape, self.strides = name, ptr, shape, strides
+        self.dtype, self.device, self.stream, self.host, self.keep = dtype, device, stream, host, keep
+
+    def tma_strides(self):
+        """Strides for a tensor map: a dim of extent 1 is never stepped over, so
+        its stride is free; make it the legal, 16-byte aligned value."""
+        s = list(self.strides)
+        per16 = max(1, 16 // DTYPES[self.dtype].size)
+        for d in range(len(s) - 2, -1, -1):
+            if self.shape[d] == 1:
+                span = s[d + 1] * self.shape[d + 1]
+                s[d] = cdiv(max(span, 1), per16) * per16
+        if self.shape and self.shape[-1] == 1:
+            s[-1] = 1
+        return tuple(s)
+
+
+def _c_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+class Call:
+    """The state of one launch: its arguments, device, stream, and host copies."""
+
+    def __init__(self, kernel_name, loaded, stream, writes):
+        self.kernel_name = kernel_name
+        self.loaded = loaded            # device -> LoadedKernel
+        self.stream = stream
+        self.writes = writes
+        self.device = None
+        self.args = []
+        self.keep = []
+
+    # ------------------------------------------------------------ arguments
+    def tensor(self, obj, name, dtype, rank) -> TensorArg:
+        mod = type(obj).__module__
+        if mod.startswith("torch"):
+            arg = self._torch(obj, name)
+        elif mod.startswith("numpy"):
+            arg = self._numpy(obj, name)
+        else:
+            arg = self._strided(obj, name)
+        if arg.dtype != dtype:
+            raise LaunchError(f"argument {name}: dtype {arg.dtype} does not match the declared {dtype}")
+        if len(arg.shape) != rank:
+            raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
+        if self.device is None:
+            self.device = arg.device
+        elif arg.device != self.device:
+            first = self.args[0].name
+            raise LaunchError(f"argument {name} is on cuda:{arg.device} but {first} is on cuda:{self.device}")
+        if self.stream is None and arg.stream is not None:
+            self.stream = arg.stream
+        self.args.append(arg)
+        return arg
+
+    def _torch(self, t, name):
+        import torch
+        if not isinstance(t, torch.Tensor):
+            return self._strided(t, name)
+        dtype = _TORCH_NAMES.get(str(t.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")
+        if t.device.type != "cuda":
+            raise LaunchError(f"argument {name}: a tensor on the {t.device.type.upper()} was passed where a GPU "
+                              f"tensor is required (move it with {name}.cuda(), or pass a numpy array to have "
+                              "tilec copy it)")
+        dev = t.device.index or 0
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        return TensorArg(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype, dev, stream, keep=t)
+
+    def _numpy(self, a, name):
+        import numpy as np
+        dtype = _NP_NAMES.get(a.dtype.name)
+        if dtype is None:
+            raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
+        host = np.ascontiguousarray(a)
+        dev = self.device or 0
+        driver.make_current(dev)
+        from cuda.bindings import driver as cu
+        nbytes = max(host.nbytes, 16)
+        ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc"))
+        self.keep.append(ptr)
+        if host.nbytes:
+            check(cu.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+        return TensorArg(name, ptr, tuple(host.shape), _c_strides(host.shape), dtype, dev, host=(a, host))
+
+    def _strided(self, obj, name):
+        try:
+            from cuda.core.utils import StridedMemoryView
+        except ImportError:  # older cuda.core
+            from cuda.core.experimental.utils import StridedMemoryView
+        try:
+            view = StridedMemoryView(obj, stream_ptr=-1)
+        except Exception as e:
+            raise LaunchError(f"argument {name}: a {type(obj).__name__} is not a tensor tilec can read "
+                              f"(needs DLPack or __cuda_array_interface__): {e}") from None
+        if not view.is_device_accessible or view.device_id < 0:
+            raise LaunchError(f"argument {name}: the array is in host memory where a GPU tensor is required")
+        dtype = _NP_NAMES.get(view.dtype.name) if view.dtype is not None else None
+        if dtype is None:
+            raise LaunchError(f"argument {name}: element type {view.dtype} has no tilec dtype")
+        shape = tuple(view.shape)
+        strides = tuple(view.strides) if view.strides is not None else _c_strides(shape)
+        stream = None
+        if type(obj).__module__.startswith("cupy"):
+            import cupy
+            stream = cupy.cuda.get_current_stream().ptr
+        return TensorArg(name, view.ptr, shape, strides, dtype, view.device_id, stream, keep=obj)
+
+    # ------------------------------------------------------------ checks
+    def bind(self, arg, dim, value, symbol, bound_from):
+        """Dim `dim` of `arg` is also symbol `symbol`, already bound to `value`."""
+        got = arg.shape[dim]
+        if got != value:
+            raise LaunchError(f"argument {arg.name}: dim {dim} is {got} but {symbol} = {value} "
+                              f"(from {bound_from})")
+
+    def expect(self, arg, dim, value, text):
+        got = arg.shape[dim]
+        if got != value:
+            raise LaunchError(f"argument {arg.name}: dim {dim} is {got} but the declaration says {text} = {value}")
+
+    def require(self, ok, text, values):
+        if not ok:
+            shown = ", ".join(f"{k} = {v}" for k, v in values.items())
+            raise LaunchError(f"require {text} failed ({shown})")
+
+    def scalar(self, value, name, dtype):
+        if dtype.startswith(("f", "bf")):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
+        elif not isinstance(value, int) or isinstance(value, bool):
+            raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}")
+        return value
+
+    # ------------------------------------------------------------ kernel parameters
+    def tensor_map(self, arg, box, element_strides, swizzle, l2_promotion):
+        if 0 in arg.shape:
+            raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
+                              "a TMA tensor map cannot describe an empty tensor")
+        m = encode_tiled(arg.name, DTYPES[arg.dtype], arg.ptr, arg.shape, arg.tma_strides(), box,
+                         element_strides, swizzle, l2_promotion)
+        self.keep.append(m)
+        return m
+
+    def launch(self, grid, threads, smem_bytes, params):
+        """`params`: ctypes values and encoded tensor maps, in the kernel's order."""
+        try:
+            if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+                raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
+            if 0 in grid:
+                return
+            dev = self.device or 0
+            loaded = self.loaded(dev)
+            driver.make_current(dev)
+            ptrs = (ctypes.c_void_p * max(1, len(params)))()
+            for i, p in enumerate(params):
+                ptrs[i] = int(p.getPtr()) if hasattr(p, "getPtr") else ctypes.addressof(p)
+            from cuda.bindings import driver as cu
+            check(cu.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
+                                    self.stream or 0, ctypes.addressof(ptrs), 0),
+                  f"launching {self.kernel_name}")
+        finally:
+            self._finish()
+
+    def _finish(self):
+        host_args = [a for a in self.args if a.host is not None]
+        if not host_args and not any(isinstance(k, int) for k in self.keep):
+            return
+        from cuda.bindings import driver as cu
+        if host_args:
+            check(cu.cuCtxSynchronize(), f"running {self.kernel_name}")
+        for a in host_args:
+            if a.name in self.writes:
+                orig, host = a.host
+                if host.nbytes:
+                    check(cu.cuMemcpyDtoH(host.ctypes.data, a.ptr, host.nbytes), "cuMemcpyDtoH")
+                if host is not orig:
+                    orig[...] = host
+        for k in self.keep:
+            if isinstance(k, int):
+                cu.cuMemFree(k)
+
+
+def pointer(arg):
+    return ctypes.c_void_p(arg.ptr)
+
+
+def i64(v):
+    return ctypes.c_longlong(v)
+
+
+def scalar_value(v, dtype):
+    if dtype == "f32":
+        return ctypes.c_float(v)
+    if dtype == "f64":
+        return ctypes.c_double(v)
+    if dtype in ("f16", "bf16"):
+        import numpy as np
+        if dtype == "f16":
+            return ctypes.c_uint16(int(np.array(v, np.float16).view(np.uint16)))
+        bits = int(np.array(v, np.float32).view(np.uint32))
+        bits += 0x7FFF + ((bits >> 16) & 1)      # round to nearest even
+        return ctypes.c_uint16((bits >> 16) & 0xFFFF)
+    ctypes_ints = {"i8": ctypes.c_int8, "u8": ctypes.c_uint8, "i16": ctypes.c_int16, "u16": ctypes.c_uint16,
+                   "i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
+    if dtype in ctypes_ints:
+        return ctypes_ints[dtype](v)
+    raise LaunchError(f"scalar parameters of type {dtype} are not supported")
+

@@ -1,0 +1,78 @@
+"""NVRTC: generated CUDA -> cubin (never PTX for the driver to JIT) and PTX for
+inspection. Works with no GPU and no CUDA toolkit: NVRTC comes from a wheel."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import CompileError
+
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    ptx: str
+    arch: str
+    seconds: float
+
+
+def _check(result, what):
+    err = result[0]
+    if int(err) != 0:
+        raise CompileError(f"NVRTC {what} failed: {err}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def version() -> tuple:
+    from cuda.bindings import nvrtc
+    return tuple(_check(nvrtc.nvrtcVersion(), "version"))
+
+
+def compile_cuda(source: str, name: str, arch: str) -> Compiled:
+    from cuda.bindings import nvrtc
+    t0 = time.perf_counter()
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []), "create")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+        with _LOCK:   # NVRTC-based runtimes race when several threads compile at once
+            result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if int(result[0]) != 0:
+            raise CompileError(_explain(source, _log(prog, nvrtc)))
+        cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
+        ptx = b" " * _check(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+        _check(nvrtc.nvrtcGetPTX(prog, ptx), "ptx")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return Compiled(bytes(cubin), ptx.rstrip(b"\0 ").decode(), arch, time.perf_counter() - t0)
+
+
+def _log(prog, nvrtc) -> str:
+    n = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    return log.rstrip(b"\0 ").decode(errors="replace")
+
+
+_LOG_LINE = re.compile(r"\((\d+)\): (error|warning)")
+_ORIGIN = re.compile(r"^\s*// (.+?:\d+): (.*)$")
+
+
+def _explain(source: str, log: str) -> str:
+    """NVRTC's log with, for the first error, the generated line and the .tile
+    line it came from (the nearest `// file:line:` comment above it)."""
+    lines = source.splitlines()
+    m = _LOG_LINE.search(log)
+    where = ""
+    if m:
+        n = int(m.group(1))
+        gen = lines[n - 1].strip() if 0 < n <= len(lines) else ""
+        origin = next((o for o in (_ORIGIN.match(lines[i]) for i in range(n - 1, -1, -1)) if o), None)
+        where = f"\n  generated line {n}: {gen}"
+        if origin:
+            where += f"\n  from {origin.group(1)}: {origin.group(2)}"
+    return f"NVRTC rejected the generated CUDA (a tilec bug; please report it):{where}\n{log.strip()}"

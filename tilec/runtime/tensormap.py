@@ -1,0 +1,101 @@
+"""cuTensorMapEncodeTiled with every rule checked first (../docs/tma-reference.md
+§2), so a bad argument gets a named rule instead of CUDA_ERROR_INVALID_VALUE,
+and a bounded cache of encoded maps keyed by everything that goes into one."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from ..errors import LaunchError
+from .driver import check
+
+SWIZZLE_SPAN = {"none": None, "32B": 32, "64B": 64, "128B": 128}
+
+
+def tiled_problems(dtype_size, address, shape, strides, box, element_strides, swizzle="none"):
+    """Every TMA rule a tiled map breaks, as messages (empty: legal).
+    shape/strides/box/element_strides are outermost first, strides in elements."""
+    rank = len(shape)
+    out = []
+    if not 1 <= rank <= 5:
+        out.append(f"rank {rank} is outside TMA's 1..5")
+        return out
+    if address % 16:
+        out.append(f"base address {address:#x} is not 16-byte aligned (TMA requires 16-byte aligned tensors)")
+    for d, n in enumerate(shape):
+        if not 1 <= n <= 2**32:
+            out.append(f"dim {d} is {n}; TMA dims are 1 .. 2^32")
+    if strides[-1] != 1 and shape[-1] != 1:
+        out.append(f"innermost dim {rank - 1} has stride {strides[-1]} elements; TMA needs it contiguous (stride 1)")
+    for d in range(rank - 1):
+        b = strides[d] * dtype_size
+        if b % 16:
+            what = "row stride" if d == rank - 2 else f"dim {d} stride"
+            out.append(f"{what} {b} bytes is not a multiple of 16 (TMA requires 16-byte aligned strides)")
+        elif not 0 <= b < 2**40:
+            out.append(f"dim {d} stride {b} bytes is outside TMA's 0 .. 2^40")
+    for d, b in enumerate(box):
+        if not 1 <= b <= 256:
+            out.append(f"box dim {d} is {b}; TMA boxes are 1 .. 256 per dim")
+    inner = box[-1] * dtype_size
+    if inner % 16:
+        out.append(f"the box's inner dimension is {inner} bytes; TMA needs a multiple of 16")
+    span = SWIZZLE_SPAN[swizzle]
+    if span is not None and inner > span:
+        out.append(f"the box's inner dimension is {inner} bytes, more than the {swizzle} swizzle span")
+    for d, e in enumerate(element_strides):
+        if not 1 <= e <= 8:
+            out.append(f"element stride {e} in dim {d} is outside TMA's 1 .. 8")
+    return out
+
+
+class TensorMapCache:
+    """Encoded maps reused when the same pointer, shape, strides, dtype and box
+    come again; least recently used first out."""
+
+    def __init__(self, capacity: int = 1024):
+        self.capacity = capacity
+        self._maps = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            m = self._maps.get(key)
+            if m is not None:
+                self._maps.move_to_end(key)
+            return m
+
+    def put(self, key, value):
+        with self._lock:
+            self._maps[key] = value
+            self._maps.move_to_end(key)
+            while len(self._maps) > self.capacity:
+                self._maps.popitem(last=False)
+
+
+CACHE = TensorMapCache()
+
+
+def encode_tiled(arg_name, dtype, address, shape, strides, box, element_strides, swizzle, l2_promotion):
+    key = (dtype.name, address, shape, strides, box, element_strides, swizzle, l2_promotion)
+    m = CACHE.get(key)
+    if m is not None:
+        return m
+    problems = tiled_problems(dtype.size, address, shape, strides, box, element_strides, swizzle)
+    if problems:
+        raise LaunchError(f"argument {arg_name}: " + "; ".join(problems))
+    from cuda.bindings import driver as cu
+    rank = len(shape)
+    m = check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), rank, address,
+        [cu.cuuint64_t(n) for n in reversed(shape)],
+        [cu.cuuint64_t(s * dtype.size) for s in reversed(strides[:-1])],
+        [cu.cuuint32_t(b) for b in reversed(box)],
+        [cu.cuuint32_t(e) for e in reversed(element_strides)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
+        getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
+                ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"argument {arg_name}: cuTensorMapEncodeTiled")
+    CACHE.put(key, m)
+    return m
