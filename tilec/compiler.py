@@ -10,7 +10,7 @@ from .frontend import parse
 from .ir import nodes as ir
 from .ir.printer import kernel as print_kernel
 from .ir.verify import verify
-from .passes import PASS_NAMES, PIPELINE, fold_consts
+from .passes import PASS_NAMES, PIPELINE, Options
 
 
 def load_source(src) -> Source:
@@ -42,14 +42,15 @@ class Lowered:
         return print_kernel(self.stages[after])
 
 
-def lower(src, consts: dict | None = None) -> Lowered:
+def lower(src, consts: dict | None = None, tma: bool = True) -> Lowered:
     source = load_source(src)
     consts = dict(consts or {})
+    opts = Options(consts, tma)
     k = parse(source)
     stages = {"parse": k}
     verify(k, "parse")
     for p in PIPELINE:
-        k = p.run(k, consts) if p is fold_consts else p.run(k)
+        k = p.run(k, opts)
         verify(k, p.NAME)
         stages[p.NAME] = k
     return Lowered(source, consts, stages)

@@ -73,3 +73,7 @@ class CompileError(TilecError):
 
 class DeviceError(TilecError):
     """The CUDA driver reported an error while loading or running a kernel."""
+
+
+class TmaFallbackWarning(UserWarning):
+    """A launch ran a kernel's thread-copy variant because an argument breaks a TMA rule."""

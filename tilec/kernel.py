@@ -19,8 +19,10 @@ class Kernel:
     """A compiled tilec kernel. Call it with the kernel's arguments (torch / cupy
     tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
 
-    def __init__(self, lowered, arch: str):
+    def __init__(self, lowered, arch: str, fallback: bool = True):
         self._lowered = lowered
+        self._fallback_allowed = fallback
+        self._fallback = None
         self.name = lowered.kernel.name
         self.arch = arch
         self.consts = dict(lowered.kernel.consts)
@@ -71,26 +73,44 @@ class Kernel:
                     self._loaded[device] = m
         return m
 
-    def __call__(self, *args, stream=None, **kwargs):
-        return self._launch(self._module, *args, stream=stream, **kwargs)
+    @property
+    def fallback(self) -> "Kernel":
+        """The thread-copy variant: runs when an argument breaks a TMA rule at launch
+        (e.g. rows that are not 16-byte aligned). Compiled on first use."""
+        if self._fallback is None:
+            with self._load_lock:
+                if self._fallback is None:
+                    lw = self._lowered
+                    self._fallback = Kernel(lower(lw.source, lw.consts, tma=False), self.arch, fallback=False)
+        return self._fallback
+
+    def _run_fallback(self, *args, stream=None):
+        return self.fallback(*args, stream=stream)
+
+    def __call__(self, *args, stream=None):
+        fb = self._run_fallback if self._fallback_allowed else None
+        return self._launch(self._module, *args, stream=stream, fallback=fb)
 
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
         return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
 
 
-def compile(src, arch: str | None = None, **consts) -> Kernel:
-    """Compile a .tile program (a path or the text) with optional const overrides."""
+def compile(src, arch: str | None = None, fallback: bool = True, **consts) -> Kernel:
+    """Compile a .tile program (a path or the text) with optional const overrides.
+
+    fallback: when an argument breaks a TMA rule at launch, run the kernel's
+    thread-copy variant (with a TmaFallbackWarning) instead of raising LaunchError."""
     source = load_source(src)
     if arch is None:
         arch = driver.target_arch()
-    key = (source.name, source.text, tuple(sorted(consts.items())), arch)
+    key = (source.name, source.text, tuple(sorted(consts.items())), arch, fallback)
     k = _CACHE.get(key)
     if k is None:
         with _CACHE_LOCK:
             k = _CACHE.get(key)
             if k is None:
-                k = Kernel(lower(source, consts), arch)
+                k = Kernel(lower(source, consts), arch, fallback)
                 _CACHE[key] = k
     return k
 

@@ -46,9 +46,9 @@ def generate(k: ir.Kernel, source_name: str) -> str:
     lines = []
     for p in k.params:
         if isinstance(p, ir.TensorParam):
-            lines.append(f'{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
+            lines.append(f'arg_{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
         else:
-            lines.append(f'{p.name} = call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
+            lines.append(f'call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
     # shape symbols: bound by their first bare appearance, checked everywhere else
     bound = {}
     checks = []
@@ -56,11 +56,11 @@ def generate(k: ir.Kernel, source_name: str) -> str:
         for d, e in enumerate(t.shape):
             if isinstance(e, ir.Var) and e.name not in bound:
                 bound[e.name] = f"{t.name} dim {d}"
-                lines.append(f"{e.name} = {t.name}.shape[{d}]")
+                lines.append(f"{e.name} = arg_{t.name}.shape[{d}]")
             elif isinstance(e, ir.Var):
-                checks.append(f'call.bind({t.name}, {d}, {e.name}, "{e.name}", "{bound[e.name]}")')
+                checks.append(f'call.bind(arg_{t.name}, {d}, {e.name}, "{e.name}", "{bound[e.name]}")')
             else:
-                checks.append(f'call.expect({t.name}, {d}, {py_expr(e)}, "{tile_expr(e)}")')
+                checks.append(f'call.expect(arg_{t.name}, {d}, {py_expr(e)}, "{tile_expr(e)}")')
     lines += checks
     for r in k.requires:
         names = sorted(free_names(r.cond))
@@ -68,22 +68,32 @@ def generate(k: ir.Kernel, source_name: str) -> str:
         lines.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
     grid = [py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
     lines.append(f"grid = ({', '.join(grid)})")
-    params = []
+    maps, params = [], []
     for p in kernel_params(k):
         if p.kind == "tensor_map":
             t = k.tensor_map(p.name)
-            params.append(f'call.tensor_map({t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
-                          f'"{t.l2_promotion}"),  # {t.name}')
+            maps.append(f'call.tensor_map(arg_{t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
+                        f'"{t.l2_promotion}"),  # {t.name}')
         elif p.kind == "pointer":
-            params.append(f"rt.pointer({p.tensor}),")
+            params.append(f"rt.pointer(arg_{p.tensor}),")
         elif p.kind == "dim":
-            params.append(f"rt.i64({p.tensor}.shape[{p.index}]),")
+            params.append(f"rt.i64(arg_{p.tensor}.shape[{p.index}]),")
         elif p.kind == "stride":
-            params.append(f"rt.i64({p.tensor}.strides[{p.index}]),")
+            params.append(f"rt.i64(arg_{p.tensor}.strides[{p.index}]),")
         elif p.kind == "symbol":
             params.append(f"rt.i64({p.name}),")
         else:
             params.append(f'rt.scalar_value({p.name}, "{p.dtype.name}"),')
+    if maps:
+        # An argument TMA cannot describe (e.g. rows not 16-byte aligned) runs the
+        # thread-copy variant of the kernel, or raises with the rule it breaks.
+        lines.append("try:")
+        lines.append("    tensor_maps = [")
+        lines += ["        " + x for x in maps]
+        lines.append("    ]")
+        lines.append("except rt.TmaRuleError as err:")
+        lines.append(f"    return call.fall_back(err, fallback, {', '.join(p.name for p in k.params)})")
+        params.insert(0, "*tensor_maps,")
     lines.append("call.launch(grid, THREADS, DYNAMIC_SMEM_BYTES, [")
     lines += ["    " + x for x in params]
     lines.append("])")

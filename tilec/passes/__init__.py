@@ -1,6 +1,8 @@
 """The pass pipeline, in order. This list is the only place that orders passes."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from . import check_types, fold_consts, insert_barriers, lower_copies, plan_smem, plan_tma
 
 PIPELINE = (
@@ -13,3 +15,9 @@ PIPELINE = (
 )
 
 PASS_NAMES = ("parse",) + tuple(p.NAME for p in PIPELINE)
+
+
+@dataclass(frozen=True)
+class Options:
+    consts: dict = field(default_factory=dict)   # const overrides
+    tma: bool = True                             # False: the thread-copy fallback variant

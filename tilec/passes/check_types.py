@@ -25,7 +25,7 @@ def space(k: ir.Kernel, name: str) -> str:
     return "scalar"
 
 
-def run(k: ir.Kernel) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
     t = k.threads.value
     if not (32 <= t <= 1024 and t % 32 == 0):
         raise SemanticError(f"threads must be a multiple of 32 between 32 and 1024, got {t}", k.threads.span)

@@ -11,7 +11,8 @@ from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_body, map_expr, map_stm
 NAME = "fold-consts"
 
 
-def run(k: ir.Kernel, overrides: dict) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
+    overrides = opts.consts
     declared = {c[0] for c in k.consts}
     for name in overrides:
         if name not in declared:

@@ -236,7 +236,7 @@ def _merge_one_thread(body):
     return tuple(out)
 
 
-def run(k: ir.Kernel) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
     ins = _Inserter(k)
     st = _State()
     body = list(ins.block(k.body, st, False))

@@ -3,6 +3,9 @@
     global -> shared   TmaLoad   (cp.async.bulk.tensor .tile, completes on an mbarrier)
     shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group)
     anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
+
+With `opts.tma` off (the fallback variant, run when an argument breaks a TMA
+rule at launch) global <-> shared copies become thread copies too.
 """
 from __future__ import annotations
 
@@ -15,14 +18,14 @@ from .check_types import space
 NAME = "lower-copies"
 
 
-def run(k: ir.Kernel) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
     def lower(s):
         if not isinstance(s, ir.Copy):
             return s
         src, dst = space(k, s.src.name), space(k, s.dst.name)
-        if (src, dst) == ("global", "shared"):
+        if (src, dst) == ("global", "shared") and opts.tma:
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
-        if (src, dst) == ("shared", "global"):
+        if (src, dst) == ("shared", "global") and opts.tma:
             return ir.TmaStore(s.src.name, s.dst.name, s.dst.starts, span=s.span)
         tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
         return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)

@@ -13,7 +13,7 @@ ALIGN = 128
 MAX_DYNAMIC_SMEM = 232448       # 227 KB per block on Hopper
 
 
-def run(k: ir.Kernel) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
     offset = 0
     buffers = []
     for b in k.buffers:

@@ -17,7 +17,7 @@ NAME = "plan-tma"
 MAX_BOX = 256
 
 
-def run(k: ir.Kernel) -> ir.Kernel:
+def run(k: ir.Kernel, opts) -> ir.Kernel:
     maps: dict = {}
 
     def plan(s):

@@ -9,7 +9,10 @@ from ..errors import LaunchError
 from ..ir.nodes import DTYPES
 from . import driver
 from .driver import check
-from .tensormap import encode_tiled
+from .tensormap import TmaRuleError, encode_tiled
+
+__all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value"]
+_WARNED = set()
 
 _NP_NAMES = {d.numpy: d.name for d in DTYPES.values() if d.numpy}
 _TORCH_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "i8",
@@ -59,6 +62,7 @@ class Call:
         self.kernel_name = kernel_name
         self.loaded = loaded            # device -> LoadedKernel
         self.stream = stream
+        self.stream_arg = stream
         self.writes = writes
         self.device = None
         self.args = []
@@ -176,6 +180,23 @@ class Call:
                          element_strides, swizzle, l2_promotion)
         self.keep.append(m)
         return m
+
+    def fall_back(self, err, fallback, *args):
+        """Run the thread-copy variant instead (numpy copies are redone by it)."""
+        self.keep = [k for k in self.keep if isinstance(k, int)]
+        self.args = [a for a in self.args if a.host is None]
+        self._finish()
+        if fallback is None:
+            raise err
+        if (self.kernel_name, err.message) not in _WARNED:
+            _WARNED.add((self.kernel_name, err.message))
+            import warnings
+            from ..errors import TmaFallbackWarning
+            warnings.warn(TmaFallbackWarning(
+                f"{err.message}: TMA cannot copy it, so kernel {self.kernel_name} runs its thread-copy "
+                "variant (correct, slower); pass fallback=False to tilec.compile to get an error instead"),
+                stacklevel=4)
+        return fallback(*args, stream=self.stream_arg)
 
     def launch(self, grid, threads, smem_bytes, params):
         """`params`: ctypes values and encoded tensor maps, in the kernel's order."""

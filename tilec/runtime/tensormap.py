@@ -9,6 +9,10 @@ from collections import OrderedDict
 from ..errors import LaunchError
 from .driver import check
 
+
+class TmaRuleError(LaunchError):
+    """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead."""
+
 SWIZZLE_SPAN = {"none": None, "32B": 32, "64B": 64, "128B": 128}
 
 
@@ -83,7 +87,7 @@ def encode_tiled(arg_name, dtype, address, shape, strides, box, element_strides,
         return m
     problems = tiled_problems(dtype.size, address, shape, strides, box, element_strides, swizzle)
     if problems:
-        raise LaunchError(f"argument {arg_name}: " + "; ".join(problems))
+        raise TmaRuleError(f"argument {arg_name}: " + "; ".join(problems))
     from cuda.bindings import driver as cu
     rank = len(shape)
     m = check(cu.cuTensorMapEncodeTiled(

@@ -1,0 +1,111 @@
+"""tilec next to the best peer, same inputs, same run; prints a table of ratios.
+
+    python benchmarks/bench.py            (needs a Hopper GPU and torch)
+
+Kernel times: CUDA events, warm-up, median of repeats, rotating over several
+buffers when they would fit in L2. Host times: perf_counter_ns over many calls."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import tilec  # noqa: E402
+from tilec.kernel import _CACHE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def time_gpu(fn, reps=30, warmup=5):
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    return statistics.median(times)
+
+
+def host_time_per_call(fn, calls=10_000):
+    import torch
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        t = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t)
+        if len(samples) % 1000 == 0:
+            torch.cuda.synchronize()
+    return statistics.median(samples) * 1e-3
+
+
+def bench_copy(rows):
+    import torch
+    k = tilec.compile(str(ROOT / "examples/copy2d.tile"))
+    M = N = 16384                                       # 1 GiB of f32
+    a = torch.randn(M, N, device="cuda")
+    b = torch.empty_like(a)
+    nbytes = 2 * a.numel() * a.element_size()           # read + write
+    t_tilec = time_gpu(lambda: k(a, b))
+    assert torch.equal(a, b), "copy2d gave a wrong answer"
+    t_torch = time_gpu(lambda: b.copy_(a))
+    rows.append(("copy2d 16384x16384 f32 (1 GiB)", "torch copy_", nbytes / t_tilec / 1e9,
+                 nbytes / t_torch / 1e9, "GB/s", t_torch / t_tilec))
+
+
+def bench_scale(rows):
+    import torch
+    k = tilec.compile(str(ROOT / "examples/scale.tile"))
+    x = torch.randn(16384, 16384, device="cuda")
+    y = torch.empty_like(x)
+    nbytes = 2 * x.numel() * 4
+    t_tilec = time_gpu(lambda: k(x, y, 0.5))
+    t_torch = time_gpu(lambda: torch.add(torch.mul(x, 0.5, out=y), 1.0, out=y))
+    rows.append(("scale 16384x16384 f32", "torch mul+add", nbytes / t_tilec / 1e9, nbytes / t_torch / 1e9,
+                 "GB/s", t_torch / t_tilec))
+
+
+def bench_host(rows):
+    import torch
+    k = tilec.compile(str(ROOT / "examples/copy2d.tile"))
+    a = torch.randn(64, 128, device="cuda")
+    b = torch.empty_like(a)
+    us_tilec = host_time_per_call(lambda: k(a, b))
+    us_torch = host_time_per_call(lambda: b.copy_(a))
+    rows.append(("host time per call, copy2d 64x128", "torch copy_", us_tilec, us_torch, "us", us_torch / us_tilec))
+
+
+def bench_compile(rows):
+    _CACHE.clear()
+    t = time.perf_counter()
+    k = tilec.compile(str(ROOT / "examples/copy2d.tile"))
+    total = time.perf_counter() - t
+    rows.append(("cold compile copy2d (whole / NVRTC)", "-", total * 1e3, k.compile_seconds * 1e3, "ms", None))
+
+
+def main():
+    rows = []
+    for b in (bench_compile, bench_copy, bench_scale, bench_host):
+        try:
+            b(rows)
+        except Exception as e:  # keep the table: one failing line must not hide the others
+            rows.append((b.__name__, f"FAILED: {e}", 0, 0, "", None))
+    print(f"\n{'benchmark':42s} {'peer':16s} {'tilec':>10s} {'peer':>10s} {'unit':5s} {'peer/tilec time':>16s}")
+    for name, peer, mine, theirs, unit, ratio in rows:
+        r = f"{ratio:16.3f}" if ratio is not None else f"{'-':>16s}"
+        print(f"{name:42s} {peer:16s} {mine:10.2f} {theirs:10.2f} {unit:5s} {r}")
+
+
+if __name__ == "__main__":
+    main()

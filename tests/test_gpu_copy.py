@@ -1,0 +1,219 @@
+"""GPU: copies and elementwise kernels against torch (marked gpu; run with a timeout)."""
+import warnings
+
+import numpy as np
+import pytest
+
+import tilec
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["f16", "bf16", "f32", "i8", "f64"]
+SHAPES = [(1, 1), (1000, 1000), (4097, 129), (3, 70000)]
+
+COPY2D = """
+kernel copy2d(A: {dt}[M, N], B: {dt}[M, N]) {{
+    const BM = 64, BN = {bn};
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+    shared s: {dt}[BM, BN];
+    copy(A[by * BM, bx * BN], s);
+    copy(s, B[by * BM, bx * BN]);
+}}
+"""
+# 128-element rows for every dtype (f64: 64 so the tile stays at 32 KB)
+BN = {"f16": 128, "bf16": 128, "f32": 128, "i8": 128, "f64": 64}
+
+
+def torch_dtype(dt):
+    import torch
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8,
+            "f64": torch.float64, "u8": torch.uint8, "i32": torch.int32}[dt]
+
+
+def rand(shape, dt):
+    import torch
+    if dt in ("i8", "u8", "i32"):
+        return torch.randint(-100 if dt != "u8" else 0, 100, shape, device="cuda").to(torch_dtype(dt))
+    return torch.randn(*shape, device="cuda").to(torch_dtype(dt))
+
+
+def poisoned_like(a):
+    import torch
+    out = torch.empty_like(a)
+    out.view(torch.uint8).fill_(0xA5) if out.numel() else None
+    return out
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_copy2d_equals_input(dt, shape):
+    import torch
+    k = tilec.compile(COPY2D.format(dt=dt, bn=BN[dt]))
+    a = rand(shape, dt)
+    b = poisoned_like(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.errors.TmaFallbackWarning)
+        k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+def test_copy2d_example_file():
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    a = rand((777, 1000), "f32")
+    b = poisoned_like(a)
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+RANKED = {
+    1: ("A: f32[N], B: f32[N]", "grid (bx) = (cdiv(N, 256));", "f32[256]", "[bx * 256]", (100003,)),
+    3: ("A: f32[D, M, N], B: f32[D, M, N]", "grid (bx, by, bz) = (cdiv(N, 64), cdiv(M, 8), cdiv(D, 4));",
+        "f32[4, 8, 64]", "[bz * 4, by * 8, bx * 64]", (9, 17, 200)),
+    4: ("A: f16[P, D, M, N], B: f16[P, D, M, N]",
+        "grid (bx, by, bz) = (cdiv(N, 64), cdiv(M, 8), P * cdiv(D, 2));",
+        "f16[1, 2, 8, 64]", "[bz / cdiv(D, 2), (bz % cdiv(D, 2)) * 2, by * 8, bx * 64]", (3, 5, 17, 72)),
+    5: ("A: bf16[Q, P, D, M, N], B: bf16[Q, P, D, M, N]",
+        "grid (bx, by, bz) = (cdiv(N, 32), cdiv(M, 4), Q * P * D);",
+        "bf16[1, 1, 1, 4, 32]", "[bz / (P * D), (bz / D) % P, bz % D, by * 4, bx * 32]", (2, 3, 4, 9, 40)),
+}
+
+
+@pytest.mark.parametrize("rank", sorted(RANKED))
+def test_copy_of_rank(rank):
+    import torch
+    params, grid, tile, origin, shape = RANKED[rank]
+    src = f"""kernel copy{rank}({params}) {{
+        {grid}
+        threads 128;
+        shared s: {tile};
+        copy(A{origin}, s);
+        copy(s, B{origin});
+    }}"""
+    k = tilec.compile(src)
+    dt = params.split(":")[1].split("[")[0].strip()
+    a = rand(shape, dt)
+    b = poisoned_like(a)
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+def test_copy_of_a_strided_view():
+    """A sliced torch view: 16-byte aligned start and row stride, not contiguous."""
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    big = rand((1200, 1040), "f32")
+    a = big[100:1100, 16:1016]
+    assert not a.is_contiguous()
+    out_big = torch.zeros(1100, 1100, device="cuda")
+    b = out_big[50:1050, 32:1032]
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    assert out_big[:50].abs().sum() == 0 and out_big[:, :32].abs().sum() == 0
+
+
+def test_illegal_stride_raises_named_error_before_launch():
+    import torch
+    k = tilec.compile("examples/copy2d.tile", fallback=False)
+    a = rand((64, 130), "f32")[:, :7]     # row stride 520 bytes
+    b = torch.zeros(64, 7, device="cuda")
+    with pytest.raises(tilec.LaunchError, match=r"argument A: row stride 520 bytes is not a multiple of 16"):
+        k(a, b)
+    torch.cuda.synchronize()
+    assert b.abs().sum() == 0
+
+
+def test_illegal_stride_falls_back_with_a_warning():
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    a = rand((300, 130), "f32")[:, :7]
+    b = torch.zeros(300, 7, device="cuda")
+    with pytest.warns(tilec.errors.TmaFallbackWarning, match="row stride 520 bytes"):
+        k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+def test_launch_errors_name_the_argument():
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    a = rand((64, 128), "f32")
+    with pytest.raises(tilec.LaunchError, match=r"argument B: dtype f16 does not match the declared f32"):
+        k(a, a.half())
+    with pytest.raises(tilec.LaunchError, match=r"argument B: dim 0 is 65 but M = 64"):
+        k(a, torch.zeros(65, 128, device="cuda"))
+    with pytest.raises(tilec.LaunchError, match=r"argument A: a tensor on the CPU was passed"):
+        k(a.cpu(), a)
+
+
+def test_numpy_arguments_are_copied_in_and_out():
+    k = tilec.compile("examples/copy2d.tile")
+    a = np.random.default_rng(1).standard_normal((300, 500), dtype=np.float32)
+    b = np.zeros_like(a)
+    k(a, b)
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (333, 1000), (64, 256), (1000, 4096)])
+def test_scale_equals_torch(shape):
+    import torch
+    k = tilec.compile("examples/scale.tile")
+    x = rand(shape, "f32")
+    y = poisoned_like(x)
+    k(x, y, 0.75)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, x * 0.75 + 1.0, rtol=1e-6, atol=1e-6)
+
+
+def test_scale_f16_through_a_local_tile():
+    """f16 in, f32 math in registers (a local tile), f16 out."""
+    import torch
+    src = """
+    kernel scale16(X: f16[M, N], Y: f16[M, N], alpha: f32) {
+        const BM = 16, BN = 128;
+        grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+        threads 128;
+        shared s: f16[BM, BN];
+        local r: f32[BM, BN];
+        copy(X[by * BM, bx * BN], s);
+        copy(s, r);
+        parallel (i, j) in (BM, BN) {
+            r[i, j] = r[i, j] * alpha - 2.0;
+        }
+        copy(r, Y[by * BM, bx * BN]);
+    }"""
+    k = tilec.compile(src)
+    x = rand((100, 300), "f16")
+    y = poisoned_like(x)
+    k(x, y, 1.5)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, (x.float() * 1.5 - 2.0).half(), rtol=0, atol=0)
+
+
+def test_copy_in_a_loop_reuses_one_barrier():
+    """One block walks all row tiles: the barrier's phase flips every trip."""
+    import torch
+    src = """
+    kernel colcopy(A: f32[M, N], B: f32[M, N]) {
+        grid (bx) = (cdiv(N, 128));
+        threads 128;
+        shared s: f32[32, 128];
+        for r in range(cdiv(M, 32)) {
+            copy(A[r * 32, bx * 128], s);
+            parallel (i, j) in (32, 128) {
+                s[i, j] = s[i, j] + 1.0;
+            }
+            copy(s, B[r * 32, bx * 128]);
+        }
+    }"""
+    k = tilec.compile(src)
+    a = rand((1000, 300), "f32")
+    b = poisoned_like(a)
+    k(a, b)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(b, a + 1)
