@@ -187,7 +187,7 @@ class _Printer:
         else:
             ptr, cond = self.global_element(s.src, names, "src")
             lines += [f"  const bool src_in = {cond};"]
-            value = f"(src_in ? {ptr} : {ctype(self.k.param(s.src.name).dtype)}(0))"
+            value = f"(src_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
         src_dt = (src_b or self.k.param(s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_dt != dst_dt:

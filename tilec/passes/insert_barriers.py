@@ -243,5 +243,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if st.storing:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))
     if ins.barriers:
-        body = [ir.OneThread((ir.MbarrierInit(tuple(ins.barriers)),)), ir.SyncThreads()] + body
+        # Thread 0 initialises every barrier and may go on at once with what it
+        # alone runs (issuing the first loads early); the other threads meet it
+        # at a block barrier before their first statement, so they never wait
+        # on a barrier they might see uninitialised.
+        lead = [ir.MbarrierInit(tuple(ins.barriers))]
+        while body and isinstance(body[0], ir.OneThread):
+            lead += body.pop(0).body
+        body = [ir.OneThread(tuple(lead))] + ([ir.SyncThreads()] if body else []) + body
     return replace(k, body=_merge_one_thread(tuple(body)), barriers=tuple(ins.barriers))

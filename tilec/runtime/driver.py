@@ -1,6 +1,7 @@
 """The CUDA driver side: devices, primary contexts, modules and launches."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 
@@ -68,12 +69,48 @@ def primary_context(device: int):
     return check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
 
+_THREAD = threading.local()
+
+
 def make_current(device: int) -> None:
+    """Make `device`'s primary context (the one torch and cupy use) current in
+    this thread; checked with the driver once per thread and device switch."""
+    if getattr(_THREAD, "device", None) == device:
+        return
     from cuda.bindings import driver as cu
     ctx = primary_context(device)
     cur = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if int(cur) != int(ctx):
         check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _THREAD.device = device
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda_launch():
+    """cuLaunchKernel straight from libcuda through ctypes: the per-call path
+    costs about a microsecond this way (the generic binding costs several)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        f = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return f
+
+
+def launch(loaded, grid, threads, smem_bytes, stream, params, name) -> None:
+    f = _libcuda_launch()
+    if f is not None:
+        err = f(loaded.function_handle, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
+                stream or None, ctypes.addressof(params), None)
+        if err:
+            from cuda.bindings import driver as cu
+            check((cu.CUresult(err),), f"launching {name}")
+        return
+    from cuda.bindings import driver as cu
+    check(cu.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
+                            stream, ctypes.addressof(params), 0), f"launching {name}")
 
 
 class LoadedKernel:
@@ -88,6 +125,7 @@ class LoadedKernel:
         make_current(device)
         self.module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+        self.function_handle = int(self.function)
         if smem_bytes > 48 * 1024:
             check(cu.cuFuncSetAttribute(
                 self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -4,6 +4,7 @@ tensor maps and launch."""
 from __future__ import annotations
 
 import ctypes
+import sys
 
 from ..errors import LaunchError
 from ..ir.nodes import DTYPES
@@ -22,6 +23,24 @@ _TORCH_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64
 
 def cdiv(a, b):
     return -(-a // b)
+
+
+_TORCH_DTYPE_NAMES = {}
+
+
+def _torch_dtype_name(dt):
+    name = _TORCH_DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _TORCH_NAMES.get(str(dt).removeprefix("torch."))
+        _TORCH_DTYPE_NAMES[dt] = name
+    return name
+
+
+def _torch_stream(device):
+    """The current torch stream of `device` as a CUstream handle (int)."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what Triton uses: ~0.2 us
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 class TensorArg:
@@ -92,19 +111,19 @@ class Call:
         return arg
 
     def _torch(self, t, name):
-        import torch
+        torch = sys.modules["torch"]
         if not isinstance(t, torch.Tensor):
             return self._strided(t, name)
-        dtype = _TORCH_NAMES.get(str(t.dtype).removeprefix("torch."))
+        dtype = _torch_dtype_name(t.dtype)
         if dtype is None:
             raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             raise LaunchError(f"argument {name}: a tensor on the {t.device.type.upper()} was passed where a GPU "
                               f"tensor is required (move it with {name}.cuda(), or pass a numpy array to have "
                               "tilec copy it)")
-        dev = t.device.index or 0
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        return TensorArg(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype, dev, stream, keep=t)
+        dev = t.get_device()
+        stream = _torch_stream(dev) if self.stream is None else None
+        return TensorArg(name, t.data_ptr(), tuple(t.shape), t.stride(), dtype, dev, stream, keep=t)
 
     def _numpy(self, a, name):
         import numpy as np
@@ -176,8 +195,7 @@ class Call:
         if 0 in arg.shape:
             raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
                               "a TMA tensor map cannot describe an empty tensor")
-        m = encode_tiled(arg.name, DTYPES[arg.dtype], arg.ptr, arg.shape, arg.tma_strides(), box,
-                         element_strides, swizzle, l2_promotion)
+        m = encode_tiled(arg, box, element_strides, swizzle, l2_promotion)
         self.keep.append(m)
         return m
 
@@ -210,11 +228,8 @@ class Call:
             driver.make_current(dev)
             ptrs = (ctypes.c_void_p * max(1, len(params)))()
             for i, p in enumerate(params):
-                ptrs[i] = int(p.getPtr()) if hasattr(p, "getPtr") else ctypes.addressof(p)
-            from cuda.bindings import driver as cu
-            check(cu.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
-                                    self.stream or 0, ctypes.addressof(ptrs), 0),
-                  f"launching {self.kernel_name}")
+                ptrs[i] = p.getPtr() if hasattr(p, "getPtr") else ctypes.addressof(p)
+            driver.launch(loaded, grid, threads, smem_bytes, self.stream or 0, ptrs, self.kernel_name)
         finally:
             self._finish()
 

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 
 from ..errors import LaunchError
+from ..ir.nodes import DTYPES
 from .driver import check
 
 
@@ -63,11 +64,12 @@ class TensorMapCache:
         self._lock = threading.Lock()
 
     def get(self, key):
-        with self._lock:
-            m = self._maps.get(key)
-            if m is not None:
-                self._maps.move_to_end(key)
-            return m
+        m = self._maps.get(key)      # a plain dict read is atomic; order is refreshed under the lock
+        if m is not None:
+            with self._lock:
+                if key in self._maps:
+                    self._maps.move_to_end(key)
+        return m
 
     def put(self, key, value):
         with self._lock:
@@ -80,11 +82,14 @@ class TensorMapCache:
 CACHE = TensorMapCache()
 
 
-def encode_tiled(arg_name, dtype, address, shape, strides, box, element_strides, swizzle, l2_promotion):
-    key = (dtype.name, address, shape, strides, box, element_strides, swizzle, l2_promotion)
+def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
+    """The tensor map of tensor argument `arg` (a runtime.host.TensorArg)."""
+    key = (arg.dtype, arg.ptr, arg.shape, arg.strides, box, element_strides, swizzle, l2_promotion)
     m = CACHE.get(key)
     if m is not None:
         return m
+    arg_name, dtype, address, shape = arg.name, DTYPES[arg.dtype], arg.ptr, arg.shape
+    strides = arg.tma_strides()
     problems = tiled_problems(dtype.size, address, shape, strides, box, element_strides, swizzle)
     if problems:
         raise TmaRuleError(f"argument {arg_name}: " + "; ".join(problems))
