@@ -82,6 +82,14 @@ class TensorMapCache:
 CACHE = TensorMapCache()
 
 
+def _global_strides(cu, dtype, shape, strides):
+    """Byte strides of dims 1..rank-1, innermost first. A rank-1 map has none, but
+    the driver rejects an empty array (seen on the H100): pass one it ignores."""
+    if len(shape) == 1:
+        return [cu.cuuint64_t(-(-shape[0] * dtype.size // 16) * 16)]
+    return [cu.cuuint64_t(s * dtype.size) for s in reversed(strides[:-1])]
+
+
 def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     """The tensor map of tensor argument `arg` (a runtime.host.TensorArg)."""
     key = (arg.dtype, arg.ptr, arg.shape, arg.strides, box, element_strides, swizzle, l2_promotion)
@@ -98,7 +106,7 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     m = check(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), rank, address,
         [cu.cuuint64_t(n) for n in reversed(shape)],
-        [cu.cuuint64_t(s * dtype.size) for s in reversed(strides[:-1])],
+        _global_strides(cu, dtype, shape, strides),
         [cu.cuuint32_t(b) for b in reversed(box)],
         [cu.cuuint32_t(e) for e in reversed(element_strides)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
