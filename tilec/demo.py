@@ -3,22 +3,16 @@ run it on random data and check the answer against numpy."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
+from ._resources import resource_dir
 from .kernel import compile as compile_kernel
 from .runtime.driver import have_gpu
 
-_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
 
 def _copy2d_source():
-    here = _EXAMPLES / "copy2d.tile"
-    if here.is_file():
-        return str(here)
-    from importlib.resources import files
-    return files("tilec").joinpath("examples/copy2d.tile").read_text()
+    return str(resource_dir("examples") / "copy2d.tile")
 
 
 def main(path=None) -> None:
