@@ -24,8 +24,9 @@ def thread_copied_tensors(k: ir.Kernel) -> list:
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.ThreadCopy):
             for r in (s.src, s.dst):
-                if isinstance(k.param(r.name), ir.TensorParam) and r.name not in names:
-                    names.append(r.name)
+                name = k.view(r.name).tensor if k.view(r.name) else r.name
+                if isinstance(k.param(name), ir.TensorParam) and name not in names:
+                    names.append(name)
     return names
 
 

@@ -9,6 +9,7 @@ import jinja2
 
 from .._version import __version__
 from .._resources import resource_dir
+from ..ir import im2col
 from ..ir import nodes as ir
 from ..ir.exprs import walk_expr
 from .abi import kernel_params
@@ -113,6 +114,12 @@ class _Printer:
             return [f"{ind}__syncthreads();"]
         if isinstance(s, ir.ArriveExpectTx):
             return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx(&{s.barrier}, {s.bytes});"]
+        if isinstance(s, ir.TmaLoad) and s.view:
+            # coordinates (channel, spatial window origin..., image) and the tap's offsets, innermost first
+            coords = ", ".join(f"int({self.expr(c)})" for c in reversed(s.coords))
+            offsets = ", ".join(f"(unsigned short)({self.expr(o)})" for o in reversed(s.offsets))
+            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier},",
+                    f"{ind}    {coords},", f"{ind}    {offsets});"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
             return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier}, {coords});"]
@@ -182,13 +189,18 @@ class _Printer:
         names = [f"i{d}" for d in range(len(s.shape))]
         src_b, dst_b = self.k.buffer(s.src.name), self.k.buffer(s.dst.name)
         lines = []
+        view = self.k.view(s.src.name)
         if src_b is not None:
             value = self.element(src_b, [ir.Var(n) for n in names])
+        elif view is not None:
+            ptr, cond = self.view_element(view, s.src, names)
+            lines += [f"  const bool src_in = {cond};"]
+            value = f"(src_in ? {ptr} : static_cast<{ctype(self.k.param(view.tensor).dtype)}>(0))"
         else:
             ptr, cond = self.global_element(s.src, names, "src")
             lines += [f"  const bool src_in = {cond};"]
             value = f"(src_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
-        src_dt = (src_b or self.k.param(s.src.name)).dtype
+        src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_dt != dst_dt:
             arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
@@ -199,6 +211,26 @@ class _Printer:
             ptr, cond = self.global_element(s.dst, names, "dst")
             lines.append(f"  if ({cond}) {ptr} = {value};")
         return self.thread_loop(s.shape, names, lines, ind)
+
+    def view_element(self, v: ir.Im2colView, r: ir.Region, names):
+        """Element (m0 + i0, k0 + i1) of an im2col view read straight from X, and the
+        test that it is inside the matrix and its tap inside the image (else zero)."""
+        x = self.k.param(v.tensor)
+        xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"{x.name}_dim{d}") for d in range(len(x.shape))))
+        m = ir.BinOp("+", r.starts[0], ir.Var(names[0]))
+        kk = ir.BinOp("+", r.starts[1], ir.Var(names[1]))
+        n, origins = im2col.row(v, xd, m)
+        c, offsets = im2col.column(v, xd, kk)
+        coords = [n] + [ir.BinOp("+", o, off) for o, off in zip(origins, offsets)] + [c]
+        conds = [f"{self.expr(m, 4)} < {self.expr(im2col.rows(v, xd), 4)}",
+                 f"{self.expr(kk, 4)} < {self.expr(im2col.columns(v, xd), 4)}"]
+        idx = []
+        for d, e in enumerate(coords):
+            ce = self.expr(e, 5)
+            if 0 < d < len(coords) - 1:
+                conds.append(f"static_cast<unsigned long long>({ce}) < static_cast<unsigned long long>({x.name}_dim{d})")
+            idx.append(f"static_cast<long long>({ce}) * {x.name}_stride{d}")
+        return f"{x.name}[{' + '.join(idx)}]", " && ".join(conds)
 
     def global_element(self, r: ir.Region, names, which):
         """The element of tensor region `r` at tile index `names`, and its in-bounds test.
@@ -236,8 +268,10 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool) -> list:
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
-    for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad)}):
+    for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and not s.view}):
         add("tma_load", rank)
+    for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and s.view}):
+        add("tma_load_im2col", rank)
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaStore)}):
         add("tma_store", rank)
     if any(isinstance(s, (ir.BulkCommit, ir.BulkWait)) for s in stmts):

@@ -68,9 +68,15 @@ def generate(k: ir.Kernel, source_name: str) -> str:
         lines.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
     grid = [py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
     lines.append(f"grid = ({', '.join(grid)})")
+    lines.append("if 0 in grid:")
+    lines.append("    return call.nothing_to_do()  # an empty grid: no block to run")
     maps, params = [], []
     for p in kernel_params(k):
-        if p.kind == "tensor_map":
+        if p.kind == "tensor_map" and k.tensor_map(p.name).kind == "im2col":
+            t = k.tensor_map(p.name)
+            maps.append(f'call.tensor_map_im2col(arg_{t.tensor}, {t.box[0]}, {t.box[1]}, {t.lower_corner}, '
+                        f'{t.upper_corner}, {t.element_strides}, "{t.swizzle}", "{t.l2_promotion}"),  # {t.name}')
+        elif p.kind == "tensor_map":
             t = k.tensor_map(p.name)
             maps.append(f'call.tensor_map(arg_{t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
                         f'"{t.l2_promotion}"),  # {t.name}')

@@ -87,6 +87,14 @@ def fold(e):
                 from ..errors import SemanticError
                 raise SemanticError("division by zero in a constant expression", x.span)
             return ir.Int(INT_BINOPS[x.op](x.lhs.value, x.rhs.value), span=x.span)
+        if isinstance(x, ir.BinOp) and x.op in "+-" and isinstance(x.rhs, ir.Int) and \
+                isinstance(x.lhs, ir.BinOp) and x.lhs.op in "+-" and isinstance(x.lhs.rhs, ir.Int):
+            # (a + c1) - c2 -> a + (c1 - c2)
+            inner = x.lhs.rhs.value if x.lhs.op == "+" else -x.lhs.rhs.value
+            total = inner + (x.rhs.value if x.op == "+" else -x.rhs.value)
+            x = ir.BinOp("+" if total >= 0 else "-", x.lhs.lhs, ir.Int(abs(total)), span=x.span)
+        if isinstance(x, ir.BinOp) and x.op in ("/", "%") and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
+            return x.lhs if x.op == "/" else ir.Int(0, span=x.span)
         if isinstance(x, ir.BinOp):
             # x * 1, x + 0, 0 * x: keep generated index math short.
             if x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:

@@ -170,18 +170,37 @@ class Require:
 
 
 @dataclass(frozen=True)
-class TensorMap:
-    """One CUtensorMap the host encodes and passes as a __grid_constant__ parameter."""
+class Im2colView:
+    """`let Xc = im2col(X, kernel = ..., stride = ..., pad = ..., dilation = ...)`:
+    the [N * OH * OW, KH * KW * C] implicit-GEMM matrix of channels-last X.
+    Per-spatial-dim tuples are outermost first, like the source."""
     name: str
     tensor: str
-    kind: str               # 'tiled'
-    box: tuple              # outermost first, like the source
-    element_strides: tuple  # outermost first
+    kernel: tuple
+    stride: tuple
+    pad: tuple
+    dilation: tuple
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One CUtensorMap the host encodes and passes as a __grid_constant__ parameter.
+    Tuples are outermost first, like the source (the driver wants them reversed)."""
+    name: str
+    tensor: str
+    kind: str               # 'tiled' | 'im2col'
+    box: tuple              # tiled: the box; im2col: (pixels_per_column, channels_per_pixel)
+    element_strides: tuple
     swizzle: str            # none | 32B | 64B | 128B
     l2_promotion: str       # none | 64B | 128B | 256B
+    lower_corner: tuple = ()    # im2col: per spatial dim
+    upper_corner: tuple = ()
     span: Optional[Span] = SPAN
 
     def box_bytes(self, dtype: DType) -> int:
+        if self.kind == "im2col":
+            return self.box[0] * self.box[1] * dtype.size
         n = dtype.size
         for b, s in zip(self.box, self.element_strides):
             n *= -(-b // s)
@@ -271,13 +290,18 @@ class If(Stmt):
 
 @dataclass(frozen=True)
 class TmaLoad(Stmt):
-    """global -> shared, cp.async.bulk.tensor .tile; completes on `barrier`."""
+    """global -> shared, cp.async.bulk.tensor .tile (or .im2col when `view` names
+    an im2col view); completes on `barrier`."""
     tensor: str
     buffer: str
-    coords: tuple           # of Expr, outermost first (the region's starts)
+    coords: tuple           # of Expr, outermost first: the region's starts; for im2col,
+                            # (n, spatial window origins..., channel) after plan-tma
     tensor_map: str = ""
     barrier: str = ""
     bytes: int = 0
+    view: str = ""          # im2col: the view copied from
+    origin: tuple = ()      # im2col: the view coordinates (m0, k0)
+    offsets: tuple = ()     # im2col: the filter tap's offsets, outermost first
     span: Optional[Span] = SPAN
 
 
@@ -377,6 +401,7 @@ class Kernel:
     tensor_maps: tuple = ()
     barriers: tuple = ()
     smem_bytes: int = 0
+    views: tuple = ()           # Im2colView
     span: Optional[Span] = SPAN
 
     def param(self, name):
@@ -387,6 +412,9 @@ class Kernel:
 
     def tensor_map(self, name):
         return next(t for t in self.tensor_maps if t.name == name)
+
+    def view(self, name):
+        return next((v for v in self.views if v.name == name), None)
 
     @property
     def tensors(self):

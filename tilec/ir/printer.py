@@ -76,6 +76,11 @@ def stmt(s, ind: str) -> list:
         via = f" map {s.tensor_map}" if s.tensor_map else ""
         bar = f" bar {s.barrier} bytes {s.bytes}" if s.barrier else ""
         coords = ", ".join(expr(c) for c in s.coords)
+        if s.view:
+            origin = ", ".join(expr(c) for c in s.origin)
+            offs = f" offsets [{', '.join(expr(o) for o in s.offsets)}]" if s.offsets else ""
+            at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
+            return [f"{ind}tma.load.im2col {s.buffer} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
         return [f"{ind}tma.load.tile {s.buffer} <- {s.tensor}[{coords}]{via}{bar}{L}"]
     if isinstance(s, ir.TmaStore):
         via = f" map {s.tensor_map}" if s.tensor_map else ""
@@ -139,8 +144,16 @@ def kernel(k: ir.Kernel) -> str:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
+    for v in k.views:
+        out.append(f"  view {v.name} = im2col({v.tensor}, kernel = {v.kernel}, stride = {v.stride}, "
+                   f"pad = {v.pad}, dilation = {v.dilation})")
     for t in k.tensor_maps:
-        out.append(f"  tensormap {t.name}: {t.kind} {t.tensor} box [{', '.join(map(str, t.box))}]"
+        if t.kind == "im2col":
+            shape = (f"pixels_per_column {t.box[0]} channels_per_pixel {t.box[1]}"
+                     f" corners [{', '.join(map(str, t.lower_corner))}] .. [{', '.join(map(str, t.upper_corner))}]")
+        else:
+            shape = f"box [{', '.join(map(str, t.box))}]"
+        out.append(f"  tensormap {t.name}: {t.kind} {t.tensor} {shape}"
                    f" element_strides [{', '.join(map(str, t.element_strides))}]"
                    f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
     for b in k.barriers:

@@ -36,10 +36,46 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.tensors:
         for d in p.shape:
             _only_kinds(d, {"symbol"}, "a tensor shape")
-    for name, e in k.lets:
-        if isinstance(e, ir.Call) and e.func == "im2col":
-            raise UnsupportedError("im2col views are not supported yet (TMA im2col lands with issue #4)", e.span)
+    views = tuple(_im2col_view(k, name, e) for name, e in k.lets if isinstance(e, ir.Call) and e.func == "im2col")
+    k = replace(k, views=views)
     return replace(k, body=_check_body(k, k.body, lanes=None))
+
+
+_IM2COL_ARGS = ("kernel", "stride", "pad", "dilation")
+
+
+def _im2col_view(k, name, call: ir.Call) -> ir.Im2colView:
+    """Check `im2col(X, kernel = ..., stride = ..., pad = ..., dilation = ...)`."""
+    if len(call.args) != 1 or not isinstance(call.args[0], ir.Var) or \
+            not isinstance(k.param(call.args[0].name), ir.TensorParam):
+        raise SemanticError("im2col takes one tensor: im2col(X, kernel = (KH, KW), stride = S, pad = P, "
+                            "dilation = D)", call.span)
+    x = k.param(call.args[0].name)
+    rank = len(x.shape)
+    if not 3 <= rank <= 5:
+        raise SemanticError(f"im2col needs a channels-last tensor of rank 3, 4 or 5 ([N, W, C], [N, H, W, C], "
+                            f"[N, D, H, W, C]); '{x.name}' has rank {rank}", call.args[0].span)
+    spatial = rank - 2
+    given = dict(call.kwargs)
+    for key, v in call.kwargs:
+        if key not in _IM2COL_ARGS:
+            raise SemanticError(f"im2col has no argument '{key}' (it takes {', '.join(_IM2COL_ARGS)})", v.span)
+    if "kernel" not in given:
+        raise SemanticError("im2col needs the filter size: kernel = (KH, KW)", call.span)
+    values = {}
+    for key, default in zip(_IM2COL_ARGS, (None, 1, 0, 1)):
+        v = given.get(key, ir.Int(default))
+        items = v.items if isinstance(v, ir.TupleExpr) else (v,) * spatial
+        if len(items) != spatial:
+            raise SemanticError(f"im2col {key} has {len(items)} values; '{x.name}' has {spatial} spatial "
+                                f"dimension{'s' if spatial > 1 else ''}", v.span)
+        for it in items:
+            low = 0 if key == "pad" else 1
+            if not isinstance(it, ir.Int) or it.value < low:
+                raise SemanticError(f"im2col {key} must be compile-time integers of at least {low}", it.span)
+        values[key] = tuple(it.value for it in items)
+    return ir.Im2colView(name, x.name, values["kernel"], values["stride"], values["pad"], values["dilation"],
+                         span=call.span)
 
 
 def _only_kinds(e, allowed, what):
@@ -146,7 +182,13 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
         if sp == "scalar":
             raise SemanticError(f"the {what} of a copy must be a tensor or a tile; '{r.name}' is not", r.span)
         if sp == "view":
-            raise UnsupportedError("copies from im2col views are not supported yet", r.span)
+            if what == "destination":
+                raise SemanticError("an im2col view is read-only: copy from it into a shared tile", r.span)
+            if len(r.starts) != 2:
+                raise SemanticError(f"an im2col view is a matrix: write {r.name}[m0, k0]", r.span)
+            x = k.param(k.view(r.name).tensor)
+            sides.append((sp, x.dtype, None))
+            continue
         if sp in ("shared", "local"):
             if r.starts:
                 raise SemanticError(f"a tile side of a copy is the whole tile: write '{r.name}', not a subscript",
@@ -162,6 +204,16 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
                 _no_elements(x, "a region origin")
             sides.append((sp, p.dtype, None))
     (ssp, sdt, sshape), (dsp, ddt, dshape) = sides
+    if ssp == "view":
+        if dsp != "shared" or len(dshape) != 2:
+            raise SemanticError("an im2col view is copied into a 2-D shared tile (a TMA im2col load)", s.span)
+        if sdt != ddt:
+            raise SemanticError(f"a TMA im2col load moves bytes: {sdt.name} and {ddt.name} differ", s.span)
+        for x, want in zip(s.src.extents, dshape):
+            if x is not None and not (isinstance(x, ir.Int) and x.value == want):
+                raise SemanticError(f"the region's extents must match the tile shape {list(dshape)}",
+                                    x.span or s.src.span)
+        return replace(s, src=replace(s.src, extents=tuple(ir.Int(v) for v in dshape)))
     if ssp == "global" and dsp == "global":
         raise SemanticError("copy from global to global: stage it through a shared tile", s.span)
     tile_shape = sshape or dshape

@@ -1,6 +1,7 @@
 """lower-copies: pick each copy's lowering from its pair of memory spaces.
 
     global -> shared   TmaLoad   (cp.async.bulk.tensor .tile, completes on an mbarrier)
+    im2col -> shared   TmaLoad with `view` set (cp.async.bulk.tensor .im2col)
     shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group)
     anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
 
@@ -23,6 +24,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if not isinstance(s, ir.Copy):
             return s
         src, dst = space(k, s.src.name), space(k, s.dst.name)
+        if src == "view" and opts.tma:
+            return ir.TmaLoad(k.view(s.src.name).tensor, s.dst.name, (), view=s.src.name,
+                              origin=s.src.starts, span=s.span)
         if (src, dst) == ("global", "shared") and opts.tma:
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma:

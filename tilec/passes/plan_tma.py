@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
+from ..ir import im2col
 from ..ir.exprs import divisor, map_body
 from ..ir.printer import expr as show
 
@@ -22,6 +23,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     maps: dict = {}
 
     def plan(s):
+        if isinstance(s, ir.TmaLoad) and s.view:
+            return _plan_im2col(k, s, maps)
         if not isinstance(s, (ir.TmaLoad, ir.TmaStore)):
             return s
         tensor = k.param(s.tensor)
@@ -30,9 +33,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         box = (1,) * (rank - len(buf.shape)) + tuple(buf.shape)
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
-        key = (tensor.name, box)
+        key = (tensor.name, "tiled", box)
         if key not in maps:
-            n = sum(1 for t, _ in maps if t == tensor.name)
+            n = sum(1 for t, kind, *_ in maps if t == tensor.name and kind == "tiled")
             name = f"tmap_{tensor.name}" + (f"_{n}" if n else "")
             maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, "none", L2_PROMOTION, span=s.span)
         tm = maps[key]
@@ -42,6 +45,54 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
     body = map_body(k.body, plan)
     return replace(k, body=body, tensor_maps=tuple(maps.values()))
+
+
+# im2col pixel-box corner ranges per tensor rank (tma-reference.md §3)
+CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
+MAX_CHANNELS_PER_PIXEL = 256
+MAX_PIXELS_PER_COLUMN = 1024
+
+
+def _plan_im2col(k, s, maps):
+    """One TMA im2col load per filter tap: the tile [BM, BK] at view coordinates
+    (m0, k0) is output pixels m0 .. m0+BM-1 (walking ow, then oh, then n) and
+    channels c0 .. c0+BK-1 of tap k0 / C. Needs C % BK == 0 (checked at launch)
+    so that a K tile never straddles two taps."""
+    v = k.view(s.view)
+    x = k.param(v.tensor)
+    buf = k.buffer(s.buffer)
+    bm, bk = buf.shape
+    rank = len(x.shape)
+    m0, k0 = s.origin
+    esize = x.dtype.size
+    if bk > MAX_CHANNELS_PER_PIXEL or (bk * esize) % 16:
+        raise SemanticError(f"an im2col load of {bk} channels moves {bk * esize} bytes per pixel; TMA needs "
+                            f"1 .. {MAX_CHANNELS_PER_PIXEL} channels and a multiple of 16 bytes", s.span)
+    if bm > MAX_PIXELS_PER_COLUMN:
+        raise SemanticError(f"an im2col load of {bm} pixels; TMA loads at most {MAX_PIXELS_PER_COLUMN}", s.span)
+    if divisor(k0) % bk:
+        raise SemanticError(f"cannot prove the view column '{show(k0)}' is a multiple of the tile width {bk}; "
+                            "an im2col K tile must start on a multiple of its width", k0.span or s.span)
+    lo_limit, hi_limit = CORNER_RANGE[rank]
+    lower = tuple(-p for p in v.pad)
+    upper = tuple(p - d * (kk - 1) for p, d, kk in zip(v.pad, v.dilation, v.kernel))
+    for c in lower + upper:
+        if not lo_limit <= c <= hi_limit:
+            raise SemanticError(f"im2col of a rank-{rank} tensor needs pixel-box corners in [{lo_limit}, "
+                                f"{hi_limit}]; this filter, pad and dilation give {c}", v.span)
+    for st in v.stride:
+        if st > 8:
+            raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most 8", v.span)
+    n, origins = im2col.row(v, x, m0)
+    c0, offsets = im2col.column(v, x, k0)
+    coords = (n, *origins, c0)
+    key = (x.name, "im2col", v.name, bm, bk)
+    if key not in maps:
+        maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
+                                 x.name, "im2col", (bm, bk), (1, *v.stride, 1), "none", L2_PROMOTION,
+                                 lower, upper, span=s.span)
+    tm = maps[key]
+    return replace(s, coords=coords, offsets=offsets, tensor_map=tm.name, bytes=bm * bk * esize)
 
 
 def _check_box(tensor, box, s):

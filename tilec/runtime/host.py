@@ -10,7 +10,7 @@ from ..errors import LaunchError
 from ..ir.nodes import DTYPES
 from . import driver
 from .driver import check
-from .tensormap import TmaRuleError, encode_tiled
+from .tensormap import TmaRuleError, encode_im2col, encode_tiled
 
 __all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value"]
 _WARNED = set()
@@ -199,6 +199,10 @@ class Call:
         self.keep.append(m)
         return m
 
+    def nothing_to_do(self):
+        self.keep = [k for k in self.keep if isinstance(k, int)]
+        self._finish()
+
     def fall_back(self, err, fallback, *args):
         """Run the thread-copy variant instead (numpy copies are redone by it)."""
         self.keep = [k for k in self.keep if isinstance(k, int)]
@@ -216,13 +220,21 @@ class Call:
                 stacklevel=4)
         return fallback(*args, stream=self.stream_arg)
 
+    def tensor_map_im2col(self, arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides,
+                          swizzle, l2_promotion):
+        if 0 in arg.shape:
+            raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
+                              "a TMA tensor map cannot describe an empty tensor")
+        m = encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, swizzle,
+                          l2_promotion)
+        self.keep.append(m)
+        return m
+
     def launch(self, grid, threads, smem_bytes, params):
         """`params`: ctypes values and encoded tensor maps, in the kernel's order."""
         try:
             if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
                 raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
-            if 0 in grid:
-                return
             dev = self.device or 0
             loaded = self.loaded(dev)
             driver.make_current(dev)

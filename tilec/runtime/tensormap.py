@@ -116,3 +116,64 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"argument {arg_name}: cuTensorMapEncodeTiled")
     CACHE.put(key, m)
     return m
+
+
+CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
+
+
+def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_per_pixel, pixels_per_column,
+                    element_strides):
+    """Every rule an im2col map breaks (tma-reference.md §3), as messages.
+    Tuples outermost first; corners per spatial dim; strides in elements."""
+    rank = len(shape)
+    if not 3 <= rank <= 5:
+        return [f"rank {rank}: im2col needs a tensor of rank 3 .. 5"]
+    out = tiled_problems(dtype_size, address, shape, strides, (1,) * (rank - 1) + (max(1, 16 // dtype_size),),
+                         element_strides)
+    lo, hi = CORNER_RANGE[rank]
+    for c in tuple(lower) + tuple(upper):
+        if not lo <= c <= hi:
+            out.append(f"pixel-box corner {c} is outside [{lo}, {hi}] for a rank-{rank} tensor")
+    if not 1 <= channels_per_pixel <= 256:
+        out.append(f"channelsPerPixel {channels_per_pixel} is outside 1 .. 256")
+    if (channels_per_pixel * dtype_size) % 16:
+        out.append(f"channelsPerPixel {channels_per_pixel} x {dtype_size} bytes is not a multiple of 16")
+    if not 1 <= pixels_per_column <= 1024:
+        out.append(f"pixelsPerColumn {pixels_per_column} is outside 1 .. 1024")
+    return out
+
+
+def encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, swizzle,
+                  l2_promotion):
+    """The im2col tensor map of channels-last tensor argument `arg`."""
+    key = (arg.dtype, arg.ptr, arg.shape, arg.strides, "im2col", pixels_per_column, channels_per_pixel, lower,
+           upper, element_strides, swizzle, l2_promotion)
+    m = CACHE.get(key)
+    if m is not None:
+        return m
+    dtype = DTYPES[arg.dtype]
+    channels = arg.shape[-1]
+    problems = []
+    if channels % channels_per_pixel:
+        problems.append(f"{channels} channels is not a multiple of the K tile width {channels_per_pixel} "
+                        "(a TMA im2col K tile must not straddle two filter taps; pad the channels to a multiple "
+                        f"of {channels_per_pixel} or choose a K tile that divides {channels})")
+    strides = arg.tma_strides()
+    problems += im2col_problems(dtype.size, arg.ptr, arg.shape, strides, lower, upper, channels_per_pixel,
+                                pixels_per_column, element_strides)
+    if problems:
+        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
+    from cuda.bindings import driver as cu
+    m = check(cu.cuTensorMapEncodeIm2col(
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), len(arg.shape), arg.ptr,
+        [cu.cuuint64_t(n) for n in reversed(arg.shape)],
+        _global_strides(cu, dtype, arg.shape, strides),
+        list(reversed(lower)), list(reversed(upper)), channels_per_pixel, pixels_per_column,
+        [cu.cuuint32_t(e) for e in reversed(element_strides)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
+        getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
+                ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"argument {arg.name}: cuTensorMapEncodeIm2col")
+    CACHE.put(key, m)
+    return m
