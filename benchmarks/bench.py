@@ -76,6 +76,31 @@ def bench_scale(rows):
                  "GB/s", t_torch / t_tilec))
 
 
+def bench_im2col(rows):
+    """ResNet-50 layer: N=128, 56x56, C=64, 3x3, stride 1, pad 1 -> a [401408, 576] f16 matrix."""
+    import torch
+    import torch.nn.functional as F
+    k = tilec.compile(str(ROOT / "examples/im2col.tile"))
+    x = torch.randn(128, 56, 56, 64, device="cuda").half()
+    y = torch.empty(128 * 56 * 56, 9 * 64, device="cuda", dtype=torch.float16)
+    nbytes = 2 * y.numel() * 2          # written + read by the loads (each load reads what it writes)
+    t_tilec = time_gpu(lambda: k(x, y), reps=20)
+    xn = x.permute(0, 3, 1, 2)          # NCHW view of the same data (channels-last memory)
+
+    def torch_unfold():                 # the same matrix: unfold, then (kh, kw, c) columns, pixel rows
+        cols = F.unfold(xn, 3, padding=1)                       # [N, C*9, L], c slowest
+        return cols.view(128, 64, 9, -1).permute(0, 3, 2, 1).reshape(-1, 9 * 64)
+    got = torch_unfold()
+    assert torch.equal(got, y), "im2col example gave a wrong answer"
+    t_torch = time_gpu(torch_unfold, reps=20)
+    rows.append(("im2col ResNet-50 3x3 (N128 56x56 C64) f16", "torch unfold", nbytes / t_tilec / 1e9,
+                 nbytes / t_torch / 1e9, "GB/s", t_torch / t_tilec))
+    copy_bw = next((r[2] for r in rows if r[0].startswith("copy2d")), None)
+    if copy_bw:
+        rows.append(("im2col bandwidth / copy2d bandwidth", "-", nbytes / t_tilec / 1e9, copy_bw, "GB/s",
+                     None))
+
+
 def bench_host(rows):
     import torch
     k = tilec.compile(str(ROOT / "examples/copy2d.tile"))
@@ -96,7 +121,7 @@ def bench_compile(rows):
 
 def main():
     rows = []
-    for b in (bench_compile, bench_copy, bench_scale, bench_host):
+    for b in (bench_compile, bench_copy, bench_scale, bench_im2col, bench_host):
         try:
             b(rows)
         except Exception as e:  # keep the table: one failing line must not hide the others
