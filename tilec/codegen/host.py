@@ -100,7 +100,7 @@ def generate(k: ir.Kernel, source_name: str) -> str:
         lines.append("except rt.TmaRuleError as err:")
         lines.append(f"    return call.fall_back(err, fallback, {', '.join(p.name for p in k.params)})")
         params.insert(0, "*tensor_maps,")
-    lines.append("call.launch(grid, THREADS, DYNAMIC_SMEM_BYTES, [")
+    lines.append("return call.launch(grid, THREADS, DYNAMIC_SMEM_BYTES, [")
     lines += ["    " + x for x in params]
     lines.append("])")
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
