@@ -9,7 +9,8 @@ from .codegen import host as host_codegen
 from .compiler import load_source, lower
 from .errors import TilecError
 from .passes import PASS_NAMES
-from .runtime import driver, host, nvrtc
+from ._version import __version__
+from .runtime import cache, driver, host, nvrtc
 
 _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
@@ -19,35 +20,51 @@ class Kernel:
     """A compiled tilec kernel. Call it with the kernel's arguments (torch / cupy
     tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
 
-    def __init__(self, lowered, arch: str, fallback: bool = True):
-        self._lowered = lowered
+    def __init__(self, source, overrides: dict, arch: str, fallback: bool = True, tma: bool = True):
+        self.source = source
+        self.arch = arch
+        self._overrides = dict(overrides)
+        self._tma = tma
         self._fallback_allowed = fallback
         self._fallback = None
-        self.name = lowered.kernel.name
-        self.arch = arch
-        self.consts = dict(lowered.kernel.consts)
-        self.cuda_source = cuda_codegen.generate(lowered.kernel, lowered.source.name)
-        self.host_source = host_codegen.generate(lowered.kernel, lowered.source.name)
-        self._compiled = nvrtc.compile_cuda(self.cuda_source, self.name, arch)
-        namespace = {}
-        exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
-        self._launch = namespace["launch"]
+        self._lowered_ir = None
         self._loaded = {}
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
+        disk_key = cache.key(__version__, source.name, source.text, sorted(self._overrides.items()), arch, tma,
+                             nvrtc.identity())
+        hit = cache.load(disk_key)
+        self.from_disk_cache = hit is not None
+        if hit is not None:
+            meta, cubin = hit
+        else:
+            lw = self._lowered
+            cuda_source = cuda_codegen.generate(lw.kernel, source.name)
+            compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
+            meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
+                    "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name),
+                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds}
+            cubin = compiled.cubin
+            cache.store(disk_key, meta, cubin)
+        self.name = meta["name"]
+        self.consts = meta["consts"]
+        self.cuda_source = meta["cuda_source"]
+        self.host_source = meta["host_source"]
+        self.ptx = meta["ptx"]
+        self.cubin = cubin
+        self.compile_seconds = meta["compile_seconds"] if hit is None else 0.0
+        self._smem_bytes = meta["smem_bytes"]
+        namespace = {}
+        exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
+        self._launch = namespace["launch"]
 
     # ---- inspection
     @property
-    def ptx(self) -> str:
-        return self._compiled.ptx
-
-    @property
-    def cubin(self) -> bytes:
-        return self._compiled.cubin
-
-    @property
-    def compile_seconds(self) -> float:
-        return self._compiled.seconds
+    def _lowered(self):
+        """The IR after every pass (built on demand: a disk-cache hit skips it)."""
+        if self._lowered_ir is None:
+            self._lowered_ir = lower(self.source, self._overrides, tma=self._tma)
+        return self._lowered_ir
 
     @property
     def kernel_ir(self):
@@ -70,7 +87,7 @@ class Kernel:
             with self._load_lock:
                 m = self._loaded.get(device)
                 if m is None:
-                    m = driver.LoadedKernel(self.cubin, self.name, device, self._lowered.kernel.smem_bytes)
+                    m = driver.LoadedKernel(self.cubin, self.name, device, self._smem_bytes)
                     self._loaded[device] = m
         return m
 
@@ -81,8 +98,7 @@ class Kernel:
         if self._fallback is None:
             with self._load_lock:
                 if self._fallback is None:
-                    lw = self._lowered
-                    self._fallback = Kernel(lower(lw.source, lw.consts, tma=False), self.arch, fallback=False)
+                    self._fallback = Kernel(self.source, self._overrides, self.arch, fallback=False, tma=False)
         return self._fallback
 
     def _run_fallback(self, *args, stream=None):
@@ -122,7 +138,7 @@ def compile(src, arch: str | None = None, fallback: bool = True, **consts) -> Ke
         with _CACHE_LOCK:
             k = _CACHE.get(key)
             if k is None:
-                k = Kernel(lower(source, consts), arch, fallback)
+                k = Kernel(source, consts, arch, fallback)
                 _CACHE[key] = k
     return k
 

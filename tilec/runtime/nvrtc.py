@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,20 @@ def _check(result, what):
 def version() -> tuple:
     from cuda.bindings import nvrtc
     return tuple(_check(nvrtc.nvrtcVersion(), "version"))
+
+
+def identity() -> str:
+    """Which NVRTC compiles here, cheaply (no library load): the wheel's library
+    file, its size and mtime; else the version NVRTC reports."""
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for lib in sorted(Path(root).glob("cu*/lib/libnvrtc.so*")):
+                st = lib.stat()
+                return f"{lib}:{st.st_size}:{st.st_mtime_ns}"
+    except (ImportError, OSError):
+        pass
+    return "nvrtc-%d.%d" % version()
 
 
 def compile_cuda(source: str, name: str, arch: str) -> Compiled:

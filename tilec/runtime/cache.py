@@ -1,0 +1,89 @@
+"""The disk cache of compiled kernels.
+
+An entry holds everything a launch needs (cubin, CUDA and host-wrapper source,
+PTX, dynamic smem size), keyed by the .tile text, the consts, the target
+architecture, the NVRTC version and the tilec version, so a warm process start
+neither lowers nor runs NVRTC. Entries are written to a temporary file and
+renamed into place (atomic on POSIX, so concurrent writers are safe); every
+entry carries a SHA-256 of its payload and a corrupted or truncated one is
+ignored and rebuilt, never loaded.
+
+TILEC_CACHE_DIR overrides the location (default: $XDG_CACHE_HOME/tilec or
+~/.cache/tilec); TILEC_CACHE=0 turns the disk cache off."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+MAGIC = b"TILEC1\0\0"
+
+
+def enabled() -> bool:
+    return os.environ.get("TILEC_CACHE", "1") not in ("0", "", "off", "false")
+
+
+def directory() -> Path:
+    d = os.environ.get("TILEC_CACHE_DIR")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tilec"
+
+
+def key(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        data = p if isinstance(p, bytes) else repr(p).encode()
+        h.update(struct.pack("<Q", len(data)))
+        h.update(data)
+    return h.hexdigest()
+
+
+def _path(k: str) -> Path:
+    return directory() / k[:2] / f"{k}.tilec"
+
+
+def load(k: str):
+    """The entry (meta dict, cubin bytes), or None when absent, unreadable or corrupt."""
+    if not enabled():
+        return None
+    try:
+        blob = _path(k).read_bytes()
+    except OSError:
+        return None
+    try:
+        if blob[:8] != MAGIC:
+            return None
+        digest, meta_len, cubin_len = blob[8:40], *struct.unpack("<QQ", blob[40:56])
+        payload = blob[56:]
+        if len(payload) != meta_len + cubin_len or hashlib.sha256(payload).digest() != digest:
+            return None
+        meta = json.loads(payload[:meta_len].decode())
+        return meta, payload[meta_len:]
+    except (ValueError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def store(k: str, meta: dict, cubin: bytes) -> None:
+    if not enabled():
+        return
+    path = _path(k)
+    meta_b = json.dumps(meta, sort_keys=True).encode()
+    payload = meta_b + cubin
+    blob = MAGIC + hashlib.sha256(payload).digest() + struct.pack("<QQ", len(meta_b), len(cubin)) + payload
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".tilec")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass    # a cache that cannot be written is only a slower start
