@@ -45,7 +45,7 @@ class Lowered:
 def lower(src, consts: dict | None = None, tma: bool = True) -> Lowered:
     source = load_source(src)
     consts = dict(consts or {})
-    opts = Options(consts, tma)
+    opts = Options(consts, tma, int(os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0")))
     k = parse(source)
     stages = {"parse": k}
     verify(k, "parse")

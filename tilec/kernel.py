@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import os
 import threading
 
 from .codegen import cuda as cuda_codegen
@@ -20,8 +21,10 @@ class Kernel:
     """A compiled tilec kernel. Call it with the kernel's arguments (torch / cupy
     tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
 
-    def __init__(self, source, overrides: dict, arch: str, fallback: bool = True, tma: bool = True):
+    def __init__(self, source, overrides: dict, arch: str, fallback: bool = True, tma: bool = True,
+                 debug: bool = False):
         self.source = source
+        self.debug = debug
         self.arch = arch
         self._overrides = dict(overrides)
         self._tma = tma
@@ -32,17 +35,17 @@ class Kernel:
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
         disk_key = cache.key(__version__, source.name, source.text, sorted(self._overrides.items()), arch, tma,
-                             nvrtc.identity())
+                             debug, os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"), nvrtc.identity())
         hit = cache.load(disk_key)
         self.from_disk_cache = hit is not None
         if hit is not None:
             meta, cubin = hit
         else:
             lw = self._lowered
-            cuda_source = cuda_codegen.generate(lw.kernel, source.name)
+            cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug)
             compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
             meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
-                    "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name),
+                    "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name, debug),
                     "ptx": compiled.ptx, "compile_seconds": compiled.seconds}
             cubin = compiled.cubin
             cache.store(disk_key, meta, cubin)
@@ -98,7 +101,8 @@ class Kernel:
         if self._fallback is None:
             with self._load_lock:
                 if self._fallback is None:
-                    self._fallback = Kernel(self.source, self._overrides, self.arch, fallback=False, tma=False)
+                    self._fallback = Kernel(self.source, self._overrides, self.arch, fallback=False, tma=False,
+                                            debug=self.debug)
         return self._fallback
 
     def _run_fallback(self, *args, stream=None):
@@ -124,21 +128,26 @@ class Kernel:
         return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
 
 
-def compile(src, arch: str | None = None, fallback: bool = True, **consts) -> Kernel:
+def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None, **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
-    thread-copy variant (with a TmaFallbackWarning) instead of raising LaunchError."""
+    thread-copy variant (with a TmaFallbackWarning) instead of raising LaunchError.
+    debug (default: TILEC_DEBUG=1): bound every mbarrier wait (~1 s); a kernel
+    that would hang raises a DeviceError naming the barrier, phase, bytes and line."""
     source = load_source(src)
     if arch is None:
         arch = driver.target_arch()
-    key = (source.name, source.text, tuple(sorted(consts.items())), arch, fallback)
+    if debug is None:
+        debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
+    key = (source.name, source.text, tuple(sorted(consts.items())), arch, fallback, debug,
+           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
     k = _CACHE.get(key)
     if k is None:
         with _CACHE_LOCK:
             k = _CACHE.get(key)
             if k is None:
-                k = Kernel(source, consts, arch, fallback)
+                k = Kernel(source, consts, arch, fallback, debug=debug)
                 _CACHE[key] = k
     return k
 

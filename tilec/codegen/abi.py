@@ -43,8 +43,10 @@ def body_names(k: ir.Kernel, kind: str) -> set:
     return found
 
 
-def kernel_params(k: ir.Kernel) -> list:
+def kernel_params(k: ir.Kernel, debug: bool = False) -> list:
     params = [Param(t.name, "tensor_map", tensor=t.tensor) for t in k.tensor_maps]
+    if debug and k.barriers:
+        params.append(Param("tilec_debug", "debug_record"))
     for name in thread_copied_tensors(k):
         t = k.param(name)
         params.append(Param(name, "pointer", tensor=name, dtype=t.dtype))

@@ -32,8 +32,10 @@ def ctype(dt: ir.DType) -> str:
 
 
 class _Printer:
-    def __init__(self, k: ir.Kernel):
+    def __init__(self, k: ir.Kernel, debug: bool = False):
         self.k = k
+        self.debug = debug and bool(k.barriers)
+        self.expect = {s.barrier: s.bytes for s in ir.walk_stmts(k.body) if isinstance(s, ir.ArriveExpectTx)}
         self.threads = k.threads.value
         self.uses_math = False
         self.in_loop_barriers = [b.name for b in k.barriers if b.in_loop]
@@ -125,6 +127,12 @@ class _Printer:
             return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier}, {coords});"]
         if isinstance(s, ir.MbarrierWait):
             parity = f"phase_{s.barrier}" if s.parity is None else str(s.parity)
+            if self.debug:
+                index = [b.name for b in self.k.barriers].index(s.barrier)
+                line = s.span.line if s.span else 0
+                return self.comment(s, ind) + [
+                    f"{ind}mbarrier_wait_bounded(&{s.barrier}, {parity}, tilec_debug, {index}, "
+                    f"{self.expect.get(s.barrier, 0)}, {line});"]
             return self.comment(s, ind) + [f"{ind}mbarrier_wait(&{s.barrier}, {parity});"]
         if isinstance(s, ir.FlipPhase):
             return [f"{ind}phase_{s.barrier} ^= 1;"]
@@ -247,7 +255,7 @@ class _Printer:
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
 
 
-def _primitives(k: ir.Kernel, printer_uses_math: bool) -> list:
+def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False) -> list:
     stmts = list(ir.walk_stmts(k.body))
     need = []
 
@@ -268,6 +276,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool) -> list:
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
+    if k.barriers and debug:
+        add("mbarrier_debug")
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and not s.view}):
         add("tma_load", rank)
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and s.view}):
@@ -286,6 +296,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool) -> list:
 def _param_decl(k: ir.Kernel, p) -> str:
     if p.kind == "tensor_map":
         return f"const __grid_constant__ CUtensorMap {p.name}"
+    if p.kind == "debug_record":
+        return "int* const tilec_debug"
     if p.kind == "pointer":
         return f"{ctype(p.dtype)}* __restrict__ {p.name}"
     if p.kind in ("dim", "stride", "symbol"):
@@ -293,8 +305,10 @@ def _param_decl(k: ir.Kernel, p) -> str:
     return f"const {ctype(p.dtype)} {p.name}"
 
 
-def generate(k: ir.Kernel, source_name: str) -> str:
-    pr = _Printer(k)
+def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
+    """The kernel's CUDA. `debug`: every mbarrier wait is bounded (~1 s); on expiry
+    it records which barrier, phase, expect-tx bytes and .tile line, and traps."""
+    pr = _Printer(k, debug)
     body = pr.block(k.body)
     prologue = []
     if k.smem_bytes:
@@ -317,6 +331,6 @@ def generate(k: ir.Kernel, source_name: str) -> str:
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, consts=consts,
-        primitives=_primitives(k, pr.uses_math), threads=pr.threads,
-        params=[_param_decl(k, p) for p in kernel_params(k)] or ["void"],
+        primitives=_primitives(k, pr.uses_math, pr.debug), threads=pr.threads,
+        params=[_param_decl(k, p) for p in kernel_params(k, pr.debug)] or ["void"],
         prologue=prologue, body=body)

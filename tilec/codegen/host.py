@@ -42,7 +42,7 @@ def written_tensors(k: ir.Kernel) -> tuple:
     return tuple(out)
 
 
-def generate(k: ir.Kernel, source_name: str) -> str:
+def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     lines = []
     for p in k.params:
         if isinstance(p, ir.TensorParam):
@@ -71,7 +71,7 @@ def generate(k: ir.Kernel, source_name: str) -> str:
     lines.append("if 0 in grid:")
     lines.append("    return call.nothing_to_do()  # an empty grid: no block to run")
     maps, params = [], []
-    for p in kernel_params(k):
+    for p in kernel_params(k, debug):
         if p.kind == "tensor_map" and k.tensor_map(p.name).kind == "im2col":
             t = k.tensor_map(p.name)
             maps.append(f'call.tensor_map_im2col(arg_{t.tensor}, {t.box[0]}, {t.box[1]}, {t.lower_corner}, '
@@ -80,6 +80,8 @@ def generate(k: ir.Kernel, source_name: str) -> str:
             t = k.tensor_map(p.name)
             maps.append(f'call.tensor_map(arg_{t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
                         f'"{t.l2_promotion}"),  # {t.name}')
+        elif p.kind == "debug_record":
+            params.append("call.debug_record(),")
         elif p.kind == "pointer":
             params.append(f"rt.pointer(arg_{p.tensor}),")
         elif p.kind == "dim":
@@ -108,5 +110,6 @@ def generate(k: ir.Kernel, source_name: str) -> str:
                     for p in k.params)
     return _env().get_template("host.py.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, threads=k.threads.value,
-        smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc,
+        smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc, debug=debug and bool(k.barriers),
+        barrier_names=tuple(b.name for b in k.barriers),
         signature=", ".join(p.name for p in k.params), lines=lines)

@@ -21,3 +21,4 @@ PASS_NAMES = ("parse",) + tuple(p.NAME for p in PIPELINE)
 class Options:
     consts: dict = field(default_factory=dict)   # const overrides
     tma: bool = True                             # False: the thread-copy fallback variant
+    expect_tx_skew: int = 0                      # test hook: a deliberately wrong expect-tx

@@ -73,8 +73,9 @@ def _stmt_exprs(s):
 
 
 class _Inserter:
-    def __init__(self, k: ir.Kernel):
+    def __init__(self, k: ir.Kernel, skew: int = 0):
         self.k = k
+        self.skew = skew
         self.barriers = []
         self.bar_tiles = {}
 
@@ -165,7 +166,7 @@ class _Inserter:
         trip through the body leaves (a fixpoint; the sets only grow)."""
         head = st.copy()
         for _ in range(8):
-            dry = _Inserter(self.k)
+            dry = _Inserter(self.k, self.skew)
             dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
             dry.block(body, head.copy(), True)
             new = head.join(dry._last_state)
@@ -186,7 +187,7 @@ class _Inserter:
         if touched:
             self.sync(st, out, fence=bool(set(tiles) & st.unfenced), span=run[0].span)
         bar = self.new_barrier(tiles, in_loop, run[0].span)
-        total = sum(s.bytes for s in run)
+        total = sum(s.bytes for s in run) + self.skew
         issued = [ir.ArriveExpectTx(bar.name, total, span=run[0].span)]
         issued += [replace(s, barrier=bar.name) for s in run]
         out.append(ir.OneThread(tuple(issued)))
@@ -237,7 +238,7 @@ def _merge_one_thread(body):
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    ins = _Inserter(k)
+    ins = _Inserter(k, opts.expect_tx_skew)
     st = _State()
     body = list(ins.block(k.body, st, False))
     if st.storing:

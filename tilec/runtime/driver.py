@@ -131,3 +131,16 @@ class LoadedKernel:
                 self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.device = device
+        self._debug_record = None
+
+    def debug_record(self):
+        """Host memory the GPU can write (the debug build's timeout record): the
+        host address to read it and the device address to pass, zeroed."""
+        from cuda.bindings import driver as cu
+        if self._debug_record is None:
+            host_ptr = check(cu.cuMemHostAlloc(64, cu.CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")
+            dev_ptr = check(cu.cuMemHostGetDevicePointer(host_ptr, 0), "cuMemHostGetDevicePointer")
+            self._debug_record = (int(host_ptr), int(dev_ptr))
+        host_ptr, dev_ptr = self._debug_record
+        ctypes.memset(host_ptr, 0, 64)
+        return host_ptr, dev_ptr

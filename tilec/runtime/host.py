@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from ..errors import LaunchError
+from ..errors import DeviceError, LaunchError
 from ..ir.nodes import DTYPES
 from . import driver
 from .driver import check
@@ -117,7 +117,9 @@ def torch_stream(device):
 class Call:
     """The state of one launch: its arguments, device, stream, and host copies."""
 
-    def __init__(self, kernel_name, loaded, stream, writes):
+    def __init__(self, kernel_name, loaded, stream, writes, debug=None):
+        self.debug = debug          # debug build: (barrier names, source name), else None
+        self.record = None
         self.kernel_name = kernel_name
         self.loaded = loaded            # device -> LoadedKernel
         self.stream = stream
@@ -239,6 +241,24 @@ class Call:
         self.keep.append(m)
         return m
 
+    def debug_record(self):
+        host_ptr, dev_ptr = self.loaded(self.device or 0).debug_record()
+        self.record = host_ptr
+        return ctypes.c_void_p(dev_ptr)
+
+    def _check_debug_run(self):
+        """Wait for the debug launch; a timed-out mbarrier wait becomes a TilecError."""
+        from cuda.bindings import driver as cu
+        err = cu.cuStreamSynchronize(self.stream or 0)[0]
+        rec = (ctypes.c_int * 9).from_address(self.record)
+        if rec[0]:
+            barriers, source = self.debug
+            raise DeviceError(
+                f"kernel {self.kernel_name} hung: block ({rec[5]}, {rec[6]}, {rec[7]}) thread {rec[8]} waited "
+                f"over 1 s on mbarrier {barriers[rec[1]]} (parity {rec[2]}, expect-tx {rec[3]} bytes) at "
+                f"{source}:{rec[4]}; the kernel trapped and this CUDA context is unusable now")
+        check((err,), f"running {self.kernel_name}")
+
     def nothing_to_do(self):
         self.keep = [k for k in self.keep if isinstance(k, int)]
         self._finish()
@@ -283,6 +303,9 @@ class Call:
                 ptrs[i] = p.getPtr() if hasattr(p, "getPtr") else ctypes.addressof(p)
             prepared = Prepared(self.kernel_name, loaded, grid, threads, smem_bytes, ptrs, params, dev)
             driver.launch(loaded, grid, threads, smem_bytes, self.stream or 0, ptrs, self.kernel_name)
+            if self.debug is not None:
+                self._check_debug_run()
+                return None         # never replayed: each debug launch is checked
             return prepared
         finally:
             self._finish()
