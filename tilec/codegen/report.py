@@ -9,6 +9,7 @@ from ..ir.printer import expr
 def tma_table(k: ir.Kernel) -> str:
     rows = [("line", "kind", "tensor", "tile", "box", "swizzle", "smem offset", "bytes", "barrier", "expect-tx")]
     expect = {}
+    im2col_notes = []
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.ArriveExpectTx):
             expect[s.barrier] = s.bytes
@@ -19,7 +20,19 @@ def tma_table(k: ir.Kernel) -> str:
             t = k.param(s.tensor)
             box = "x".join(map(str, tm.box))
             coords = ", ".join(expr(c) for c in s.coords)
-            if isinstance(s, ir.TmaLoad):
+            if isinstance(s, ir.TmaLoad) and s.view:
+                origin = ", ".join(expr(c) for c in s.origin)
+                box = f"{tm.box[0]}px x {tm.box[1]}ch"
+                rows.append((str(s.span.line if s.span else "?"), "load.im2col", f"{s.view}[{origin}]", buf.name,
+                             box, tm.swizzle, str(buf.smem_offset), str(s.bytes), s.barrier,
+                             str(expect.get(s.barrier, "?"))))
+                im2col_notes.append(
+                    f"line {s.span.line if s.span else '?'}: {s.view} = im2col({t.name}) map {tm.name}: corners "
+                    f"[{', '.join(map(str, tm.lower_corner))}] .. [{', '.join(map(str, tm.upper_corner))}], "
+                    f"element strides [{', '.join(map(str, tm.element_strides))}]\n"
+                    f"    coordinates [{', '.join(expr(c) for c in s.coords)}]\n"
+                    f"    tap offsets [{', '.join(expr(o) for o in s.offsets)}]")
+            elif isinstance(s, ir.TmaLoad):
                 rows.append((str(s.span.line if s.span else "?"), "load.tile", f"{t.name}[{coords}]", buf.name,
                              box, tm.swizzle, str(buf.smem_offset), str(s.bytes), s.barrier,
                              str(expect.get(s.barrier, "?"))))
@@ -28,5 +41,6 @@ def tma_table(k: ir.Kernel) -> str:
                              box, tm.swizzle, str(buf.smem_offset), str(tm.box_bytes(t.dtype)), "bulk_group", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    notes = "".join(f"{n}\n" for n in im2col_notes)
     return f"TMA copies of kernel {k.name} (box outermost first; expect-tx is the barrier's total)\n" + \
-        "\n".join(lines) + "\n"
+        "\n".join(lines) + "\n" + notes

@@ -1,0 +1,105 @@
+"""The im2col legality checks: the launch-time validator's verdicts on a table of
+parameter sets (from tma-reference.md §3, several verified on the H100 by
+../shared/probes/encode_rules_probe.py), and the compile-time checks."""
+import pytest
+
+from tilec.compiler import lower
+from tilec.errors import SemanticError
+from tilec.runtime.tensormap import im2col_problems
+
+F16, F32 = 2, 4
+
+
+def nhwc(n, h, w, c):
+    return (n, h, w, c), (h * w * c, w * c, c, 1)
+
+
+# (name, dtype size, address, shape+strides, lower, upper, channels/pixel, pixels/column, element strides, legal)
+CASES = [
+    ("baseline", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 64, 128, (1, 1, 1, 1), True),
+    ("corner -128 (rank 4)", F16, 0, nhwc(8, 56, 56, 64), (-1, -128), (-1, -1), 64, 128, (1, 1, 1, 1), True),
+    ("corner -129 (rank 4)", F16, 0, nhwc(8, 56, 56, 64), (-1, -129), (-1, -1), 64, 128, (1, 1, 1, 1), False),
+    ("corner 127 (rank 4)", F16, 0, nhwc(8, 56, 56, 64), (0, 0), (127, 0), 64, 128, (1, 1, 1, 1), True),
+    ("corner 128 (rank 4)", F16, 0, nhwc(8, 56, 56, 64), (0, 0), (128, 0), 64, 128, (1, 1, 1, 1), False),
+    ("channels/pixel 256", F16, 0, nhwc(2, 8, 8, 256), (-1, -1), (-1, -1), 256, 64, (1, 1, 1, 1), True),
+    ("channels/pixel 257", F16, 0, nhwc(2, 8, 8, 512), (-1, -1), (-1, -1), 257, 64, (1, 1, 1, 1), False),
+    ("channels/pixel 0", F16, 0, nhwc(2, 8, 8, 64), (-1, -1), (-1, -1), 0, 64, (1, 1, 1, 1), False),
+    ("channels/pixel 4 f16 (8 bytes)", F16, 0, nhwc(2, 8, 8, 64), (-1, -1), (-1, -1), 4, 64, (1, 1, 1, 1), False),
+    ("channels/pixel 8 f16 (16 bytes)", F16, 0, nhwc(2, 8, 8, 64), (-1, -1), (-1, -1), 8, 64, (1, 1, 1, 1), True),
+    ("channels/pixel 4 f32 (16 bytes)", F32, 0, nhwc(2, 8, 8, 4), (-1, -1), (-1, -1), 4, 64, (1, 1, 1, 1), True),
+    ("channels/pixel 2 f32 (8 bytes)", F32, 0, nhwc(2, 8, 8, 4), (-1, -1), (-1, -1), 2, 64, (1, 1, 1, 1), False),
+    ("pixels/column 1024", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1024, (1, 1, 1, 1), True),
+    ("pixels/column 1025", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1025, (1, 1, 1, 1), False),
+    ("pixels/column 1", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1, (1, 1, 1, 1), True),
+    ("pixels/column 0", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 0, (1, 1, 1, 1), False),
+    ("f16 C=3: 6-byte pixel stride", F16, 0, nhwc(8, 56, 56, 3), (-1, -1), (-1, -1), 8, 64, (1, 1, 1, 1), False),
+    ("f16 C=8: 16-byte pixel stride", F16, 0, nhwc(8, 56, 56, 8), (-1, -1), (-1, -1), 8, 64, (1, 1, 1, 1), True),
+    ("f32 C=3", F32, 0, nhwc(1, 7, 7, 3), (0, 0), (0, 0), 4, 64, (1, 1, 1, 1), False),
+    ("address +8", F16, 8, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 64, 128, (1, 1, 1, 1), False),
+    ("address +16", F16, 16, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 64, 128, (1, 1, 1, 1), True),
+    ("stride 8", F16, 0, nhwc(8, 56, 56, 64), (0, 0), (0, 0), 64, 128, (1, 8, 8, 1), True),
+    ("stride 9", F16, 0, nhwc(8, 56, 56, 64), (0, 0), (0, 0), 64, 128, (1, 9, 1, 1), False),
+    ("rank 3 corner -32768", F16, 0, ((4, 100, 64), (6400, 64, 1)), (-32768,), (0,), 64, 64, (1, 1, 1), True),
+    ("rank 3 corner -32769", F16, 0, ((4, 100, 64), (6400, 64, 1)), (-32769,), (0,), 64, 64, (1, 1, 1), False),
+    ("rank 3 corner 32767", F16, 0, ((4, 100, 64), (6400, 64, 1)), (0,), (32767,), 64, 64, (1, 1, 1), True),
+    ("rank 5 corner -16", F16, 0, ((2, 8, 8, 8, 64), (32768, 4096, 512, 64, 1)), (-16, 0, 0), (0, 0, 0), 64, 64,
+     (1, 1, 1, 1, 1), True),
+    ("rank 5 corner -17", F16, 0, ((2, 8, 8, 8, 64), (32768, 4096, 512, 64, 1)), (-17, 0, 0), (0, 0, 0), 64, 64,
+     (1, 1, 1, 1, 1), False),
+    ("rank 5 corner 15", F16, 0, ((2, 8, 8, 8, 64), (32768, 4096, 512, 64, 1)), (0, 0, 0), (0, 0, 15), 64, 64,
+     (1, 1, 1, 1, 1), True),
+    ("rank 5 corner 16", F16, 0, ((2, 8, 8, 8, 64), (32768, 4096, 512, 64, 1)), (0, 0, 0), (0, 16, 0), 64, 64,
+     (1, 1, 1, 1, 1), False),
+    ("rank 2 is not im2col", F16, 0, ((56, 64), (64, 1)), (), (), 64, 64, (1, 1), False),
+    ("rank 6 is not im2col", F16, 0, ((1, 2, 2, 2, 2, 64), (1024, 512, 256, 128, 64, 1)), (0,) * 4, (0,) * 4, 64, 64,
+     (1,) * 6, False),
+    ("non-contiguous channels", F16, 0, ((2, 8, 8, 64), (8192, 1024, 128, 2)), (-1, -1), (-1, -1), 64, 64,
+     (1, 1, 1, 1), False),
+    ("padded rows (legal strides)", F16, 0, ((2, 8, 8, 64), (9216, 1152, 128, 1)), (-1, -1), (-1, -1), 64, 64,
+     (1, 1, 1, 1), True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_im2col_validator_verdicts(case):
+    name, esize, addr, (shape, strides), lo, hi, cpp, ppc, es, legal = case
+    problems = im2col_problems(esize, 0x7F0000000000 + addr, shape, strides, lo, hi, cpp, ppc, es)
+    assert (problems == []) == legal, problems
+    for p in problems:
+        assert any(w in p for w in ("corner", "channelsPerPixel", "pixelsPerColumn", "stride", "aligned", "rank",
+                                    "contiguous")), p
+
+
+SRC = """
+kernel c(X: {dt}[N, H, W, C], Y: {dt}[NP, K]) {{
+    const BM = {bm}, BK = {bk};
+    grid (bx, by) = (cdiv(K, BK), cdiv(NP, BM));
+    threads 128;
+    let Xc = im2col(X, kernel = {k}, stride = {s}, pad = {p}, dilation = {d});
+    shared t: {dt}[BM, BK];
+    copy(Xc[by * BM, {k0}], t);
+    copy(t, Y[by * BM, bx * BK]);
+}}"""
+
+
+@pytest.mark.parametrize("params, error", [
+    (dict(bk=4), "an im2col load of 4 channels moves 8 bytes per pixel"),
+    (dict(bk=512), "TMA needs 1 .. 256 channels"),
+    (dict(bm=2048, bk=8), "TMA loads at most 1024"),
+    (dict(k0="bx * 4"), "cannot prove the view column 'bx * 4' is a multiple of the tile width 64"),
+    (dict(s=9), "an im2col stride of 9: TMA element strides are at most 8"),
+    (dict(k="(3, 3)", p=129), "corners in [-128, 127]"),
+    (dict(k="(3, 3, 3)"), "im2col kernel has 3 values; 'X' has 2 spatial dimensions"),
+    (dict(p=-1), "im2col pad must be compile-time integers of at least 0"),
+    (dict(dt="f32", bk=2), "an im2col load of 2 channels moves 8 bytes per pixel"),
+])
+def test_im2col_compile_time_rules(params, error):
+    args = dict(dt="f16", bm=128, bk=64, k="(3, 3)", s=1, p=1, d=1, k0="bx * BK")
+    args.update(params)
+    with pytest.raises(SemanticError) as err:
+        lower(SRC.format(**args))
+    assert error in err.value.message
+
+
+def test_legal_im2col_compiles():
+    lower(SRC.format(dt="f16", bm=128, bk=64, k="(3, 3)", s=2, p=1, d=2, k0="bx * BK"))
