@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .errors import TilecError
+from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
 
@@ -28,7 +29,7 @@ def _cmd_emit(args):
     consts = _consts(args.define)
     if args.emit == "ir":
         lowered = lower(args.file, consts)
-        text = lowered.ir_text(args.after or "plan-smem")
+        text = lowered.ir_text(args.after or PASS_NAMES[-1])
     elif args.after:
         raise TilecError("--after goes with --emit ir")
     else:

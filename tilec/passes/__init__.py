@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import check_types, fold_consts, insert_barriers, lower_copies, plan_smem, plan_tma
+from . import check_barriers, check_types, fold_consts, insert_barriers, lower_copies, plan_smem, plan_tma
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
@@ -11,6 +11,7 @@ PIPELINE = (
     lower_copies,       # copy -> TMA load / TMA store / thread copy
     plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules
     insert_barriers,    # mbarriers, parities, fences, block barriers, bulk groups
+    check_barriers,     # proves the barrier protocol on every path (or reports the line)
     plan_smem,          # shared-memory offsets and size
 )
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError, UnsupportedError
 from ..ir import nodes as ir
-from ..ir.exprs import walk_expr
+from ..ir.exprs import FLOAT_CALLS, walk_expr
 
 NAME = "check-types"
 
@@ -31,6 +31,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         raise SemanticError(f"threads must be a multiple of 32 between 32 and 1024, got {t}", k.threads.span)
     for g in k.grid:
         _only_kinds(g, _GRID_KINDS, "a grid size")
+        _integer(k, g, "a grid size")
     for r in k.requires:
         _only_kinds(r.cond, _GRID_KINDS, "a require")
     for p in k.tensors:
@@ -120,6 +121,7 @@ def _check_body(k, body, lanes):
             _check_value(k, s.value, lanes)
         elif isinstance(s, ir.For):
             _no_elements(s.extent, "a loop bound")
+            _integer(k, s.extent, "a loop bound")
             s = replace(s, body=_check_body(k, s.body, lanes))
         elif isinstance(s, ir.If):
             if lanes is None:
@@ -129,6 +131,16 @@ def _check_body(k, body, lanes):
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)
+
+
+def _integer(k, e, what):
+    """Reject float-valued index expressions (C++ would truncate them silently)."""
+    for x in walk_expr(e):
+        bad = isinstance(x, ir.Float) or (isinstance(x, ir.Call) and x.func in FLOAT_CALLS) or \
+            (isinstance(x, ir.Cast) and x.dtype.is_float) or \
+            (isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.is_float)
+        if bad:
+            raise SemanticError(f"{what} must be an integer expression", x.span)
 
 
 def _no_elements(e, what):
@@ -202,6 +214,7 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
                                     f"{len(r.starts)} coordinates", r.span)
             for x in r.starts:
                 _no_elements(x, "a region origin")
+                _integer(k, x, "a region origin")
             sides.append((sp, p.dtype, None))
     (ssp, sdt, sshape), (dsp, ddt, dshape) = sides
     if ssp == "view":

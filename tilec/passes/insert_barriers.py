@@ -46,7 +46,7 @@ class _State:
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
 
 
-def _tile_accesses(k, s):
+def tile_accesses(k, s):
     """(reads, writes): the shared tiles a thread-level statement touches."""
     shared = {b.name for b in k.buffers if b.scope == "shared"}
     reads, writes = set(), set()
@@ -204,7 +204,7 @@ class _Inserter:
         st.storing.add(t)
 
     def thread_access(self, s, st, out):
-        reads, writes = _tile_accesses(self.k, s)
+        reads, writes = tile_accesses(self.k, s)
         touched = reads | writes
         for t in sorted(touched):
             if t in st.pending:

@@ -1,0 +1,193 @@
+"""The static barrier checker (pass check-barriers): tilec's own kernels pass;
+deliberately broken IR is rejected with the barrier and the .tile line."""
+from dataclasses import replace
+
+import pytest
+
+from tilec.compiler import lower
+from tilec.errors import Source
+from tilec.ir import nodes as ir
+from tilec.passes import Options, check_barriers
+from tilec.passes.check_barriers import BarrierBug
+
+LOOP = """kernel loop(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared s: f32[32, 128];
+    for r in range(cdiv(M, 32)) {
+        copy(A[r * 32, bx * 128], s);
+        parallel (i, j) in (32, 128) {
+            s[i, j] = s[i, j] * 2.0;
+        }
+        copy(s, B[r * 32, bx * 128]);
+    }
+}
+"""
+STORE_LOOP = """kernel loop2(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared s: f32[32, 128];
+    for r in range(cdiv(M, 32)) {
+        copy(A[r * 32, bx * 128], s);
+        copy(s, B[r * 32, bx * 128]);
+    }
+}
+"""
+TWO_LOADS = """kernel two(A: f16[M, K], B: f32[K, N], C: f16[M, K]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 64));
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f32[32, 64];
+    copy(A[by * 64, 0], a);
+    copy(B[0, bx * 64], b);
+    parallel (i, j) in (64, 64) {
+        a[i, j] = a[i, j] + b[i / 2, j];
+    }
+    copy(a, C[by * 64, 0]);
+}
+"""
+READ_LOOP = """kernel rl(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared s: f32[32, 128];
+    local t: f32[32, 128];
+    for r in range(cdiv(M, 32)) {
+        copy(A[r * 32, bx * 128], s);
+        copy(s, t);
+        copy(t, B[r * 32, bx * 128]);
+    }
+}
+"""
+BRANCHY = """kernel br(A: f32[M, N], B: f32[M, N], flag: i32) {
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 64));
+    threads 128;
+    shared s: f32[64, 128];
+    if flag > 0 {
+        copy(A[by * 64, bx * 128], s);
+    } else {
+        fill(s, 0.0);
+    }
+    copy(s, B[by * 64, bx * 128]);
+}
+"""
+
+
+def barriers_ir(text):
+    return lower(Source("k.tile", text)).stages["insert-barriers"]
+
+
+def mutate(body, pick, change, seen=None):
+    """Apply `change` to the first statement for which `pick` holds (None deletes it)."""
+    seen = seen if seen is not None else [False]
+    out = []
+    for s in body:
+        if not seen[0] and pick(s):
+            seen[0] = True
+            new = change(s)
+            if new is not None:
+                out.append(new)
+            continue
+        fields = ir.STMT_BLOCK_FIELDS.get(type(s), ())
+        if fields:
+            s = replace(s, **{f: mutate(getattr(s, f), pick, change, seen) for f in fields})
+        out.append(s)
+    return tuple(out)
+
+
+def broken(text, pick, change=lambda s: None):
+    k = barriers_ir(text)
+    body = mutate(k.body, pick, change)
+    assert body != k.body, "the mutation found nothing to change"
+    return replace(k, body=body)
+
+
+def rejected(k):
+    with pytest.raises(BarrierBug) as err:
+        check_barriers.run(k, Options())
+    return err.value
+
+
+@pytest.mark.parametrize("name", ["copy2d", "scale", "im2col"])
+def test_examples_pass(name):
+    k = lower(f"examples/{name}.tile").stages["insert-barriers"]
+    check_barriers.run(k, Options())
+
+
+@pytest.mark.parametrize("text", [LOOP, STORE_LOOP, READ_LOOP, TWO_LOADS, BRANCHY])
+def test_tilec_kernels_pass(text):
+    check_barriers.run(barriers_ir(text), Options())
+
+
+def test_expect_tx_off_by_16():
+    err = rejected(broken(LOOP, lambda s: isinstance(s, ir.ArriveExpectTx), lambda s: replace(s, bytes=s.bytes + 16)))
+    assert "mbarrier bar0: expect-tx is 16400 bytes but its TMA loads bring 16384" in err.message
+    assert err.span.line == 7
+
+
+def test_expect_tx_off_by_16_with_two_loads():
+    err = rejected(broken(TWO_LOADS, lambda s: isinstance(s, ir.ArriveExpectTx),
+                          lambda s: replace(s, bytes=s.bytes - 16)))
+    assert "expect-tx is 16368 bytes but its TMA loads bring 16384" in err.message
+
+
+def test_missing_wait():
+    err = rejected(broken(LOOP, lambda s: isinstance(s, ir.MbarrierWait)))
+    assert "'s'" in err.message and err.span.line in (6, 7, 8)
+
+
+def test_missing_wait_before_store():
+    err = rejected(broken(STORE_LOOP, lambda s: isinstance(s, ir.MbarrierWait)))
+    assert "bar0" in err.message or "'s'" in err.message
+
+
+def test_phase_bit_never_flipped():
+    err = rejected(broken(LOOP, lambda s: isinstance(s, ir.FlipPhase)))
+    assert "mbarrier bar0 with parity 0, but the phase in flight has parity 1" in err.message
+    assert err.span.line == 7
+
+
+def test_tile_refilled_before_threads_released_it():
+    k = broken(READ_LOOP, lambda s: isinstance(s, ir.SyncThreads) and s.span is not None and s.span.line == 7)
+    err = rejected(k)
+    assert "TMA load overwrites 's', which threads used, without a block barrier" in err.message
+    assert err.span.line == 7
+
+
+def test_tile_refilled_while_a_store_reads_it():
+    err = rejected(broken(STORE_LOOP, lambda s: isinstance(s, ir.BulkWait)))
+    assert "TMA load overwrites 's' while a TMA store may still be reading it" in err.message
+
+
+def test_missing_proxy_fence_before_store():
+    err = rejected(broken(open("examples/scale.tile").read(), lambda s: isinstance(s, ir.ProxyFence)))
+    assert "TMA store of 's', which threads wrote, without fence.proxy.async" in err.message
+    assert err.span.line == 11
+
+
+def test_missing_block_barrier_before_store():
+    text = open("examples/scale.tile").read()
+    k = broken(text, lambda s: isinstance(s, ir.SyncThreads) and s.span is not None and s.span.line == 11)
+    err = rejected(k)
+    assert "TMA store of 's'" in err.message
+
+
+def test_missing_wait_on_one_branch():
+    err = rejected(broken(BRANCHY, lambda s: isinstance(s, ir.MbarrierWait)))
+    assert "'s'" in err.message or "bar0" in err.message
+
+
+def test_load_without_arrive():
+    err = rejected(broken(LOOP, lambda s: isinstance(s, ir.ArriveExpectTx)))
+    assert "signals mbarrier bar0, which has no arrive.expect_tx" in err.message
+
+
+def test_wait_without_any_arrive_hangs():
+    k = broken(LOOP, lambda s: isinstance(s, ir.TmaLoad))
+    k = replace(k, body=mutate(k.body, lambda s: isinstance(s, ir.ArriveExpectTx), lambda s: None))
+    err = rejected(k)
+    assert "waits on mbarrier bar0 (parity 0) with no arrive on this path: it would hang" in err.message
+
+
+def test_tilec_check_runs_the_checker():
+    from tilec.passes import PASS_NAMES
+    assert "check-barriers" in PASS_NAMES
