@@ -29,6 +29,12 @@ CASES = [
     ("channels/pixel 4 f32 (16 bytes)", F32, 0, nhwc(2, 8, 8, 4), (-1, -1), (-1, -1), 4, 64, (1, 1, 1, 1), True),
     ("channels/pixel 2 f32 (8 bytes)", F32, 0, nhwc(2, 8, 8, 4), (-1, -1), (-1, -1), 2, 64, (1, 1, 1, 1), False),
     ("pixels/column 1024", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1024, (1, 1, 1, 1), True),
+    ("load of 128 KiB", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 64, 1024, (1, 1, 1, 1), True),
+    ("load of 256 KiB", F16, 0, nhwc(8, 56, 56, 128), (-1, -1), (-1, -1), 128, 1024, (1, 1, 1, 1), False),
+    ("f64 load of 256 KiB", 8, 0, nhwc(8, 56, 56, 256), (-1, -1), (-1, -1), 256, 128, (1, 1, 1, 1), False),
+    ("pixel box of one pixel", F16, 0, nhwc(2, 8, 8, 16), (0, 0), (-7, -7), 16, 64, (1, 1, 1, 1), True),
+    ("empty pixel box (upper)", F16, 0, nhwc(2, 8, 8, 16), (0, 0), (-8, -8), 16, 64, (1, 1, 1, 1), False),
+    ("empty pixel box (lower)", F16, 0, nhwc(2, 8, 8, 16), (8, 8), (0, 0), 16, 64, (1, 1, 1, 1), False),
     ("pixels/column 1025", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1025, (1, 1, 1, 1), False),
     ("pixels/column 1", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 1, (1, 1, 1, 1), True),
     ("pixels/column 0", F16, 0, nhwc(8, 56, 56, 64), (-1, -1), (-1, -1), 8, 0, (1, 1, 1, 1), False),
@@ -67,7 +73,7 @@ def test_im2col_validator_verdicts(case):
     assert (problems == []) == legal, problems
     for p in problems:
         assert any(w in p for w in ("corner", "channelsPerPixel", "pixelsPerColumn", "stride", "aligned", "rank",
-                                    "contiguous")), p
+                                    "contiguous", "bytes", "pixel box")), p
 
 
 SRC = """
@@ -86,6 +92,7 @@ kernel c(X: {dt}[N, H, W, C], Y: {dt}[NP, K]) {{
     (dict(bk=4), "an im2col load of 4 channels moves 8 bytes per pixel"),
     (dict(bk=512), "TMA needs 1 .. 256 channels"),
     (dict(bm=2048, bk=8), "TMA loads at most 1024"),
+    (dict(bm=1024, bk=128), "the driver encodes at most 131072 bytes per im2col load"),
     (dict(k0="bx * 4"), "cannot prove the view column 'bx * 4' is a multiple of the tile width 64"),
     (dict(s=9), "an im2col stride of 9: TMA element strides are at most 8"),
     (dict(k="(3, 3)", p=129), "corners in [-128, 127]"),

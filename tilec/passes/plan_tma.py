@@ -51,6 +51,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
 MAX_CHANNELS_PER_PIXEL = 256
 MAX_PIXELS_PER_COLUMN = 1024
+MAX_IM2COL_LOAD_BYTES = 128 * 1024     # seen on the H100: larger maps are refused by the driver
 
 
 def _plan_im2col(k, s, maps):
@@ -70,6 +71,9 @@ def _plan_im2col(k, s, maps):
                             f"1 .. {MAX_CHANNELS_PER_PIXEL} channels and a multiple of 16 bytes", s.span)
     if bm > MAX_PIXELS_PER_COLUMN:
         raise SemanticError(f"an im2col load of {bm} pixels; TMA loads at most {MAX_PIXELS_PER_COLUMN}", s.span)
+    if bm * bk * esize > MAX_IM2COL_LOAD_BYTES:
+        raise SemanticError(f"an im2col load of {bm} x {bk} x {esize} = {bm * bk * esize} bytes; the driver "
+                            f"encodes at most {MAX_IM2COL_LOAD_BYTES} bytes per im2col load", s.span)
     if divisor(k0) % bk:
         raise SemanticError(f"cannot prove the view column '{show(k0)}' is a multiple of the tile width {bk}; "
                             "an im2col K tile must start on a multiple of its width", k0.span or s.span)

@@ -119,6 +119,7 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
 
 
 CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
+MAX_IM2COL_LOAD_BYTES = 128 * 1024
 
 
 def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_per_pixel, pixels_per_column,
@@ -140,6 +141,15 @@ def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_
         out.append(f"channelsPerPixel {channels_per_pixel} x {dtype_size} bytes is not a multiple of 16")
     if not 1 <= pixels_per_column <= 1024:
         out.append(f"pixelsPerColumn {pixels_per_column} is outside 1 .. 1024")
+    # Seen on the H100 (driver 580), not in the tables: one load is at most 128 KiB,
+    # and each spatial dim's pixel box (dim - lower + upper) holds at least one pixel.
+    load = pixels_per_column * channels_per_pixel * dtype_size
+    if load > MAX_IM2COL_LOAD_BYTES:
+        out.append(f"one load of {pixels_per_column} pixels x {channels_per_pixel} channels is {load} bytes; "
+                   f"the driver allows at most {MAX_IM2COL_LOAD_BYTES}")
+    for d, (n, lo_c, hi_c) in enumerate(zip(shape[1:-1], lower, upper)):
+        if n - lo_c + hi_c < 1:
+            out.append(f"spatial dim {d + 1}: the pixel box {n} - ({lo_c}) + ({hi_c}) holds no pixel")
     return out
 
 
