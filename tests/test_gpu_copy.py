@@ -251,3 +251,37 @@ def test_launch_on_a_side_stream():
         k(a, b)
     s.synchronize()
     assert torch.equal(a, b)
+
+
+def test_copy_of_5_gib():
+    """Over 4 GiB and over 2^31 elements: TMA coordinates stay small, nothing overflows."""
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    a = torch.empty(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
+    a.view(-1)[:: 1 << 20].copy_(torch.arange(a.numel() >> 20, device="cuda", dtype=torch.float32))
+    a[-1].fill_(7.0)
+    b = torch.zeros_like(a)
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    del a, b
+    torch.cuda.empty_cache()
+
+
+def test_fallback_copy_over_2_pow_31_elements():
+    """The thread-copy variant indexes with 64-bit math (rows not 16-byte aligned)."""
+    import torch
+    k = tilec.compile("examples/copy2d.tile")
+    rows, cols = (1 << 16) + 3, 32771                      # 2.15e9 elements, 8.6 GB each
+    a = torch.empty(rows, cols, device="cuda")
+    a[:, 0] = torch.arange(rows, device="cuda", dtype=torch.float32)
+    a[-1] = torch.arange(cols, device="cuda", dtype=torch.float32)
+    b = torch.zeros_like(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.errors.TmaFallbackWarning)
+        k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a[:, 0], b[:, 0]) and torch.equal(a[-1], b[-1])
+    assert torch.equal(a, b)
+    del a, b
+    torch.cuda.empty_cache()
