@@ -257,10 +257,10 @@ def test_copy_of_5_gib():
     """Over 4 GiB and over 2^31 elements: TMA coordinates stay small, nothing overflows."""
     import torch
     k = tilec.compile("examples/copy2d.tile")
-    a = torch.empty(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
+    a = torch.zeros(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
     a.view(-1)[:: 1 << 20].copy_(torch.arange(a.numel() >> 20, device="cuda", dtype=torch.float32))
     a[-1].fill_(7.0)
-    b = torch.zeros_like(a)
+    b = torch.full_like(a, -1.0)
     k(a, b)
     torch.cuda.synchronize()
     assert torch.equal(a, b)
@@ -273,10 +273,10 @@ def test_fallback_copy_over_2_pow_31_elements():
     import torch
     k = tilec.compile("examples/copy2d.tile")
     rows, cols = (1 << 16) + 3, 32771                      # 2.15e9 elements, 8.6 GB each
-    a = torch.empty(rows, cols, device="cuda")
+    a = torch.zeros(rows, cols, device="cuda")
     a[:, 0] = torch.arange(rows, device="cuda", dtype=torch.float32)
     a[-1] = torch.arange(cols, device="cuda", dtype=torch.float32)
-    b = torch.zeros_like(a)
+    b = torch.full_like(a, -1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.errors.TmaFallbackWarning)
         k(a, b)
