@@ -1,0 +1,185 @@
+"""The `tilec` command line, run as `python -m tilec` in a subprocess."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilec.passes import PASS_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tilec(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "tilec", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def ok(*args):
+    p = tilec(*args)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    return p.stdout
+
+
+def fails(*args):
+    """The stderr of a run that must exit 1 with a clean error and no traceback."""
+    p = tilec(*args)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stdout == ""
+    return p.stderr
+
+
+# ---------------------------------------------------------------- emit
+
+def test_emit_cuda():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "cuda")
+    assert 'extern "C" __global__ void __launch_bounds__(128) copy2d(' in out
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in out
+    assert "mbarrier_arrive_expect_tx(&bar0, 32768);" in out
+
+
+def test_emit_cuda_is_the_default():
+    assert ok("emit", "examples/copy2d.tile") == ok("emit", "examples/copy2d.tile", "--emit", "cuda")
+
+
+def test_emit_host():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "host")
+    assert "def launch(loaded, A, B" in out
+    assert 'call.tensor_map(arg_A, (64, 128), (1, 1), "none", "256B")' in out
+    compile(out, "host.py", "exec")     # it is Python
+
+
+def test_emit_ptx():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "ptx")
+    assert ".target sm_90a" in out
+    assert ".entry copy2d(" in out
+    assert "cp.async.bulk.tensor.2d" in out
+
+
+def test_emit_ir_defaults_to_the_last_pass():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "ir")
+    assert out.startswith("kernel copy2d(A: f32[M, N], B: f32[M, N]) {\n")
+    assert "  tensormap tmap_A: tiled A box [64, 128]" in out
+    assert "  dynamic_smem 32768 bytes\n" in out
+    assert PASS_NAMES[-1] == "plan-smem"
+    assert out == ok("emit", "examples/copy2d.tile", "--emit", "ir", "--after", PASS_NAMES[-1])
+
+
+@pytest.mark.parametrize("after, present, absent", [
+    ("parse", "copy A[by * BM, bx * BN] -> s", "tma.load"),
+    ("fold-consts", "copy A[by * 64, bx * 128] -> s", "tma.load"),
+    ("lower-copies", "tma.load.tile s <- A[by * 64, bx * 128]", "tensormap"),
+    ("plan-tma", "tensormap tmap_A", "mbarrier"),
+    ("insert-barriers", "mbarrier.arrive.expect_tx bar0, 32768 bytes", "dynamic_smem"),
+])
+def test_emit_ir_after(after, present, absent):
+    out = ok("emit", "examples/copy2d.tile", "--emit", "ir", "--after", after)
+    assert present in out
+    assert absent not in out
+
+
+def test_emit_tma_table():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "tma")
+    lines = out.splitlines()
+    assert lines[0].startswith("TMA copies of kernel copy2d")
+    assert lines[1].split() == ["line", "kind", "tensor", "tile", "box", "swizzle", "smem", "offset", "bytes",
+                                "barrier", "expect-tx"]
+    assert "load.tile" in lines[2] and "64x128" in lines[2] and lines[2].split()[-1] == "32768"
+    assert "store.tile" in lines[3] and "bulk_group" in lines[3]
+
+
+def test_define_changes_the_box():
+    out = ok("emit", "examples/copy2d.tile", "--emit", "ir", "-D", "BN=64")
+    assert "tensormap tmap_A: tiled A box [64, 64]" in out
+    assert "mbarrier.arrive.expect_tx bar0, 16384 bytes" in out
+    cuda = ok("emit", "examples/copy2d.tile", "-D", "BN=64", "-D", "BM=32")
+    assert "// consts: BM = 32, BN = 64" in cuda
+    assert "tma_load_2d(s, &tmap_A, &bar0, bx * 64, by * 32);" in cuda
+
+
+def test_define_accepts_hex():
+    assert "box [32, 128]" in ok("emit", "examples/copy2d.tile", "--emit", "ir", "-D", "BM=0x20")
+
+
+# ---------------------------------------------------------------- check
+
+@pytest.mark.parametrize("example", ["copy2d", "scale"])
+def test_check_ok(example):
+    out = ok("check", f"examples/{example}.tile")
+    assert out.startswith(f"examples/{example}.tile: ok (kernel {example}, ")
+    assert "cubin for sm_90a" in out
+
+
+def test_check_gemm_is_unsupported():
+    err = fails("check", "examples/gemm.tile")
+    assert err == """\
+examples/gemm.tile:14:9: error: gemm is not supported yet (tensor-core gemm lands with issue #5)
+        gemm(a, b, acc);               // acc += a @ b on tensor cores
+        ^~~~~~~~~~~~~~~~
+"""
+
+
+def test_check_parse_error(tmp_path):
+    bad = tmp_path / "bad.tile"
+    bad.write_text("kernel k(A: f32[M, N]) {\n    grid (bx) = (1)\n    threads 128;\n}\n")
+    err = fails("check", str(bad))
+    assert err == f"""\
+{bad}:3:5: error: unexpected 'threads'; expected ';'
+    threads 128;
+    ^~~~~~~
+"""
+
+
+def test_check_semantic_error_in_a_relative_path(tmp_path):
+    (tmp_path / "k.tile").write_text("kernel k(A: f32[M, N]) {\n    grid (bx) = (1);\n    threads 100;\n}\n")
+    p = tilec("check", "k.tile", cwd=tmp_path)
+    assert p.returncode == 1
+    assert p.stderr.startswith("k.tile:3:13: error: threads must be a multiple of 32")
+
+
+def test_check_missing_file():
+    err = fails("check", "examples/nope.tile")
+    assert err == "error: cannot read examples/nope.tile: No such file or directory\n"
+
+
+def test_check_with_define():
+    assert ok("check", "examples/copy2d.tile", "-D", "BM=16").startswith("examples/copy2d.tile: ok")
+    err = fails("check", "examples/copy2d.tile", "-D", "BN=2")
+    assert err.startswith("examples/copy2d.tile:8:5: error: the TMA box's inner dimension is 2 x 4 = 8 bytes")
+
+
+# ---------------------------------------------------------------- bad command lines
+
+@pytest.mark.parametrize("define, message", [
+    ("BM", "error: -D takes NAME=VALUE, got 'BM'\n"),
+    ("=4", "error: -D takes NAME=VALUE, got '=4'\n"),
+    ("BM=x", "error: -D BM: 'x' is not an integer\n"),
+    ("BM=", "error: -D BM: '' is not an integer\n"),
+    ("NOPE=3", "error: kernel 'copy2d' has no const 'NOPE' to override (its consts: BM, BN)\n"),
+])
+@pytest.mark.parametrize("emit", ["ir", "cuda"])
+def test_bad_define(define, message, emit):
+    assert fails("emit", "examples/copy2d.tile", "--emit", emit, "-D", define) == message
+
+
+def test_after_unknown_pass_lists_the_passes():
+    err = fails("emit", "examples/copy2d.tile", "--emit", "ir", "--after", "barriers")
+    assert err == f"error: no pass named 'barriers'; passes: {', '.join(PASS_NAMES)}\n"
+    assert "plan-tma, insert-barriers" in err
+
+
+@pytest.mark.parametrize("emit", ["cuda", "host", "ptx", "tma"])
+def test_after_without_emit_ir(emit):
+    assert fails("emit", "examples/copy2d.tile", "--emit", emit, "--after", "plan-tma") == \
+        "error: --after goes with --emit ir\n"
+
+
+def test_unknown_emit_is_a_usage_error():
+    p = tilec("emit", "examples/copy2d.tile", "--emit", "sass")
+    assert p.returncode == 2
+    assert "invalid choice: 'sass'" in p.stderr
+    assert "Traceback" not in p.stderr
