@@ -44,7 +44,9 @@ class TilecError(Exception):
             s = self.span
             src_line = s.source.line(s.line)
             width = max(1, (s.end_col - s.col) if s.end_line == s.line else len(src_line) - s.col + 1)
-            caret = " " * (s.col - 1) + "^" + "~" * (width - 1)
+            # keep the line's tabs so the caret sits under the token in a terminal
+            lead = "".join(c if c == "\t" else " " for c in src_line[:s.col - 1])
+            caret = lead + "^" + "~" * (width - 1)
             text = f"{s}: error: {self.message}\n{src_line}\n{caret}"
         if self.note:
             text += f"\nnote: {self.note}"

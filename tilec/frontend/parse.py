@@ -22,6 +22,8 @@ _TERMINAL_WORDS = {
     "NEG_OP": "'!'",
 }
 _EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "DTYPE"}
+_OPERATORS = {"OR_OP", "AND_OP", "CMP_OP", "ADD_OP", "MUL_OP"}
+_STMT_START = {"CONST", "LET", "REQUIRE", "GRID", "THREADS", "SHARED", "LOCAL", "FOR", "PARALLEL", "IF", "NAME"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,15 +44,25 @@ def _describe_terminal(name: str) -> str:
 def _describe_expected(expected) -> str:
     names = set(expected)
     words = []
+    if _STMT_START <= names:
+        words.append("a statement")
+        names -= _STMT_START
     if _EXPR_START <= names:
         words.append("an expression")
         names -= _EXPR_START | {"ADD_OP", "NEG_OP"}
+    if "$END" in names:
+        names.discard("$END")
+        words.append("end of input")
+    operators = _OPERATORS <= names
+    names -= _OPERATORS if operators else set()
     words += sorted(_describe_terminal(n) for n in names)
+    if operators:
+        words.append("an operator")
     if len(words) == 1:
         return words[0]
-    if len(words) <= 6:
-        return "one of " + ", ".join(words)
-    return "one of " + ", ".join(words[:6]) + ", ..."
+    if len(words) == 2:
+        return f"{words[0]} or {words[1]}"
+    return "one of " + ", ".join(words)
 
 
 def _describe_token(tok) -> str:
@@ -71,7 +83,9 @@ def parse_tree(source: Source) -> lark.Tree:
         else:
             line, col = tok.line, tok.column
             end = col + max(1, len(str(tok)))
-        msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(e.expected)}"
+        # `accepts` is the exact set the parser could take here (`expected` also
+        # holds lookaheads of merged LALR states that cannot follow).
+        msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(e.accepts or e.expected)}"
         raise ParseError(msg, Span(source, line, col, line, end)) from None
     except lark.exceptions.UnexpectedCharacters as e:
         ch = source.text[e.pos_in_stream]

@@ -183,8 +183,10 @@ def _check_element(k, sub: ir.Subscript, lanes):
         ok = (lanes is not None and tuple(lanes.values()) == b.shape and
               all(isinstance(i, ir.Var) and i.name == v for i, v in zip(sub.indices, lanes)))
         if not ok:
-            raise SemanticError(f"local tile '{b.name}' is read and written at the parallel loop's own "
-                                f"indices, in a parallel over its whole shape {list(b.shape)}", sub.span)
+            own = f"{b.name}[{', '.join(lanes)}]" if lanes is not None and len(lanes) == len(b.shape) else \
+                f"{b.name}[{', '.join('i%d' % d for d in range(len(b.shape)))}]"
+            raise SemanticError(f"local tile '{b.name}' must be indexed with the parallel loop's own indices, "
+                                f"{own}, in a parallel over its whole shape {list(b.shape)}", sub.span)
 
 
 def _check_copy(k, s: ir.Copy) -> ir.Copy:
