@@ -39,7 +39,7 @@ def test_emit_cuda():
     out = ok("emit", "examples/copy2d.tile", "--emit", "cuda")
     assert 'extern "C" __global__ void __launch_bounds__(128) copy2d(' in out
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in out
-    assert "mbarrier_arrive_expect_tx(&bar0, 32768);" in out
+    assert "mbarrier_arrive_expect_tx(&tl_bar0, 32768);" in out
 
 
 def test_emit_cuda_is_the_default():
@@ -98,7 +98,7 @@ def test_define_changes_the_box():
     assert "mbarrier.arrive.expect_tx bar0, 16384 bytes" in out
     cuda = ok("emit", "examples/copy2d.tile", "-D", "BN=64", "-D", "BM=32")
     assert "// consts: BM = 32, BN = 64" in cuda
-    assert "tma_load_2d(s, &tmap_A, &bar0, bx * 64, by * 32);" in cuda
+    assert "tma_load_2d(s, &tl_tmap_A, &tl_bar0, bx * 64, by * 32);" in cuda
 
 
 def test_define_accepts_hex():

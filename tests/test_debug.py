@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_debug_build_bounds_every_wait():
     k = tilec.compile("examples/scale.tile", debug=True)
-    assert "mbarrier_wait_bounded(&bar0, 0, tilec_debug, 0, 32768, 8);" in k.cuda_source
-    assert "mbarrier_wait(&bar0" not in k.cuda_source.split("extern \"C\"")[1]
+    assert "mbarrier_wait_bounded(&tl_bar0, 0, tl_debug, 0, 32768, 8);" in k.cuda_source
+    assert "mbarrier_wait(&tl_bar0" not in k.cuda_source.split("extern \"C\"")[1]
     assert "call.debug_record()" in k.host_source
     plain = tilec.compile("examples/scale.tile")
     assert "bounded" not in plain.cuda_source and "debug" not in plain.host_source

@@ -72,7 +72,7 @@ kernel copy_{dt}(A: {dt}[M, N], B: {dt}[M, N]) {{
 }}
 """, arch="sm_90a")
     assert_compiles(k)
-    assert f"mbarrier_arrive_expect_tx(&bar0, {32 * bn * SIZES[dt]});" in k.cuda_source
+    assert f"mbarrier_arrive_expect_tx(&tl_bar0, {32 * bn * SIZES[dt]});" in k.cuda_source
 
 
 RANK_PROGRAMS = {
@@ -203,23 +203,35 @@ def test_ordinary_names_compile():
     assert_compiles(tilec.compile(NAMED.format(scalar="alpha", tile="s", i="i", j="j"), arch="sm_90a"))
 
 
-@pytest.mark.xfail(strict=True, reason="user names that codegen also uses (the element index e and slot of "
-                   "parallel loops, the smem array, barrier bar0) or C++ keywords reach the CUDA unmangled: "
-                   "NVRTC rejects it (CompileError, 'a tilec bug')")
 @pytest.mark.parametrize("names", [
     dict(scalar="alpha", tile="s", i="i", j="e"),
     dict(scalar="alpha", tile="s", i="slot", j="j"),
     dict(scalar="alpha", tile="smem", i="i", j="j"),
     dict(scalar="alpha", tile="bar0", i="i", j="j"),
-    dict(scalar="int", tile="s", i="i", j="j"),
-], ids=["parallel-var-e", "parallel-var-slot", "tile-smem", "tile-bar0", "scalar-int"])
+    dict(scalar="tmap_A", tile="A_dim0", i="i0", j="src_in"),
+], ids=["parallel-var-e", "parallel-var-slot", "tile-smem", "tile-bar0", "derived-looking-names"])
 def test_names_that_codegen_also_uses_compile(names):
     assert_compiles(tilec.compile(NAMED.format(**names), arch="sm_90a"))
 
 
-@pytest.mark.xfail(strict=True, reason="a scalar parameter named e is shadowed inside every parallel loop by "
-                   "codegen's element index `const int e = slot * 128 + threadIdx.x`: the body multiplies by the "
-                   "element index instead of the argument, and NVRTC accepts it (a silent wrong answer)")
+@pytest.mark.parametrize("name", ["int", "threadIdx", "tl_x", "mbarrier_wait", "float"])
+def test_reserved_names_are_rejected_with_a_location(name):
+    with pytest.raises(tilec.SemanticError, match=f"'{name}' is a reserved name"):
+        tilec.compile(NAMED.format(scalar=name, tile="s", i="i", j="j"), arch="sm_90a")
+
+
+def test_loop_variable_may_not_shadow_a_const():
+    src = """kernel k(A: f32[M, N], B: f32[M, N]) {
+        const BM = 64;
+        grid (bx) = (1);
+        threads 128;
+        shared s: f32[64, 128];
+        for BM in range(4) { copy(A[BM * 64, 0], s); copy(s, B[BM * 64, 0]); }
+    }"""
+    with pytest.raises(tilec.SemanticError, match="'BM' is already declared \\(as a const\\)"):
+        tilec.compile(src, arch="sm_90a")
+
+
 def test_scalar_named_e_is_not_shadowed_in_a_parallel_body():
     k = tilec.compile(NAMED.format(scalar="e", tile="s", i="i", j="j"), arch="sm_90a")
     body = next(line.strip() for line in k.cuda_source.splitlines() if line.strip().startswith("s[i * 64 + j] ="))

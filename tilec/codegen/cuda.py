@@ -81,7 +81,7 @@ class _Printer:
 
     def element(self, b: ir.Buffer, indices) -> str:
         if b.scope == "local":
-            return f"{b.name}[slot]"  # only ever inside a thread loop (check-types)
+            return f"{b.name}[tl_slot]"  # only ever inside a thread loop (check-types)
         return f"{b.name}[{self.flat(b.shape, [self.expr(i, 5) for i in indices])}]"
 
     @staticmethod
@@ -110,36 +110,36 @@ class _Printer:
         if isinstance(s, ir.OneThread):
             return [f"{ind}if (threadIdx.x == 0) {{"] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.MbarrierInit):
-            return [f"{ind}mbarrier_init(&{b.name}, {b.arrivals});" for b in s.barriers] + \
+            return [f"{ind}mbarrier_init(&tl_{b.name}, {b.arrivals});" for b in s.barriers] + \
                    [f"{ind}fence_mbarrier_init();"]
         if isinstance(s, ir.SyncThreads):
             return [f"{ind}__syncthreads();"]
         if isinstance(s, ir.ArriveExpectTx):
-            return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx(&{s.barrier}, {s.bytes});"]
+            return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx(&tl_{s.barrier}, {s.bytes});"]
         if isinstance(s, ir.TmaLoad) and s.view:
             # coordinates (channel, spatial window origin..., image) and the tap's offsets, innermost first
             coords = ", ".join(f"int({self.expr(c)})" for c in reversed(s.coords))
             offsets = ", ".join(f"(unsigned short)({self.expr(o)})" for o in reversed(s.offsets))
-            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier},",
+            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, &tl_{s.barrier},",
                     f"{ind}    {coords},", f"{ind}    {offsets});"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
-            return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &{s.tensor_map}, &{s.barrier}, {coords});"]
+            return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, &tl_{s.barrier}, {coords});"]
         if isinstance(s, ir.MbarrierWait):
-            parity = f"phase_{s.barrier}" if s.parity is None else str(s.parity)
+            parity = f"tl_phase_{s.barrier}" if s.parity is None else str(s.parity)
             if self.debug:
                 index = [b.name for b in self.k.barriers].index(s.barrier)
                 line = s.span.line if s.span else 0
                 return self.comment(s, ind) + [
-                    f"{ind}mbarrier_wait_bounded(&{s.barrier}, {parity}, tilec_debug, {index}, "
+                    f"{ind}mbarrier_wait_bounded(&tl_{s.barrier}, {parity}, tl_debug, {index}, "
                     f"{self.expect.get(s.barrier, 0)}, {line});"]
-            return self.comment(s, ind) + [f"{ind}mbarrier_wait(&{s.barrier}, {parity});"]
+            return self.comment(s, ind) + [f"{ind}mbarrier_wait(&tl_{s.barrier}, {parity});"]
         if isinstance(s, ir.FlipPhase):
-            return [f"{ind}phase_{s.barrier} ^= 1;"]
+            return [f"{ind}tl_phase_{s.barrier} ^= 1;"]
         if isinstance(s, ir.TmaStore):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
             return self.comment(s, ind) + \
-                [f"{ind}tma_store_{len(s.coords)}d(&{s.tensor_map}, {s.buffer}, {coords});"]
+                [f"{ind}tma_store_{len(s.coords)}d(&tl_{s.tensor_map}, {s.buffer}, {coords});"]
         if isinstance(s, ir.BulkCommit):
             return [f"{ind}bulk_commit_group();"]
         if isinstance(s, ir.BulkWait):
@@ -163,7 +163,7 @@ class _Printer:
             return [f"{ind}{self.element(b, s.indices)} = {self.expr(s.value, 0, double)};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)
-            names = [f"i{d}" for d in range(len(b.shape))]
+            names = [f"tl_i{d}" for d in range(len(b.shape))]
             value = self.expr(s.value, 0, b.dtype.name == "f64")
             line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
@@ -175,17 +175,17 @@ class _Printer:
         """Element e of a tile goes to thread e % threads, register slot e / threads."""
         n = math.prod(shape)
         slots = -(-n // self.threads)
-        out = [f"{ind}#pragma unroll", f"{ind}for (int slot = 0; slot < {slots}; ++slot) {{",
-               f"{ind}  const int e = slot * {self.threads} + threadIdx.x;"]
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_slot = 0; tl_slot < {slots}; ++tl_slot) {{",
+               f"{ind}  const int tl_e = tl_slot * {self.threads} + threadIdx.x;"]
         inner = ind + "  "
         if n % self.threads:
-            out.append(f"{inner}if (e < {n}) {{")
+            out.append(f"{inner}if (tl_e < {n}) {{")
             inner += "  "
         for d, name in enumerate(names):
             stride = math.prod(shape[d + 1:])
-            idx = "e" if stride == 1 else f"e / {stride}"
+            idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
             if d > 0:
-                idx = f"{idx} % {shape[d]}" if stride != 1 else f"e % {shape[d]}"
+                idx = f"{idx} % {shape[d]}" if stride != 1 else f"tl_e % {shape[d]}"
             out.append(f"{inner}const int {name} = {idx};")
         out += [inner + line[2:] for line in body]
         if n % self.threads:
@@ -194,7 +194,7 @@ class _Printer:
         return out
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:
-        names = [f"i{d}" for d in range(len(s.shape))]
+        names = [f"tl_i{d}" for d in range(len(s.shape))]
         src_b, dst_b = self.k.buffer(s.src.name), self.k.buffer(s.dst.name)
         lines = []
         view = self.k.view(s.src.name)
@@ -202,12 +202,12 @@ class _Printer:
             value = self.element(src_b, [ir.Var(n) for n in names])
         elif view is not None:
             ptr, cond = self.view_element(view, s.src, names)
-            lines += [f"  const bool src_in = {cond};"]
-            value = f"(src_in ? {ptr} : static_cast<{ctype(self.k.param(view.tensor).dtype)}>(0))"
+            lines += [f"  const bool tl_in = {cond};"]
+            value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(view.tensor).dtype)}>(0))"
         else:
             ptr, cond = self.global_element(s.src, names, "src")
-            lines += [f"  const bool src_in = {cond};"]
-            value = f"(src_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
+            lines += [f"  const bool tl_in = {cond};"]
+            value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_dt != dst_dt:
@@ -224,7 +224,7 @@ class _Printer:
         """Element (m0 + i0, k0 + i1) of an im2col view read straight from X, and the
         test that it is inside the matrix and its tap inside the image (else zero)."""
         x = self.k.param(v.tensor)
-        xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"{x.name}_dim{d}") for d in range(len(x.shape))))
+        xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"tl_{x.name}_dim{d}") for d in range(len(x.shape))))
         m = ir.BinOp("+", r.starts[0], ir.Var(names[0]))
         kk = ir.BinOp("+", r.starts[1], ir.Var(names[1]))
         n, origins = im2col.row(v, xd, m)
@@ -236,8 +236,8 @@ class _Printer:
         for d, e in enumerate(coords):
             ce = self.expr(e, 5)
             if 0 < d < len(coords) - 1:
-                conds.append(f"static_cast<unsigned long long>({ce}) < static_cast<unsigned long long>({x.name}_dim{d})")
-            idx.append(f"static_cast<long long>({ce}) * {x.name}_stride{d}")
+                conds.append(f"static_cast<unsigned long long>({ce}) < static_cast<unsigned long long>(tl_{x.name}_dim{d})")
+            idx.append(f"static_cast<long long>({ce}) * tl_{x.name}_stride{d}")
         return f"{x.name}[{' + '.join(idx)}]", " && ".join(conds)
 
     def global_element(self, r: ir.Region, names, which):
@@ -250,8 +250,8 @@ class _Printer:
             coord = self.expr(start, 5)
             if d >= lead:
                 coord = f"{coord} + {names[d - lead]}"
-            idx.append(f"static_cast<long long>({coord}) * {t.name}_stride{d}")
-            conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>({t.name}_dim{d})")
+            idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
+            conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
 
 
@@ -295,12 +295,14 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False) -> l
 
 def _param_decl(k: ir.Kernel, p) -> str:
     if p.kind == "tensor_map":
-        return f"const __grid_constant__ CUtensorMap {p.name}"
+        return f"const __grid_constant__ CUtensorMap tl_{p.name}"
     if p.kind == "debug_record":
-        return "int* const tilec_debug"
+        return "int* const tl_debug"
     if p.kind == "pointer":
         return f"{ctype(p.dtype)}* __restrict__ {p.name}"
-    if p.kind in ("dim", "stride", "symbol"):
+    if p.kind in ("dim", "stride"):
+        return f"const long long tl_{p.name}"
+    if p.kind == "symbol":
         return f"const long long {p.name}"
     return f"const {ctype(p.dtype)} {p.name}"
 
@@ -312,20 +314,20 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     body = pr.block(k.body)
     prologue = []
     if k.smem_bytes:
-        prologue.append("extern __shared__ __align__(1024) unsigned char smem[];")
+        prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem[];")
     for b in k.buffers:
         shape = ", ".join(map(str, b.shape))
         if b.scope == "shared":
             prologue.append(f"{ctype(b.dtype)}* const {b.name} = reinterpret_cast<{ctype(b.dtype)}*>"
-                            f"(smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
+                            f"(tl_smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
         else:
             slots = -(-b.elements // pr.threads)
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"
                             f" element e in thread e % {pr.threads}")
     for b in k.barriers:
-        prologue.append(f"__shared__ __align__(8) unsigned long long {b.name};")
+        prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name};")
     for name in pr.in_loop_barriers:
-        prologue.append(f"unsigned phase_{name} = 0;  // parity of {name}'s next phase")
+        prologue.append(f"unsigned tl_phase_{name} = 0;  // parity of {name}'s next phase")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)

@@ -8,6 +8,22 @@ from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
+
+# Names the generated CUDA uses or C++ forbids; tilec's own CUDA names start with tl_.
+_CXX_KEYWORDS = set("""alignas alignof and asm auto bool break case catch char class const constexpr const_cast
+continue decltype default delete do double dynamic_cast else enum explicit export extern false float for friend
+goto if inline int long mutable namespace new noexcept not nullptr operator or private protected public register
+reinterpret_cast return short signed sizeof static static_assert static_cast struct switch template this throw true
+try typedef typeid typename union unsigned using virtual void volatile wchar_t while""".split())
+_CUDA_NAMES = set("""threadIdx blockIdx blockDim gridDim warpSize CUtensorMap smem_addr mbarrier_init
+fence_mbarrier_init mbarrier_arrive_expect_tx mbarrier_wait mbarrier_wait_bounded globaltimer_ns bulk_commit_group
+bulk_wait_group_read_0 bulk_wait_group_0 fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t expf logf sqrtf
+rsqrtf exp log sqrt rsqrt min max abs cdiv""".split())
+
+
+def reserved(name: str) -> bool:
+    return name in _CXX_KEYWORDS or name in _CUDA_NAMES or name.startswith(("tl_", "__")) or \
+        name.startswith(("tma_load_", "tma_store_"))
 _DECLS = ("const", "let", "require", "grid", "threads", "shared", "local")
 
 
@@ -269,6 +285,10 @@ class _Builder(Transformer):
             else:
                 stmts.append(s)
         self._no_nested_decls(stmts)
+        self._check_bound(stmts, seen)
+        if reserved(str(name)):
+            raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); choose another",
+                                self._tok_span(name))
         if grid is None:
             raise SemanticError(f"kernel '{name}' has no grid declaration", self._tok_span(name),
                                 note="add e.g. `grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));`")
@@ -279,9 +299,29 @@ class _Builder(Transformer):
                          grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span)
 
     def _declare(self, seen, name, span, what):
+        if reserved(name):
+            raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); "
+                                "choose another", span)
         if name in seen:
             raise SemanticError(f"'{name}' is already declared (as a {seen[name]})", span)
         seen[name] = what
+
+    def _check_bound(self, stmts, seen):
+        """Loop and parallel variables are new names: they may not shadow a
+        declaration or an enclosing loop's variable."""
+        for s in stmts:
+            if isinstance(s, ir.For):
+                inner = dict(seen)
+                self._declare(inner, s.var, s.span, "loop variable")
+                self._check_bound(s.body, inner)
+            elif isinstance(s, ir.Parallel):
+                inner = dict(seen)
+                for v in s.vars:
+                    self._declare(inner, v, s.span, "parallel index")
+                self._check_bound(s.body, inner)
+            elif isinstance(s, ir.If):
+                self._check_bound(s.then, seen)
+                self._check_bound(s.orelse, seen)
 
     def _no_nested_decls(self, stmts):
         for s in stmts:

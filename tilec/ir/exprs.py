@@ -172,3 +172,46 @@ def map_body(body, fn_stmt):
         else:
             out.append(r)
     return tuple(out)
+
+
+def linear(e):
+    """Fold `e` as a linear combination: terms that cancel are dropped, so
+    `(by * 64 + 64) - by * 64` becomes 64. Non-linear parts stay opaque terms."""
+    from ..ir.printer import expr as show
+
+    terms: dict = {}
+    const = 0
+
+    def add(x, coef):
+        nonlocal const
+        if isinstance(x, ir.Int):
+            const += coef * x.value
+        elif isinstance(x, ir.BinOp) and x.op in "+-":
+            add(x.lhs, coef)
+            add(x.rhs, coef if x.op == "+" else -coef)
+        elif isinstance(x, ir.UnaryOp) and x.op == "-":
+            add(x.operand, -coef)
+        elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.rhs, ir.Int):
+            add(x.lhs, coef * x.rhs.value)
+        elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.lhs, ir.Int):
+            add(x.rhs, coef * x.lhs.value)
+        else:
+            key = show(x)
+            old = terms.get(key, (x, 0))
+            terms[key] = (x, old[1] + coef)
+
+    add(fold(e), 1)
+    out = None
+    for x, coef in terms.values():
+        if coef == 0:
+            continue
+        term = x if coef in (1, -1) else ir.BinOp("*", x, ir.Int(abs(coef)))
+        if out is None:
+            out = term if coef > 0 else ir.UnaryOp("-", term)
+        else:
+            out = ir.BinOp("+" if coef > 0 else "-", out, term)
+    if out is None:
+        return ir.Int(const, span=getattr(e, "span", None))
+    if const:
+        out = ir.BinOp("+" if const > 0 else "-", out, ir.Int(abs(const)))
+    return out

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError, UnsupportedError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, walk_expr
+from ..ir.exprs import FLOAT_CALLS, linear, walk_expr
 
 NAME = "check-types"
 
@@ -37,6 +37,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.tensors:
         for d in p.shape:
             _only_kinds(d, {"symbol"}, "a tensor shape")
+    for p in k.scalars:
+        if p.dtype.name.startswith("f8"):
+            raise SemanticError(f"scalar parameter '{p.name}': fp8 scalars are not supported; pass an f32",
+                                p.span)
     views = tuple(_im2col_view(k, name, e) for name, e in k.lets if isinstance(e, ir.Call) and e.func == "im2col")
     k = replace(k, views=views)
     return replace(k, body=_check_body(k, k.body, lanes=None))
@@ -225,6 +229,7 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
         if sdt != ddt:
             raise SemanticError(f"a TMA im2col load moves bytes: {sdt.name} and {ddt.name} differ", s.span)
         for x, want in zip(s.src.extents, dshape):
+            x = None if x is None else linear(x)
             if x is not None and not (isinstance(x, ir.Int) and x.value == want):
                 raise SemanticError(f"the region's extents must match the tile shape {list(dshape)}",
                                     x.span or s.src.span)
@@ -248,7 +253,7 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
                                     s.span)
             box = (1,) * (rank - len(tile_shape)) + tuple(tile_shape)
             starts = r.starts or tuple(ir.Int(0) for _ in range(rank))
-            extents = r.extents or (None,) * rank
+            extents = tuple(None if x is None else linear(x) for x in (r.extents or (None,) * rank))
             for x, want in zip(extents, box):
                 if x is not None and not (isinstance(x, ir.Int) and x.value == want):
                     raise SemanticError(f"the region's extents must match the tile shape {list(tile_shape)}",

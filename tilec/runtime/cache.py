@@ -34,9 +34,29 @@ def directory() -> Path:
     return Path(base) / "tilec"
 
 
+_CODE_IDENTITY = None
+
+
+def code_identity() -> str:
+    """The compiler's own code (sizes and mtimes of its .py, .j2 and .lark files),
+    so an entry written by a different build of tilec is never loaded."""
+    global _CODE_IDENTITY
+    if _CODE_IDENTITY is None:
+        from .._resources import resource_dir
+        pkg = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for root in (pkg, resource_dir("templates"), resource_dir("grammar")):
+            for f in sorted(root.rglob("*")):
+                if f.suffix in (".py", ".j2", ".lark"):
+                    st = f.stat()
+                    h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        _CODE_IDENTITY = h.hexdigest()
+    return _CODE_IDENTITY
+
+
 def key(*parts) -> str:
     h = hashlib.sha256()
-    for p in parts:
+    for p in (code_identity(),) + parts:
         data = p if isinstance(p, bytes) else repr(p).encode()
         h.update(struct.pack("<Q", len(data)))
         h.update(data)

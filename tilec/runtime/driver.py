@@ -57,7 +57,9 @@ def target_arch(device: int = 0) -> str:
     if not have_gpu():
         return "sm_90a"
     major, minor = compute_capability(device)
-    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+    # Before Hopper there is no TMA: compile for sm_90a anyway; launching there
+    # raises a DeviceError that says Hopper is needed.
+    return f"sm_{major}{minor}a" if major >= 9 else "sm_90a"
 
 
 @functools.lru_cache(maxsize=None)

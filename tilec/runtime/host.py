@@ -189,7 +189,8 @@ class Call:
         except ImportError:  # older cuda.core
             from cuda.core.experimental.utils import StridedMemoryView
         try:
-            view = StridedMemoryView(obj, stream_ptr=-1)
+            make = getattr(StridedMemoryView, "from_any_interface", None)
+            view = make(obj, stream_ptr=-1) if make is not None else StridedMemoryView(obj, stream_ptr=-1)
         except Exception as e:
             raise LaunchError(f"argument {name}: a {type(obj).__name__} is not a tensor tilec can read "
                               f"(needs DLPack or __cuda_array_interface__): {e}") from None
