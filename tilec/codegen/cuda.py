@@ -40,6 +40,8 @@ class _Printer:
         self.uses_math = False
         self.in_loop_barriers = [b.name for b in k.barriers if b.in_loop]
         self.last_commented = None
+        self.uses_sw128 = False
+        self.mma_shapes = set()
 
     # ---------------------------------------------------------- expressions
     def expr(self, e, prec=0, double=False) -> str:
@@ -81,8 +83,49 @@ class _Printer:
 
     def element(self, b: ir.Buffer, indices) -> str:
         if b.scope == "local":
-            return f"{b.name}[tl_slot]"  # only ever inside a thread loop (check-types)
-        return f"{b.name}[{self.flat(b.shape, [self.expr(i, 5) for i in indices])}]"
+            # only ever inside a thread loop over the whole tile (check-types)
+            return f"{b.name}[tl_r]" if b.layout == "wgmma" else f"{b.name}[tl_slot]"
+        idx = [self.expr(i, 5) for i in indices]
+        if b.layout == "sw128":
+            self.uses_sw128 = True
+            rows, cols = b.shape
+            return f"{b.name}[tl_sw128({idx[0]}, {idx[1]}, {rows}, {128 // b.dtype.size})]"
+        return f"{b.name}[{self.flat(b.shape, idx)}]"
+
+    def fragment_of(self, s):
+        """The wgmma accumulator a thread-level statement walks, if any: then it
+        walks the accumulator's fragment registers instead of e % threads."""
+        names = set()
+        if isinstance(s, ir.Fill):
+            names.add(s.buffer)
+        elif isinstance(s, ir.ThreadCopy):
+            names |= {s.src.name, s.dst.name}
+        elif isinstance(s, ir.Parallel):
+            for inner in ir.walk_stmts(s.body):
+                if isinstance(inner, ir.Assign):
+                    names.add(inner.buffer)
+                for e in (getattr(inner, "value", None), getattr(inner, "cond", None)):
+                    if isinstance(e, ir.Expr):
+                        names |= {x.name for x in walk_expr(e) if isinstance(x, ir.Subscript)}
+        frags = [b for b in self.k.buffers if b.name in names and b.layout == "wgmma"]
+        return frags[0] if frags else None
+
+    def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
+        """Register r of a thread holds accumulator element (i, j) of wgmma's
+        m64nNk16 layout: warpgroup g owns rows g*64*m_tiles.., warp w 16 of them."""
+        m, n = acc.shape
+        wg = self.threads // 128
+        mt = m // (64 * wg)
+        regs = mt * n // 2
+        tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
+        row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
+               f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
+        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2 + tl_r % 2"
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{",
+               f"{ind}  const int {names[0]} = {row};", f"{ind}  const int {names[1]} = {col};"]
+        out += [ind + line for line in body]
+        out.append(f"{ind}}}")
+        return out
 
     @staticmethod
     def flat(shape, idx) -> str:
@@ -124,7 +167,8 @@ class _Printer:
                     f"{ind}    {coords},", f"{ind}    {offsets});"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
-            return [f"{ind}tma_load_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, &tl_{s.barrier}, {coords});"]
+            dst = f"reinterpret_cast<unsigned char*>({s.buffer}) + {s.smem_offset}" if s.smem_offset else s.buffer
+            return [f"{ind}tma_load_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, &tl_{s.barrier}, {coords});"]
         if isinstance(s, ir.MbarrierWait):
             parity = f"tl_phase_{s.barrier}" if s.parity is None else str(s.parity)
             if self.debug:
@@ -156,7 +200,12 @@ class _Printer:
             return out + [f"{ind}}}"]
         if isinstance(s, ir.Parallel):
             shape = tuple(x.value for x in s.extents)
+            acc = self.fragment_of(s)
+            if acc is not None:
+                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, self.block(s.body, "  "), ind)
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
+        if isinstance(s, ir.Gemm):
+            return self.comment(s, ind) + self.gemm(s, ind)
         if isinstance(s, ir.Assign):
             b = self.k.buffer(s.buffer)
             double = b.dtype.name == "f64" or self.is_double(s.value)
@@ -166,10 +215,37 @@ class _Printer:
             names = [f"tl_i{d}" for d in range(len(b.shape))]
             value = self.expr(s.value, 0, b.dtype.name == "f64")
             line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
+            if b.layout == "wgmma":
+                return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind)
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
         if isinstance(s, ir.ThreadCopy):
             return self.comment(s, ind) + self.thread_copy(s, ind)
         raise TypeError(f"cannot print {type(s).__name__}")
+
+    def gemm(self, s: ir.Gemm, ind) -> list:
+        """acc += a @ b: per k16 step, one wgmma per m64 row tile of this warpgroup.
+        a is K-major, b is N-major ([K, N]) or K-major ([N, K], transpose_b), both
+        in 128-byte swizzled chunks of 64 16-bit elements (rows of 128 bytes)."""
+        a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
+        m, kdim = a.shape
+        n = acc.shape[1]
+        dt = a.dtype.name
+        self.mma_shapes.add((n, dt, not s.transpose_b))
+        fn = f"wgmma_m64n{n}k16_{dt}_{'bk' if s.transpose_b else 'bn'}"
+        out = [f"{ind}wgmma_fence();"]
+        rows_per_wg = 64 * s.m_tiles
+        for kk in range(kdim // 16):
+            chunk, within = divmod(kk * 16, 64)
+            if s.transpose_b:
+                b_desc = f"wgmma_desc({b.name}, {chunk * n * 128 + within * 2}, 16, 1024)"
+            else:
+                b_desc = f"wgmma_desc({b.name}, {kk * 16 * 128}, {kdim * 128}, 1024)"
+            for t in range(s.m_tiles):
+                a_off = f"{chunk * m * 128 + t * 64 * 128 + within * 2}"
+                a_desc = f"wgmma_desc({a.name}, (threadIdx.x / 128) * {rows_per_wg * 128} + {a_off}, 16, 1024)"
+                out.append(f"{ind}{fn}({acc.name} + {t * n // 2}, {a_desc}, {b_desc});")
+        out += [f"{ind}wgmma_commit_group();", f"{ind}wgmma_wait_group<0>();"]
+        return out
 
     def thread_loop(self, shape, names, body, ind) -> list:
         """Element e of a tile goes to thread e % threads, register slot e / threads."""
@@ -218,6 +294,9 @@ class _Printer:
         else:
             ptr, cond = self.global_element(s.dst, names, "dst")
             lines.append(f"  if ({cond}) {ptr} = {value};")
+        acc = self.fragment_of(s)
+        if acc is not None:
+            return self.fragment_loop(acc, names, lines, ind)
         return self.thread_loop(s.shape, names, lines, ind)
 
     def view_element(self, v: ir.Im2colView, r: ir.Region, names):
@@ -255,7 +334,7 @@ class _Printer:
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
 
 
-def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False) -> list:
+def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=None) -> list:
     stmts = list(ir.walk_stmts(k.body))
     need = []
 
@@ -272,7 +351,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False) -> l
         add("f8", "f8e5m2_t", "e5m2")
     if k.tensor_maps:
         add("tensor_map")
-    if k.tensor_maps or k.barriers:
+    if k.tensor_maps or k.barriers or any(b.layout == "sw128" for b in k.buffers):
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
@@ -290,6 +369,12 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False) -> l
         add("proxy_fence")
     if printer_uses_math:
         add("math")
+    if pr is not None and pr.mma_shapes:
+        add("wgmma_common")
+        for n, dt, b_n_major in sorted(pr.mma_shapes):
+            add("wgmma_mma", n, dt, b_n_major)
+    if pr is not None and pr.uses_sw128:
+        add("sw128")
     return need
 
 
@@ -313,13 +398,21 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     pr = _Printer(k, debug)
     body = pr.block(k.body)
     prologue = []
-    if k.smem_bytes:
+    if k.smem_bytes and any(b.layout == "sw128" for b in k.buffers):
+        prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem_raw[];")
+        prologue.append("// 128-byte swizzled tiles need 1024-byte aligned shared addresses")
+        prologue.append("unsigned char* const tl_smem = tl_smem_raw + ((1024u - (smem_addr(tl_smem_raw) & 1023u)) & 1023u);")
+    elif k.smem_bytes:
         prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem[];")
     for b in k.buffers:
         shape = ", ".join(map(str, b.shape))
         if b.scope == "shared":
             prologue.append(f"{ctype(b.dtype)}* const {b.name} = reinterpret_cast<{ctype(b.dtype)}*>"
                             f"(tl_smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
+        elif b.layout == "wgmma":
+            regs = b.elements // pr.threads
+            prologue.append(f"float {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
+                            "accumulator fragments")
         else:
             slots = -(-b.elements // pr.threads)
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"
@@ -333,6 +426,6 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, consts=consts,
-        primitives=_primitives(k, pr.uses_math, pr.debug), threads=pr.threads,
+        primitives=_primitives(k, pr.uses_math, pr.debug, pr), threads=pr.threads,
         params=[_param_decl(k, p) for p in kernel_params(k, pr.debug)] or ["void"],
         prologue=prologue, body=body)

@@ -141,13 +141,18 @@ class ScalarParam:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A block-wide tile: scope 'shared' (shared memory) or 'local' (registers,
-    element e of the flattened tile held by thread e % threads)."""
+    """A block-wide tile: scope 'shared' (shared memory) or 'local' (registers).
+
+    layout: 'row' (shared: row-major; local: element e of the flattened tile in
+    thread e % threads), 'sw128' (shared, a gemm operand: column chunks of
+    128 bytes, TMA's 128-byte swizzle, what wgmma descriptors read),
+    'wgmma' (local, a gemm accumulator: wgmma's m64nNk16 fragment layout)."""
     name: str
     scope: str
     dtype: DType
     shape: tuple            # of int after const folding
     smem_offset: Optional[int] = None
+    layout: str = "row"
     span: Optional[Span] = SPAN
 
     @property
@@ -246,10 +251,14 @@ class Fill(Stmt):
 
 @dataclass(frozen=True)
 class Gemm(Stmt):
+    """acc += a @ b (b is [K, N], or [N, K] with transpose_b) on wgmma; after
+    plan-gemm, `warpgroups` warpgroups each own `m_tiles` m64 row tiles."""
     a: str
     b: str
     acc: str
     transpose_b: bool
+    warpgroups: int = 0
+    m_tiles: int = 0
     span: Optional[Span] = SPAN
 
 
@@ -302,6 +311,7 @@ class TmaLoad(Stmt):
     view: str = ""          # im2col: the view copied from
     origin: tuple = ()      # im2col: the view coordinates (m0, k0)
     offsets: tuple = ()     # im2col: the filter tap's offsets, outermost first
+    smem_offset: int = 0    # bytes into the tile (a chunk of a swizzled tile)
     span: Optional[Span] = SPAN
 
 

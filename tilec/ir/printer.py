@@ -57,7 +57,8 @@ def stmt(s, ind: str) -> list:
         return [f"{ind}fill {s.buffer}, {expr(s.value)}{L}"]
     if isinstance(s, ir.Gemm):
         tb = ", transpose_b" if s.transpose_b else ""
-        return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{L}"]
+        wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
+        return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
     if isinstance(s, ir.Assign):
         return [f"{ind}{s.buffer}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}{L}"]
     if isinstance(s, ir.Parallel):
@@ -81,7 +82,8 @@ def stmt(s, ind: str) -> list:
             offs = f" offsets [{', '.join(expr(o) for o in s.offsets)}]" if s.offsets else ""
             at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
             return [f"{ind}tma.load.im2col {s.buffer} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
-        return [f"{ind}tma.load.tile {s.buffer} <- {s.tensor}[{coords}]{via}{bar}{L}"]
+        dst = f"{s.buffer}+{s.smem_offset}" if s.smem_offset else s.buffer
+        return [f"{ind}tma.load.tile {dst} <- {s.tensor}[{coords}]{via}{bar}{L}"]
     if isinstance(s, ir.TmaStore):
         via = f" map {s.tensor_map}" if s.tensor_map else ""
         coords = ", ".join(expr(c) for c in s.coords)
@@ -142,6 +144,7 @@ def kernel(k: ir.Kernel) -> str:
     out.append(f"  threads {expr(k.threads)}")
     for b in k.buffers:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
+        where += f" layout {b.layout}" if b.layout != "row" else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
     for v in k.views:

@@ -141,7 +141,7 @@ class _Checker:
             st.storing.add(t)
         elif isinstance(s, ir.BulkWait):
             st.storing.clear()
-        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill)):
+        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill, ir.Gemm)):
             self.thread_access(s, st, classes)
 
     def bar(self, st, name, s):
@@ -154,7 +154,7 @@ class _Checker:
         t = s.buffer
         if not bar.armed:
             _fail(f"TMA load into '{t}' signals mbarrier {s.barrier}, which has no arrive.expect_tx for it", s.span)
-        if t in st.unwaited:
+        if t in st.unwaited and st.unwaited[t] != s.barrier:
             _fail(f"TMA load overwrites '{t}' while its previous load (mbarrier {st.unwaited[t]}) is unwaited",
                   s.span)
         if t in st.storing:
@@ -203,6 +203,10 @@ class _Checker:
         for t in writes:
             if t in st.storing:
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
+        if isinstance(s, ir.Gemm):
+            for t in reads & st.written:
+                _fail(f"gemm reads '{t}', which threads wrote, without fence.proxy.async and a block barrier "
+                      "after the writes", s.span)
         st.touched |= reads | writes
         st.written |= writes
         st.fenced -= writes

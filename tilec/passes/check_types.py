@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import SemanticError, UnsupportedError
+from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import FLOAT_CALLS, linear, walk_expr
 
@@ -110,7 +110,10 @@ def _check_body(k, body, lanes):
             _tile(k, s.buffer, s.span, "fill")
             _check_value(k, s.value, lanes)
         elif isinstance(s, ir.Gemm):
-            raise UnsupportedError("gemm is not supported yet (tensor-core gemm lands with issue #5)", s.span)
+            if lanes is not None:
+                raise SemanticError("gemm cannot appear inside a parallel body", s.span)
+            for name in (s.a, s.b, s.acc):
+                _tile(k, name, s.span, "gemm")
         elif isinstance(s, ir.Parallel):
             if lanes is not None:
                 raise SemanticError("parallel bodies do not nest", s.span)

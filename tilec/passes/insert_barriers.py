@@ -55,6 +55,8 @@ def tile_accesses(k, s):
         writes.add(s.dst.name)
     elif isinstance(s, ir.Fill):
         writes.add(s.buffer)
+    elif isinstance(s, ir.Gemm):
+        reads |= {s.a, s.b}
     elif isinstance(s, ir.Parallel):
         for inner in ir.walk_stmts(s.body):
             for e in _stmt_exprs(inner):
@@ -126,7 +128,7 @@ class _Inserter:
             if isinstance(s, ir.TmaLoad):
                 run = [s]
                 while i + 1 < len(body) and isinstance(body[i + 1], ir.TmaLoad) and \
-                        body[i + 1].buffer not in {r.buffer for r in run}:
+                        (body[i + 1].buffer, body[i + 1].smem_offset) not in {(r.buffer, r.smem_offset) for r in run}:
                     i += 1
                     run.append(body[i])
                 self.loads(run, st, out, in_loop)
@@ -176,7 +178,7 @@ class _Inserter:
         return head
 
     def loads(self, run, st, out, in_loop):
-        tiles = [s.buffer for s in run]
+        tiles = list(dict.fromkeys(s.buffer for s in run))
         for t in tiles:
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=run[0].span)
@@ -216,8 +218,12 @@ class _Inserter:
             need_sync = True
         if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
             need_sync = True
+        fence = False
+        if isinstance(s, ir.Gemm) and reads & st.unfenced:
+            # wgmma reads shared memory through the async proxy, like TMA
+            need_sync = fence = True
         if need_sync:
-            self.sync(st, out, fence=False, span=s.span)
+            self.sync(st, out, fence=fence, span=s.span)
         out.append(s)
         st.thread_read |= reads
         st.thread_written |= writes

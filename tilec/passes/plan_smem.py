@@ -10,6 +10,7 @@ from ..ir import nodes as ir
 NAME = "plan-smem"
 
 ALIGN = 128
+SWIZZLE_ALIGN = 1024            # the 128-byte swizzle pattern follows address bits 7-9
 MAX_DYNAMIC_SMEM = 232448       # 227 KB per block on Hopper
 
 
@@ -18,7 +19,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     buffers = []
     for b in k.buffers:
         if b.scope == "shared":
-            offset = -(-offset // ALIGN) * ALIGN
+            align = SWIZZLE_ALIGN if b.layout == "sw128" else ALIGN
+            offset = -(-offset // align) * align
             b = replace(b, smem_offset=offset)
             offset += b.bytes
         buffers.append(b)
@@ -26,4 +28,6 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)
         raise SemanticError(f"shared tiles need {offset} bytes; a Hopper block has at most "
                             f"{MAX_DYNAMIC_SMEM} bytes of shared memory", big.span)
+    if any(b.layout == "sw128" for b in buffers):
+        offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
     return replace(k, buffers=tuple(buffers), smem_bytes=offset)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir import im2col
-from ..ir.exprs import divisor, map_body
+from ..ir.exprs import divisor, fold, map_body
 from ..ir.printer import expr as show
 
 NAME = "plan-tma"
@@ -30,18 +30,32 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         tensor = k.param(s.tensor)
         buf = k.buffer(s.buffer)
         rank = len(tensor.shape)
-        box = (1,) * (rank - len(buf.shape)) + tuple(buf.shape)
+        shape = tuple(buf.shape)
+        swizzle, chunks = "none", 1
+        if buf.layout == "sw128":
+            # 128-byte column chunks with TMA's 128-byte swizzle: what wgmma reads
+            width = 128 // tensor.dtype.size
+            swizzle, chunks = "128B", shape[-1] // width
+            shape = shape[:-1] + (width,)
+        box = (1,) * (rank - len(shape)) + shape
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
-        key = (tensor.name, "tiled", box)
+        key = (tensor.name, "tiled", box, swizzle)
         if key not in maps:
             n = sum(1 for t, kind, *_ in maps if t == tensor.name and kind == "tiled")
             name = f"tmap_{tensor.name}" + (f"_{n}" if n else "")
-            maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, "none", L2_PROMOTION, span=s.span)
+            maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, swizzle, L2_PROMOTION,
+                                     span=s.span)
         tm = maps[key]
-        if isinstance(s, ir.TmaLoad):
-            return replace(s, tensor_map=tm.name, bytes=tm.box_bytes(tensor.dtype))
-        return replace(s, tensor_map=tm.name)
+        if isinstance(s, ir.TmaStore):
+            return replace(s, tensor_map=tm.name)
+        loads = []
+        for c in range(chunks):
+            coords = s.coords[:-1] + (fold(ir.BinOp("+", s.coords[-1], ir.Int(c * box[-1]))),)
+            chunk_bytes = tm.box_bytes(tensor.dtype)
+            loads.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
+                                 smem_offset=c * chunk_bytes))
+        return loads
 
     body = map_body(k.body, plan)
     return replace(k, body=body, tensor_maps=tuple(maps.values()))
