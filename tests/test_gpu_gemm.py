@@ -69,3 +69,35 @@ def test_gemm_transposed_b(dt, mnk):
     kern(a, bt, c)
     torch.cuda.synchronize()
     check(c, a, bt.t())
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("mnk", [(128, 128, 64), (128, 128, 128), (256, 256, 192), (1000, 1000, 1000), (4096, 4096, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_pipelined_stages(stages, mnk):
+    """Trip counts below, at and above the stage count; ragged K tails."""
+    import torch
+    m, n, k = mnk
+    kern = tilec.compile("examples/gemm.tile", STAGES=stages)
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(k, n, device="cuda").half()
+    c = torch.full((m, n), float("nan"), device="cuda").half()
+    kern(a, b, c)
+    torch.cuda.synchronize()
+    check(c, a, b)
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("size", [64, 127, 128, 1000, 4096])
+def test_gemm_square_sizes(dt, size):
+    import torch
+    kern = tilec.compile(open("examples/gemm.tile").read().replace("f16", dt))
+    a = torch.randn(size, size, device="cuda").to(torch_dt(dt))
+    b = torch.randn(size, size, device="cuda").to(torch_dt(dt))
+    c = torch.full((size, size), float("nan"), device="cuda").to(torch_dt(dt))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)   # 127: rows not 16-byte aligned
+        kern(a, b, c)
+    torch.cuda.synchronize()
+    check(c, a, b)

@@ -38,7 +38,6 @@ class _Printer:
         self.expect = {s.barrier: s.bytes for s in ir.walk_stmts(k.body) if isinstance(s, ir.ArriveExpectTx)}
         self.threads = k.threads.value
         self.uses_math = False
-        self.in_loop_barriers = [b.name for b in k.barriers if b.in_loop]
         self.last_commented = None
         self.uses_sw128 = False
         self.mma_shapes = set()
@@ -91,6 +90,18 @@ class _Printer:
             rows, cols = b.shape
             return f"{b.name}[tl_sw128({idx[0]}, {idx[1]}, {rows}, {128 // b.dtype.size})]"
         return f"{b.name}[{self.flat(b.shape, idx)}]"
+
+    def bar(self, name, index=None):
+        return f"&tl_{name}" if index is None else f"&tl_{name}[{self.expr(index)}]"
+
+    def tile_address(self, name, stage, offset):
+        b = self.k.buffer(name)
+        parts = [f"reinterpret_cast<unsigned char*>({name})"]
+        if stage is not None:
+            parts.append(f"({self.expr(stage)}) * {b.stage_bytes}")
+        if offset:
+            parts.append(str(offset))
+        return " + ".join(parts) if len(parts) > 1 else name
 
     def fragment_of(self, s):
         """The wgmma accumulator a thread-level statement walks, if any: then it
@@ -153,31 +164,38 @@ class _Printer:
         if isinstance(s, ir.OneThread):
             return [f"{ind}if (threadIdx.x == 0) {{"] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.MbarrierInit):
-            return [f"{ind}mbarrier_init(&tl_{b.name}, {b.arrivals});" for b in s.barriers] + \
+            return [f"{ind}mbarrier_init(&tl_{b.name}{f'[{i}]' if b.count > 1 else ''}, {b.arrivals});"
+                    for b in s.barriers for i in range(b.count)] + \
                    [f"{ind}fence_mbarrier_init();"]
         if isinstance(s, ir.SyncThreads):
             return [f"{ind}__syncthreads();"]
         if isinstance(s, ir.ArriveExpectTx):
-            return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx(&tl_{s.barrier}, {s.bytes});"]
+            return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx({self.bar(s.barrier, s.index)}, {s.bytes});"]
         if isinstance(s, ir.TmaLoad) and s.view:
             # coordinates (channel, spatial window origin..., image) and the tap's offsets, innermost first
             coords = ", ".join(f"int({self.expr(c)})" for c in reversed(s.coords))
             offsets = ", ".join(f"(unsigned short)({self.expr(o)})" for o in reversed(s.offsets))
-            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, &tl_{s.barrier},",
+            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, {self.bar(s.barrier, s.barrier_index)},",
                     f"{ind}    {coords},", f"{ind}    {offsets});"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
-            dst = f"reinterpret_cast<unsigned char*>({s.buffer}) + {s.smem_offset}" if s.smem_offset else s.buffer
-            return [f"{ind}tma_load_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, &tl_{s.barrier}, {coords});"]
+            dst = self.tile_address(s.buffer, s.stage, s.smem_offset)
+            return [f"{ind}tma_load_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, "
+                    f"{self.bar(s.barrier, s.barrier_index)}, {coords});"]
         if isinstance(s, ir.MbarrierWait):
-            parity = f"tl_phase_{s.barrier}" if s.parity is None else str(s.parity)
+            parity = f"tl_phase_{s.barrier}" if s.parity is None else \
+                str(s.parity) if isinstance(s.parity, int) else self.expr(s.parity)
             if self.debug:
                 index = [b.name for b in self.k.barriers].index(s.barrier)
                 line = s.span.line if s.span else 0
                 return self.comment(s, ind) + [
-                    f"{ind}mbarrier_wait_bounded(&tl_{s.barrier}, {parity}, tl_debug, {index}, "
+                    f"{ind}mbarrier_wait_bounded({self.bar(s.barrier, s.index)}, {parity}, tl_debug, {index}, "
                     f"{self.expect.get(s.barrier, 0)}, {line});"]
-            return self.comment(s, ind) + [f"{ind}mbarrier_wait(&tl_{s.barrier}, {parity});"]
+            return self.comment(s, ind) + [f"{ind}mbarrier_wait({self.bar(s.barrier, s.index)}, {parity});"]
+        if isinstance(s, ir.MbarrierArrive):
+            return [f"{ind}if (threadIdx.x % 128 == 0) mbarrier_arrive({self.bar(s.barrier, s.index)});"]
+        if isinstance(s, ir.WgmmaWait):
+            return [f"{ind}wgmma_wait_group<{s.pending}>();"]
         if isinstance(s, ir.FlipPhase):
             return [f"{ind}tl_phase_{s.barrier} ^= 1;"]
         if isinstance(s, ir.TmaStore):
@@ -232,19 +250,21 @@ class _Printer:
         dt = a.dtype.name
         self.mma_shapes.add((n, dt, not s.transpose_b))
         fn = f"wgmma_m64n{n}k16_{dt}_{'bk' if s.transpose_b else 'bn'}"
+        a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
+        b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         out = [f"{ind}wgmma_fence();"]
         rows_per_wg = 64 * s.m_tiles
         for kk in range(kdim // 16):
             chunk, within = divmod(kk * 16, 64)
             if s.transpose_b:
-                b_desc = f"wgmma_desc({b.name}, {chunk * n * 128 + within * 2}, 16, 1024)"
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{chunk * n * 128 + within * 2}, 16, 1024)"
             else:
-                b_desc = f"wgmma_desc({b.name}, {kk * 16 * 128}, {kdim * 128}, 1024)"
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{kk * 16 * 128}, {kdim * 128}, 1024)"
             for t in range(s.m_tiles):
                 a_off = f"{chunk * m * 128 + t * 64 * 128 + within * 2}"
-                a_desc = f"wgmma_desc({a.name}, (threadIdx.x / 128) * {rows_per_wg * 128} + {a_off}, 16, 1024)"
+                a_desc = f"wgmma_desc({a.name}, {a_stage}(threadIdx.x / 128) * {rows_per_wg * 128} + {a_off}, 16, 1024)"
                 out.append(f"{ind}{fn}({acc.name} + {t * n // 2}, {a_desc}, {b_desc});")
-        out += [f"{ind}wgmma_commit_group();", f"{ind}wgmma_wait_group<0>();"]
+        out.append(f"{ind}wgmma_commit_group();")
         return out
 
     def thread_loop(self, shape, names, body, ind) -> list:
@@ -378,6 +398,10 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     return need
 
 
+def _has_phase_register(k, name) -> bool:
+    return any(isinstance(s, ir.FlipPhase) and s.barrier == name for s in ir.walk_stmts(k.body))
+
+
 def _param_decl(k: ir.Kernel, p) -> str:
     if p.kind == "tensor_map":
         return f"const __grid_constant__ CUtensorMap tl_{p.name}"
@@ -418,8 +442,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"
                             f" element e in thread e % {pr.threads}")
     for b in k.barriers:
-        prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name};")
-    for name in pr.in_loop_barriers:
+        count = f"[{b.count}]" if b.count > 1 else ""
+        prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name}{count};")
+    for name in [b.name for b in k.barriers if b.in_loop and b.count == 1 and _has_phase_register(k, b.name)]:
         prologue.append(f"unsigned tl_phase_{name} = 0;  // parity of {name}'s next phase")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")

@@ -153,6 +153,7 @@ class Buffer:
     shape: tuple            # of int after const folding
     smem_offset: Optional[int] = None
     layout: str = "row"
+    stages: int = 1         # copies in a pipelined loop's ring (shared)
     span: Optional[Span] = SPAN
 
     @property
@@ -165,6 +166,12 @@ class Buffer:
     @property
     def bytes(self) -> int:
         return self.elements * self.dtype.size
+
+    @property
+    def stage_bytes(self) -> int:
+        """Distance between the copies of a pipelined tile (keeps each aligned)."""
+        align = 1024 if self.layout == "sw128" else 128
+        return -(-self.bytes // align) * align
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,7 @@ class Mbarrier:
     name: str
     arrivals: int
     in_loop: bool           # phase kept in a register and flipped after each wait
+    count: int = 1          # > 1: an array of barriers, one per pipeline stage
     span: Optional[Span] = SPAN
 
 
@@ -259,6 +267,7 @@ class Gemm(Stmt):
     transpose_b: bool
     warpgroups: int = 0
     m_tiles: int = 0
+    stage: Optional[Expr] = None          # pipelined: which copy of a and b
     span: Optional[Span] = SPAN
 
 
@@ -312,6 +321,8 @@ class TmaLoad(Stmt):
     origin: tuple = ()      # im2col: the view coordinates (m0, k0)
     offsets: tuple = ()     # im2col: the filter tap's offsets, outermost first
     smem_offset: int = 0    # bytes into the tile (a chunk of a swizzled tile)
+    stage: Optional[Expr] = None          # pipelined: which copy of the tile
+    barrier_index: Optional[Expr] = None  # pipelined: which barrier of the array
     span: Optional[Span] = SPAN
 
 
@@ -347,13 +358,30 @@ class MbarrierInit(Stmt):
 class ArriveExpectTx(Stmt):
     barrier: str
     bytes: int
+    index: Optional[Expr] = None
     span: Optional[Span] = SPAN
 
 
 @dataclass(frozen=True)
 class MbarrierWait(Stmt):
     barrier: str
-    parity: Optional[int]   # a literal parity, or None: the barrier's phase register
+    parity: object          # int, an Expr (pipelines), or None: the barrier's phase register
+    index: Optional[Expr] = None
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class MbarrierArrive(Stmt):
+    """One thread per warpgroup arrives (a consumer releasing a pipeline stage)."""
+    barrier: str
+    index: Optional[Expr] = None
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class WgmmaWait(Stmt):
+    """wgmma.wait_group: at most `pending` committed wgmma groups still in flight."""
+    pending: int
     span: Optional[Span] = SPAN
 
 

@@ -45,6 +45,10 @@ def region(r: ir.Region) -> str:
     return f"{r.name}[{', '.join(parts)}]"
 
 
+def _bar(name, index) -> str:
+    return name if index is None else f"{name}[{expr(index)}]"
+
+
 def _loc(s) -> str:
     return f"  // line {s.span.line}" if s.span is not None else ""
 
@@ -58,6 +62,7 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.Gemm):
         tb = ", transpose_b" if s.transpose_b else ""
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
+        wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
     if isinstance(s, ir.Assign):
         return [f"{ind}{s.buffer}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}{L}"]
@@ -83,6 +88,10 @@ def stmt(s, ind: str) -> list:
             at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
             return [f"{ind}tma.load.im2col {s.buffer} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
         dst = f"{s.buffer}+{s.smem_offset}" if s.smem_offset else s.buffer
+        if s.stage is not None:
+            dst += f"[stage {expr(s.stage)}]"
+        if s.barrier and s.barrier_index is not None:
+            bar = f" bar {_bar(s.barrier, s.barrier_index)} bytes {s.bytes}"
         return [f"{ind}tma.load.tile {dst} <- {s.tensor}[{coords}]{via}{bar}{L}"]
     if isinstance(s, ir.TmaStore):
         via = f" map {s.tensor_map}" if s.tensor_map else ""
@@ -92,13 +101,19 @@ def stmt(s, ind: str) -> list:
         shape = "x".join(map(str, s.shape))
         return [f"{ind}thread.copy {region(s.src)} -> {region(s.dst)} tile {shape}{L}"]
     if isinstance(s, ir.MbarrierInit):
-        bars = ", ".join(f"{b.name}(arrivals={b.arrivals})" for b in s.barriers)
+        bars = ", ".join(f"{b.name}{f'[{b.count}]' if b.count > 1 else ''}(arrivals={b.arrivals})"
+                         for b in s.barriers)
         return [f"{ind}mbarrier.init {bars}"]
     if isinstance(s, ir.ArriveExpectTx):
-        return [f"{ind}mbarrier.arrive.expect_tx {s.barrier}, {s.bytes} bytes{L}"]
+        return [f"{ind}mbarrier.arrive.expect_tx {_bar(s.barrier, s.index)}, {s.bytes} bytes{L}"]
     if isinstance(s, ir.MbarrierWait):
-        parity = f"phase({s.barrier})" if s.parity is None else str(s.parity)
-        return [f"{ind}mbarrier.try_wait.parity {s.barrier}, {parity}{L}"]
+        parity = f"phase({s.barrier})" if s.parity is None else \
+            str(s.parity) if isinstance(s.parity, int) else expr(s.parity)
+        return [f"{ind}mbarrier.try_wait.parity {_bar(s.barrier, s.index)}, {parity}{L}"]
+    if isinstance(s, ir.MbarrierArrive):
+        return [f"{ind}mbarrier.arrive {_bar(s.barrier, s.index)} (one thread per warpgroup){L}"]
+    if isinstance(s, ir.WgmmaWait):
+        return [f"{ind}wgmma.wait_group {s.pending}"]
     if isinstance(s, ir.FlipPhase):
         return [f"{ind}phase({s.barrier}) ^= 1"]
     if isinstance(s, ir.ProxyFence):
@@ -145,6 +160,7 @@ def kernel(k: ir.Kernel) -> str:
     for b in k.buffers:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
+        where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
     for v in k.views:
@@ -160,7 +176,8 @@ def kernel(k: ir.Kernel) -> str:
                    f" element_strides [{', '.join(map(str, t.element_strides))}]"
                    f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
     for b in k.barriers:
-        out.append(f"  mbarrier {b.name} arrivals {b.arrivals}{' phase register' if b.in_loop else ''}")
+        count = f"[{b.count}]" if b.count > 1 else ""
+        out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop else ''}")
     if k.smem_bytes:
         out.append(f"  dynamic_smem {k.smem_bytes} bytes")
     out.append("")

@@ -27,7 +27,46 @@ from dataclasses import dataclass, field
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
+from ..ir.printer import expr as show
 from .insert_barriers import tile_accesses
+
+_C_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+          "/": lambda a, b: int(a / b) if b else None, "%": lambda a, b: a - int(a / b) * b if b else None,
+          "<": lambda a, b: int(a < b), "<=": lambda a, b: int(a <= b), ">": lambda a, b: int(a > b),
+          ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b), "!=": lambda a, b: int(a != b),
+          "&&": lambda a, b: int(bool(a and b)), "||": lambda a, b: int(bool(a or b))}
+
+
+def _unknown_atoms(e, env):
+    """The names and calls whose value `e` needs but the path does not fix."""
+    if evaluate(e, env) is not None:
+        return []
+    if isinstance(e, (ir.Var, ir.Call)):
+        return [show(e)]
+    out = []
+    for child in (getattr(e, "lhs", None), getattr(e, "rhs", None), getattr(e, "operand", None)):
+        if child is not None:
+            out += [a for a in _unknown_atoms(child, env) if a not in out]
+    return out
+
+
+def evaluate(e, env):
+    """The integer value of `e` on a path (C semantics), or None where it depends
+    on something the path does not fix (a shape, a block index)."""
+    if e is None:
+        return None
+    key = show(e)
+    if key in env:
+        return env[key]
+    if isinstance(e, ir.Int):
+        return e.value
+    if isinstance(e, ir.BinOp):
+        a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
+        return None if a is None or b is None else _C_OPS[e.op](a, b)
+    if isinstance(e, ir.UnaryOp):
+        a = evaluate(e.operand, env)
+        return None if a is None else (-a if e.op == "-" else int(not a))
+    return None
 
 NAME = "check-barriers"
 
@@ -49,6 +88,7 @@ class _Bar:
     tiles: set = field(default_factory=set)
     completed: int = 0
     seen: dict = field(default_factory=lambda: {T0: -1, REST: -1})   # last phase index each class observed
+    counted: bool = False                               # completed by arrivals alone (a pipeline's empty)
 
 
 @dataclass
@@ -61,6 +101,9 @@ class _State:
     written: set = field(default_factory=set)          # thread-written since the last proxy fence + barrier
     fenced: set = field(default_factory=set)           # ... fenced, barrier still to come
     storing: set = field(default_factory=set)          # read by TMA stores not waited for
+    env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
+    wgmma: list = field(default_factory=list)          # tiles read by each wgmma group still in flight
+    released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
 
 
 def _fail(msg, span):
@@ -90,13 +133,33 @@ class _Checker:
             return self.run(s.body, [st], (T0,))
         if isinstance(s, ir.For):
             out = []
-            for n in TRIP_COUNTS:
+            extent = show(s.extent)
+            for n in TRIP_COUNTS if s.stages is None else range(0, s.stages + 3):
+                if st.env.get(extent, n) != n:
+                    continue            # the same extent is already fixed on this path
                 cur = [copy.deepcopy(st)]
-                for _ in range(n):
+                for c in cur:
+                    c.env[extent] = n
+                for i in range(n):
+                    for c in cur:
+                        c.env[s.var] = i
                     cur = self.run(s.body, cur, classes)
                 out += cur
             return out
         if isinstance(s, ir.If):
+            cond = evaluate(s.cond, st.env)
+            if cond is not None:
+                return self.run(s.then if cond else s.orelse, [st], classes)
+            atoms = _unknown_atoms(s.cond, st.env)
+            if len(atoms) == 1:
+                # e.g. `j < cdiv(K, 64)` before a pipelined loop: try small trip counts, and
+                # keep the value on the path so the loop runs exactly that many times
+                out = []
+                for v in range(0, 8):
+                    fork = copy.deepcopy(st)
+                    fork.env[atoms[0]] = v
+                    out += self.stmt(s, fork, classes)
+                return out
             return self.run(s.then, [copy.deepcopy(st)], classes) + self.run(s.orelse, [copy.deepcopy(st)], classes)
         self.step(s, st, classes)
         return [st]
@@ -105,18 +168,37 @@ class _Checker:
     def step(self, s, st, classes):
         if isinstance(s, ir.MbarrierInit):
             for b in s.barriers:
-                st.bars[b.name] = _Bar()
-                st.phase[(b.name, T0)] = st.phase[(b.name, REST)] = 0
+                for i in range(b.count):
+                    name = b.name if b.count == 1 else f"{b.name}[{i}]"
+                    st.bars[name] = _Bar(counted=b.arrivals > 1 or b.name.startswith("empty"))
+                    st.phase[(name, T0)] = st.phase[(name, REST)] = 0
         elif isinstance(s, ir.ArriveExpectTx):
-            bar = self.bar(st, s.barrier, s)
+            name = self.bar_name(st, s.barrier, s.index, s)
+            bar = self.bar(st, name, s)
             if bar.armed:
-                _fail(f"mbarrier {s.barrier} is armed again before its phase {bar.completed} was waited on", s.span)
+                _fail(f"mbarrier {name} is armed again before its phase {bar.completed} was waited on", s.span)
             bar.armed, bar.expect, bar.loaded, bar.tiles = True, s.bytes, 0, set()
+        elif isinstance(s, ir.MbarrierArrive):
+            name = self.bar_name(st, s.barrier, s.index, s)
+            bar = self.bar(st, name, s)
+            stage = evaluate(s.index, st.env)
+            for t in list(st.touched):
+                if t.endswith(f"@{stage}"):
+                    if any(t in group for group in st.wgmma):
+                        _fail(f"stage {stage} is released on mbarrier {name} while a wgmma may still read '{t}'",
+                              s.span)
+                    st.released[t] = (name, bar.completed)
+            bar.completed += 1
+        elif isinstance(s, ir.WgmmaWait):
+            del st.wgmma[:max(0, len(st.wgmma) - s.pending)]
         elif isinstance(s, ir.TmaLoad):
             self.tma_load(s, st)
         elif isinstance(s, ir.MbarrierWait):
             for c in classes:
                 self.wait(s, st, c)
+        elif isinstance(s, ir.Gemm):
+            self.thread_access(s, st, classes)
+            st.wgmma.append({self.tile(st, t, s.stage) for t in (s.a, s.b)})
         elif isinstance(s, ir.FlipPhase):
             for c in classes:
                 st.phase[(s.barrier, c)] ^= 1
@@ -141,8 +223,20 @@ class _Checker:
             st.storing.add(t)
         elif isinstance(s, ir.BulkWait):
             st.storing.clear()
-        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill, ir.Gemm)):
+        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill)):
             self.thread_access(s, st, classes)
+
+    def bar_name(self, st, name, index, s):
+        if index is None:
+            return name
+        i = evaluate(index, st.env)
+        if i is None:
+            _fail(f"cannot tell which barrier of {name} '{show(index)}' picks on this path", s.span)
+        return f"{name}[{i}]"
+
+    @staticmethod
+    def tile(st, name, stage):
+        return name if stage is None else f"{name}@{evaluate(stage, st.env)}"
 
     def bar(self, st, name, s):
         if name not in st.bars:
@@ -150,11 +244,12 @@ class _Checker:
         return st.bars[name]
 
     def tma_load(self, s, st):
-        bar = self.bar(st, s.barrier, s)
-        t = s.buffer
+        bname = self.bar_name(st, s.barrier, s.barrier_index, s)
+        bar = self.bar(st, bname, s)
+        t = self.tile(st, s.buffer, s.stage)
         if not bar.armed:
-            _fail(f"TMA load into '{t}' signals mbarrier {s.barrier}, which has no arrive.expect_tx for it", s.span)
-        if t in st.unwaited and st.unwaited[t] != s.barrier:
+            _fail(f"TMA load into '{t}' signals mbarrier {bname}, which has no arrive.expect_tx for it", s.span)
+        if t in st.unwaited and st.unwaited[t] != bname:
             _fail(f"TMA load overwrites '{t}' while its previous load (mbarrier {st.unwaited[t]}) is unwaited",
                   s.span)
         if t in st.storing:
@@ -164,15 +259,33 @@ class _Checker:
             _fail(f"TMA load overwrites '{t}', which threads used, without a block barrier in between", s.span)
         bar.loaded += s.bytes
         bar.tiles.add(t)
-        st.unwaited[t] = s.barrier
+        st.unwaited[t] = bname
         st.visible[t] = set()
 
     def wait(self, s, st, c):
-        bar = self.bar(st, s.barrier, s)
-        parity = st.phase[(s.barrier, c)] if s.parity is None else s.parity
+        name = self.bar_name(st, s.barrier, s.index, s)
+        bar = self.bar(st, name, s)
+        if s.parity is None:
+            parity = st.phase[(name, c)]
+        elif isinstance(s.parity, int):
+            parity = s.parity
+        else:
+            parity = evaluate(s.parity, st.env)
+            if parity is None:
+                _fail(f"cannot evaluate the parity '{show(s.parity)}' of mbarrier {name} on this path", s.span)
+        if bar.counted:
+            # completed by arrivals: a wait on parity p passes once the phase of parity p is done
+            if (bar.completed & 1) == parity:
+                _fail(f"{c} waits on mbarrier {name} (parity {parity}) for a release that no path makes before "
+                      "it: it would hang", s.span)
+            for t, (rel, phase) in list(st.released.items()):
+                if rel == name and phase <= bar.completed - 1:
+                    st.touched.discard(t)
+                    del st.released[t]
+            return
         if bar.armed and parity == bar.completed & 1:
             if bar.loaded != bar.expect:
-                _fail(f"mbarrier {s.barrier}: expect-tx is {bar.expect} bytes but its TMA loads bring "
+                _fail(f"mbarrier {name}: expect-tx is {bar.expect} bytes but its TMA loads bring "
                       f"{bar.loaded}; the phase would {'never complete' if bar.expect > bar.loaded else 'complete early'}",
                       s.span)
             bar.armed = False
@@ -182,10 +295,10 @@ class _Checker:
                 bar.seen[c] < bar.completed - 1:
             self._observe(st, bar, c)                # a phase another class completed
         elif bar.armed:
-            _fail(f"{c} waits on mbarrier {s.barrier} with parity {parity}, but the phase in flight has parity "
+            _fail(f"{c} waits on mbarrier {name} with parity {parity}, but the phase in flight has parity "
                   f"{bar.completed & 1} (a phase bit that was not flipped)", s.span)
         else:
-            _fail(f"{c} waits on mbarrier {s.barrier} (parity {parity}) with no arrive on this path: it would hang",
+            _fail(f"{c} waits on mbarrier {name} (parity {parity}) with no arrive on this path: it would hang",
                   s.span)
 
     @staticmethod
@@ -197,6 +310,10 @@ class _Checker:
 
     def thread_access(self, s, st, classes):
         reads, writes = tile_accesses(self.k, s)
+        stage = getattr(s, "stage", None)
+        if stage is not None:
+            reads = {self.tile(st, t, stage) for t in reads}
+            writes = {self.tile(st, t, stage) for t in writes}
         for t in sorted(reads | writes):
             if t in st.visible and set(classes) - st.visible[t]:
                 _fail(f"threads use '{t}' before waiting for its TMA load", s.span)

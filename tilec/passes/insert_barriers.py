@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..ir import nodes as ir
-from ..ir.exprs import walk_expr
+from ..ir.exprs import fold, substitute, walk_expr
 
 NAME = "insert-barriers"
 
@@ -78,12 +78,13 @@ class _Inserter:
     def __init__(self, k: ir.Kernel, skew: int = 0):
         self.k = k
         self.skew = skew
+        self.staged = {}        # tile -> stages of its pipeline ring
         self.barriers = []
         self.bar_tiles = {}
 
-    def new_barrier(self, tiles, in_loop, span):
-        name = f"bar{len(self.barriers)}"
-        self.barriers.append(ir.Mbarrier(name, 1, in_loop, span=span))
+    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar"):
+        name = f"{prefix}{len(self.barriers)}"
+        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, span=span))
         self.bar_tiles[name] = tuple(tiles)
         return self.barriers[-1]
 
@@ -134,6 +135,9 @@ class _Inserter:
                 self.loads(run, st, out, in_loop)
             elif isinstance(s, ir.TmaStore):
                 self.store(s, st, out)
+            elif isinstance(s, ir.For) and self.pipelinable(s):
+                self.flush(st, out, s.span)
+                self.pipeline(s, st, out)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
                 entry = self.back_edge_state(s.body, st)
@@ -162,6 +166,79 @@ class _Inserter:
         st.pending, st.thread_read, st.thread_written = new.pending, new.thread_read, new.thread_written
         st.unfenced, st.storing, st.one_thread_seen = new.unfenced, new.storing, new.one_thread_seen
         st.observed = new.observed
+
+    # ---- pipelined loops
+    def pipelinable(self, s: ir.For) -> bool:
+        """`for k in pipelined(n, stages = S)` whose body is TMA loads followed by
+        gemms that read the loaded tiles (what an S-stage TMA ring can overlap);
+        other bodies run as plain loops."""
+        if s.stages is None:
+            return False
+        body = list(s.body)
+        loads = [x for x in body if isinstance(x, ir.TmaLoad)]
+        rest = body[len(loads):]
+        if not loads or body[:len(loads)] != loads or not rest or \
+                not all(isinstance(x, ir.Gemm) for x in rest):
+            return False
+        tiles = {x.buffer for x in loads}
+        return all({g.a, g.b} <= tiles for g in rest)
+
+    def pipeline(self, s: ir.For, st, out):
+        """An S-stage ring: stage k % S of every loaded tile holds iteration k.
+        full[k % S] completes when iteration k's TMA bytes land (consumers wait
+        parity (k / S) % 2); every warpgroup arrives on empty[k % S] once the
+        wgmma reading it has retired, and the producer (thread 0) waits for that
+        before refilling the stage (parity (j / S - 1) % 2 for iteration j).
+        With S >= 2 one wgmma group stays in flight (refill distance S - 1)."""
+        stages = s.stages
+        loads = [x for x in s.body if isinstance(x, ir.TmaLoad)]
+        gemms = list(s.body[len(loads):])
+        lag = 1 if stages >= 2 else 0
+        ahead = stages - lag
+        warpgroups = gemms[0].warpgroups or 1
+        tiles = list(dict.fromkeys(x.buffer for x in loads))
+        self.staged.update({t: stages for t in tiles})
+        full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full")
+        empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty")
+        total = sum(x.bytes for x in loads) + self.skew
+        k = ir.Var(s.var, "loop")
+        n = s.extent
+        S = ir.Int(stages)
+
+        def issue(j, wait_empty):
+            stage = fold(ir.BinOp("%", j, S))
+            body = []
+            if wait_empty:
+                body.append(ir.MbarrierWait(empty.name, fold(ir.BinOp("%", ir.BinOp("-", ir.BinOp("/", j, S),
+                                                                                      ir.Int(1)), ir.Int(2))),
+                                            index=stage, span=s.span))
+            body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
+            for x in loads:
+                coords = tuple(fold(substitute(c, {s.var: j})) for c in x.coords)
+                body.append(replace(x, coords=coords, barrier=full.name, barrier_index=stage, stage=stage))
+            return body
+
+        # prologue: iterations 0 .. ahead-1 in flight before the loop
+        for j in range(ahead):
+            out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)), (ir.OneThread(tuple(issue(ir.Int(j), False))),),
+                             (), span=s.span))
+        stage = ir.BinOp("%", k, S)
+        loop = [ir.MbarrierWait(full.name, ir.BinOp("%", ir.BinOp("/", k, S), ir.Int(2)), index=stage, span=s.span)]
+        loop += [replace(g, stage=stage) for g in gemms]
+        loop.append(ir.WgmmaWait(lag, span=gemms[-1].span))
+        if lag:
+            done = ir.BinOp("%", ir.BinOp("-", k, ir.Int(1)), S)
+            loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
+        else:
+            loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
+        j = fold(ir.BinOp("+", k, ir.Int(ahead)))
+        refill = ir.OneThread(tuple(issue(j, True)))
+        if ahead < stages:      # the first refills go to stages the prologue left empty
+            refill = ir.If(ir.BinOp(">=", j, S), (refill,), (ir.OneThread(tuple(issue(j, False))),))
+        loop.append(ir.If(ir.BinOp("<", j, n), (refill,), ()))
+        out.append(replace(s, body=tuple(loop)))
+        out.append(ir.WgmmaWait(0, span=s.span))
+        st.observed |= set(tiles)
 
     def back_edge_state(self, body, st):
         """The state at a loop's head: what enters it, joined with what one more
@@ -225,6 +302,8 @@ class _Inserter:
         if need_sync:
             self.sync(st, out, fence=fence, span=s.span)
         out.append(s)
+        if isinstance(s, ir.Gemm):
+            out.append(ir.WgmmaWait(0, span=s.span))
         st.thread_read |= reads
         st.thread_written |= writes
         st.unfenced |= writes
@@ -249,6 +328,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     body = list(ins.block(k.body, st, False))
     if st.storing:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))
+    if ins.staged:
+        k = replace(k, buffers=tuple(replace(b, stages=ins.staged.get(b.name, b.stages)) for b in k.buffers))
     if ins.barriers:
         # Thread 0 initialises every barrier and may go on at once with what it
         # alone runs (issuing the first loads early); the other threads meet it

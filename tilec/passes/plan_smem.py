@@ -22,7 +22,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             align = SWIZZLE_ALIGN if b.layout == "sw128" else ALIGN
             offset = -(-offset // align) * align
             b = replace(b, smem_offset=offset)
-            offset += b.bytes
+            offset += b.stage_bytes * (b.stages - 1) + b.bytes
         buffers.append(b)
     if offset > MAX_DYNAMIC_SMEM - 8 * len(k.barriers):
         big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)
