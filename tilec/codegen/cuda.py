@@ -164,7 +164,7 @@ class _Printer:
         if isinstance(s, ir.OneThread):
             return [f"{ind}if (threadIdx.x == 0) {{"] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.MbarrierInit):
-            return [f"{ind}mbarrier_init(&tl_{b.name}{f'[{i}]' if b.count > 1 else ''}, {b.arrivals});"
+            return [f"{ind}mbarrier_init(&tl_{b.name}{f'[{i}]' if b.array else ''}, {b.arrivals});"
                     for b in s.barriers for i in range(b.count)] + \
                    [f"{ind}fence_mbarrier_init();"]
         if isinstance(s, ir.SyncThreads):
@@ -442,9 +442,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"
                             f" element e in thread e % {pr.threads}")
     for b in k.barriers:
-        count = f"[{b.count}]" if b.count > 1 else ""
+        count = f"[{b.count}]" if b.array else ""
         prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name}{count};")
-    for name in [b.name for b in k.barriers if b.in_loop and b.count == 1 and _has_phase_register(k, b.name)]:
+    for name in [b.name for b in k.barriers if not b.array and _has_phase_register(k, b.name)]:
         prologue.append(f"unsigned tl_phase_{name} = 0;  // parity of {name}'s next phase")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")

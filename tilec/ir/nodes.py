@@ -224,7 +224,8 @@ class Mbarrier:
     name: str
     arrivals: int
     in_loop: bool           # phase kept in a register and flipped after each wait
-    count: int = 1          # > 1: an array of barriers, one per pipeline stage
+    count: int = 1          # barriers in the array (one per pipeline stage)
+    array: bool = False     # declared as an array, indexed by stage
     span: Optional[Span] = SPAN
 
 

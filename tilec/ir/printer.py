@@ -101,7 +101,7 @@ def stmt(s, ind: str) -> list:
         shape = "x".join(map(str, s.shape))
         return [f"{ind}thread.copy {region(s.src)} -> {region(s.dst)} tile {shape}{L}"]
     if isinstance(s, ir.MbarrierInit):
-        bars = ", ".join(f"{b.name}{f'[{b.count}]' if b.count > 1 else ''}(arrivals={b.arrivals})"
+        bars = ", ".join(f"{b.name}{f'[{b.count}]' if b.array else ''}(arrivals={b.arrivals})"
                          for b in s.barriers)
         return [f"{ind}mbarrier.init {bars}"]
     if isinstance(s, ir.ArriveExpectTx):
@@ -176,7 +176,7 @@ def kernel(k: ir.Kernel) -> str:
                    f" element_strides [{', '.join(map(str, t.element_strides))}]"
                    f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
     for b in k.barriers:
-        count = f"[{b.count}]" if b.count > 1 else ""
+        count = f"[{b.count}]" if b.array else ""
         out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop else ''}")
     if k.smem_bytes:
         out.append(f"  dynamic_smem {k.smem_bytes} bytes")

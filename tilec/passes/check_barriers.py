@@ -169,8 +169,8 @@ class _Checker:
         if isinstance(s, ir.MbarrierInit):
             for b in s.barriers:
                 for i in range(b.count):
-                    name = b.name if b.count == 1 else f"{b.name}[{i}]"
-                    st.bars[name] = _Bar(counted=b.arrivals > 1 or b.name.startswith("empty"))
+                    name = f"{b.name}[{i}]" if b.array else b.name
+                    st.bars[name] = _Bar(counted=b.name.startswith("empty"))
                     st.phase[(name, T0)] = st.phase[(name, REST)] = 0
         elif isinstance(s, ir.ArriveExpectTx):
             name = self.bar_name(st, s.barrier, s.index, s)

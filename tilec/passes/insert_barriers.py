@@ -82,9 +82,9 @@ class _Inserter:
         self.barriers = []
         self.bar_tiles = {}
 
-    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar"):
+    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False):
         name = f"{prefix}{len(self.barriers)}"
-        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, span=span))
+        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, array, span=span))
         self.bar_tiles[name] = tuple(tiles)
         return self.barriers[-1]
 
@@ -198,8 +198,8 @@ class _Inserter:
         warpgroups = gemms[0].warpgroups or 1
         tiles = list(dict.fromkeys(x.buffer for x in loads))
         self.staged.update({t: stages for t in tiles})
-        full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full")
-        empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty")
+        full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full", array=True)
+        empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True)
         total = sum(x.bytes for x in loads) + self.skew
         k = ir.Var(s.var, "loop")
         n = s.extent
@@ -222,12 +222,13 @@ class _Inserter:
         for j in range(ahead):
             out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)), (ir.OneThread(tuple(issue(ir.Int(j), False))),),
                              (), span=s.span))
-        stage = ir.BinOp("%", k, S)
-        loop = [ir.MbarrierWait(full.name, ir.BinOp("%", ir.BinOp("/", k, S), ir.Int(2)), index=stage, span=s.span)]
+        stage = fold(ir.BinOp("%", k, S))
+        loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", k, S), ir.Int(2))), index=stage,
+                                span=s.span)]
         loop += [replace(g, stage=stage) for g in gemms]
         loop.append(ir.WgmmaWait(lag, span=gemms[-1].span))
         if lag:
-            done = ir.BinOp("%", ir.BinOp("-", k, ir.Int(1)), S)
+            done = fold(ir.BinOp("%", ir.BinOp("-", k, ir.Int(1)), S))
             loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
         else:
             loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
