@@ -101,6 +101,25 @@ def bench_im2col(rows):
         rows.append(("im2col GB/s over copy2d GB/s (last col)", "copy2d", bw, copy_bw, "GB/s", bw / copy_bw))
 
 
+def bench_gemm(rows):
+    import torch
+    for dt, tdt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+        k = tilec.compile(open(ROOT / "examples/gemm.tile").read().replace("f16", dt))
+        for n in (4096, 8192):
+            a = torch.randn(n, n, device="cuda").to(tdt)
+            b = torch.randn(n, n, device="cuda").to(tdt)
+            c = torch.empty(n, n, device="cuda", dtype=tdt)
+            k(a, b, c)
+            want = a @ b
+            err = ((c.float() - want.float()).norm() / want.float().norm()).item()
+            assert err < 1e-2, f"gemm {dt} {n}: relative error {err}"
+            flops = 2 * n ** 3
+            t_tilec = time_gpu(lambda: k(a, b, c), reps=10)
+            t_torch = time_gpu(lambda: torch.matmul(a, b, out=c), reps=10)
+            rows.append((f"gemm {dt} {n}^3 (examples/gemm.tile)", "torch.matmul", flops / t_tilec / 1e12,
+                         flops / t_torch / 1e12, "TFLOP", t_torch / t_tilec))
+
+
 def bench_host(rows):
     import ctypes
 
@@ -145,7 +164,7 @@ def bench_compile(rows):
 
 def main():
     rows = []
-    for b in (bench_compile, bench_copy, bench_scale, bench_im2col, bench_host):
+    for b in (bench_compile, bench_copy, bench_scale, bench_im2col, bench_gemm, bench_host):
         try:
             b(rows)
         except Exception as e:  # keep the table: one failing line must not hide the others
