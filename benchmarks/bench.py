@@ -103,8 +103,9 @@ def bench_im2col(rows):
 
 def bench_gemm(rows):
     import torch
-    for dt, tdt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-        k = tilec.compile(open(ROOT / "examples/gemm.tile").read().replace("f16", dt))
+    for name, dt, tdt in (("gemm", "bf16", torch.bfloat16), ("gemm", "f16", torch.float16),
+                          ("gemm_128x256", "bf16", torch.bfloat16), ("gemm_128x256", "f16", torch.float16)):
+        k = tilec.compile(open(ROOT / f"examples/{name}.tile").read().replace("f16", dt))
         for n in (4096, 8192):
             a = torch.randn(n, n, device="cuda").to(tdt)
             b = torch.randn(n, n, device="cuda").to(tdt)
@@ -116,7 +117,7 @@ def bench_gemm(rows):
             flops = 2 * n ** 3
             t_tilec = time_gpu(lambda: k(a, b, c), reps=10)
             t_torch = time_gpu(lambda: torch.matmul(a, b, out=c), reps=10)
-            rows.append((f"gemm {dt} {n}^3 (examples/gemm.tile)", "torch.matmul", flops / t_tilec / 1e12,
+            rows.append((f"{name} {dt} {n}^3", "torch.matmul", flops / t_tilec / 1e12,
                          flops / t_torch / 1e12, "TFLOP", t_torch / t_tilec))
 
 

@@ -101,3 +101,18 @@ def test_gemm_square_sizes(dt, size):
         kern(a, b, c)
     torch.cuda.synchronize()
     check(c, a, b)
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("mnk", [(128, 256, 64), (1000, 1000, 1000), (4096, 4096, 4096), (300, 2000, 520)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_tuned_gemm_example(dt, mnk):
+    import torch
+    m, n, k = mnk
+    kern = tilec.compile(open("examples/gemm_128x256.tile").read().replace("f16", dt))
+    a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
+    b = torch.randn(k, n, device="cuda").to(torch_dt(dt))
+    c = torch.full((m, n), float("nan"), device="cuda").to(torch_dt(dt))
+    kern(a, b, c)
+    torch.cuda.synchronize()
+    check(c, a, b)

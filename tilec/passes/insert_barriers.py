@@ -194,7 +194,10 @@ class _Inserter:
         loads = [x for x in s.body if isinstance(x, ir.TmaLoad)]
         gemms = list(s.body[len(loads):])
         lag = 1 if stages >= 2 else 0
-        ahead = stages - lag
+        # Loads in flight ahead of the consumers. With 4+ stages the refill goes to
+        # the stage released one iteration earlier, so thread 0 (also a consumer)
+        # seldom waits for the other warpgroups' release.
+        ahead = stages - 2 if stages >= 4 else stages - lag
         warpgroups = gemms[0].warpgroups or 1
         tiles = list(dict.fromkeys(x.buffer for x in loads))
         self.staged.update({t: stages for t in tiles})

@@ -90,6 +90,15 @@ def _global_strides(cu, dtype, shape, strides):
     return [cu.cuuint64_t(s * dtype.size) for s in reversed(strides[:-1])]
 
 
+def check_tiled(arg, box, element_strides, swizzle):
+    """Raise TmaRuleError naming every rule a tiled map of `arg` would break
+    (also what the CPU interpreter checks, to fall back exactly when the GPU would)."""
+    problems = tiled_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), box,
+                              element_strides, swizzle)
+    if problems:
+        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
+
+
 def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     """The tensor map of tensor argument `arg` (a runtime.host.TensorArg)."""
     key = (arg.dtype, arg.ptr, arg.shape, arg.strides, box, element_strides, swizzle, l2_promotion)
@@ -98,9 +107,7 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
         return m
     arg_name, dtype, address, shape = arg.name, DTYPES[arg.dtype], arg.ptr, arg.shape
     strides = arg.tma_strides()
-    problems = tiled_problems(dtype.size, address, shape, strides, box, element_strides, swizzle)
-    if problems:
-        raise TmaRuleError(f"argument {arg_name}: " + "; ".join(problems))
+    check_tiled(arg, box, element_strides, swizzle)
     from cuda.bindings import driver as cu
     rank = len(shape)
     m = check(cu.cuTensorMapEncodeTiled(
@@ -153,6 +160,20 @@ def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_
     return out
 
 
+def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides):
+    """Raise TmaRuleError naming every rule an im2col map of `arg` would break."""
+    channels = arg.shape[-1]
+    problems = []
+    if channels % channels_per_pixel:
+        problems.append(f"{channels} channels is not a multiple of the K tile width {channels_per_pixel} "
+                        "(a TMA im2col K tile must not straddle two filter taps; pad the channels to a multiple "
+                        f"of {channels_per_pixel} or choose a K tile that divides {channels})")
+    problems += im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
+                                channels_per_pixel, pixels_per_column, element_strides)
+    if problems:
+        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
+
+
 def encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, swizzle,
                   l2_promotion):
     """The im2col tensor map of channels-last tensor argument `arg`."""
@@ -162,17 +183,8 @@ def encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, elem
     if m is not None:
         return m
     dtype = DTYPES[arg.dtype]
-    channels = arg.shape[-1]
-    problems = []
-    if channels % channels_per_pixel:
-        problems.append(f"{channels} channels is not a multiple of the K tile width {channels_per_pixel} "
-                        "(a TMA im2col K tile must not straddle two filter taps; pad the channels to a multiple "
-                        f"of {channels_per_pixel} or choose a K tile that divides {channels})")
     strides = arg.tma_strides()
-    problems += im2col_problems(dtype.size, arg.ptr, arg.shape, strides, lower, upper, channels_per_pixel,
-                                pixels_per_column, element_strides)
-    if problems:
-        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
+    check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides)
     from cuda.bindings import driver as cu
     m = check(cu.cuTensorMapEncodeIm2col(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), len(arg.shape), arg.ptr,
