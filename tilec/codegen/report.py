@@ -24,7 +24,7 @@ def tma_table(k: ir.Kernel) -> str:
                 origin = ", ".join(expr(c) for c in s.origin)
                 box = f"{tm.box[0]}px x {tm.box[1]}ch"
                 rows.append((str(s.span.line if s.span else "?"), "load.im2col", f"{s.view}[{origin}]", buf.name,
-                             box, tm.swizzle, str(buf.smem_offset), str(s.bytes), s.barrier,
+                             box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(s.bytes), s.barrier,
                              str(expect.get(s.barrier, "?"))))
                 im2col_notes.append(
                     f"line {s.span.line if s.span else '?'}: {s.view} = im2col({t.name}) map {tm.name}: corners "
@@ -34,7 +34,7 @@ def tma_table(k: ir.Kernel) -> str:
                     f"    tap offsets [{', '.join(expr(o) for o in s.offsets)}]")
             elif isinstance(s, ir.TmaLoad):
                 rows.append((str(s.span.line if s.span else "?"), "load.tile", f"{t.name}[{coords}]", buf.name,
-                             box, tm.swizzle, str(buf.smem_offset), str(s.bytes), s.barrier,
+                             box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(s.bytes), s.barrier,
                              str(expect.get(s.barrier, "?"))))
             else:
                 rows.append((str(s.span.line if s.span else "?"), "store.tile", f"{t.name}[{coords}]", buf.name,

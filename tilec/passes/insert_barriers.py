@@ -194,10 +194,9 @@ class _Inserter:
         loads = [x for x in s.body if isinstance(x, ir.TmaLoad)]
         gemms = list(s.body[len(loads):])
         lag = 1 if stages >= 2 else 0
-        # Loads in flight ahead of the consumers. With 4+ stages the refill goes to
-        # the stage released one iteration earlier, so thread 0 (also a consumer)
-        # seldom waits for the other warpgroups' release.
-        ahead = stages - 2 if stages >= 4 else stages - lag
+        # loads in flight ahead of the consumers (measured: deeper beats refilling
+        # a stage released an iteration earlier)
+        ahead = stages - lag
         warpgroups = gemms[0].warpgroups or 1
         tiles = list(dict.fromkeys(x.buffer for x in loads))
         self.staged.update({t: stages for t in tiles})
@@ -217,8 +216,11 @@ class _Inserter:
                                             index=stage, span=s.span))
             body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
             for x in loads:
-                coords = tuple(fold(substitute(c, {s.var: j})) for c in x.coords)
-                body.append(replace(x, coords=coords, barrier=full.name, barrier_index=stage, stage=stage))
+                at = {s.var: j}
+                body.append(replace(x, coords=tuple(fold(substitute(c, at)) for c in x.coords),
+                                    offsets=tuple(fold(substitute(c, at)) for c in x.offsets),
+                                    origin=tuple(fold(substitute(c, at)) for c in x.origin),
+                                    barrier=full.name, barrier_index=stage, stage=stage))
             return body
 
         # prologue: iterations 0 .. ahead-1 in flight before the loop

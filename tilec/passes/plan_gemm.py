@@ -77,7 +77,7 @@ def _check_uses(k):
     for s in ir.walk_stmts(k.body):
         names = []
         if isinstance(s, ir.Copy):
-            if s.dst.name in swizzled and k.param(s.src.name) is None:
+            if s.dst.name in swizzled and k.param(s.src.name) is None and k.view(s.src.name) is None:
                 names.append(s.dst.name)
             if s.src.name in swizzled:
                 names.append(s.src.name)

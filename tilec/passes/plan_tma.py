@@ -104,10 +104,16 @@ def _plan_im2col(k, s, maps):
     n, origins = im2col.row(v, x, m0)
     c0, offsets = im2col.column(v, x, k0)
     coords = (n, *origins, c0)
-    key = (x.name, "im2col", v.name, bm, bk)
+    swizzle = "none"
+    if buf.layout == "sw128":       # a gemm operand: one 128-byte swizzled chunk per pixel row
+        if bk * esize != 128:
+            raise SemanticError(f"an im2col tile read by gemm must be 128 bytes wide ({128 // esize} channels "
+                                f"of {x.dtype.name}), not {bk}", s.span)
+        swizzle = "128B"
+    key = (x.name, "im2col", v.name, bm, bk, swizzle)
     if key not in maps:
         maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
-                                 x.name, "im2col", (bm, bk), (1, *v.stride, 1), "none", L2_PROMOTION,
+                                 x.name, "im2col", (bm, bk), (1, *v.stride, 1), swizzle, L2_PROMOTION,
                                  lower, upper, span=s.span)
     tm = maps[key]
     return replace(s, coords=coords, offsets=offsets, tensor_map=tm.name, bytes=bm * bk * esize)

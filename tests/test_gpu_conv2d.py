@@ -1,0 +1,43 @@
+"""GPU: the conv2d example (implicit GEMM over a TMA im2col view, wgmma) equals
+torch.nn.functional.conv2d on channels-last inputs (marked gpu)."""
+import pytest
+
+import tilec
+
+pytestmark = pytest.mark.gpu
+
+
+def run(n, h, w, c, f, k=3, s=1, p=1, d=1, stages=3):
+    import torch
+    import torch.nn.functional as F
+    kern = tilec.compile("examples/conv2d.tile", KH=k, KW=k, S=s, P=p, D=d)
+    x = torch.randn(n, h, w, c, device="cuda").half()
+    weight = torch.randn(f, c, k, k, device="cuda").half() / (c * k * k) ** 0.5
+    wt = weight.permute(2, 3, 1, 0).reshape(k * k * c, f).contiguous()      # rows (kh, kw, c)
+    oh = (h + 2 * p - d * (k - 1) - 1) // s + 1
+    ow = (w + 2 * p - d * (k - 1) - 1) // s + 1
+    y = torch.full((n * oh * ow, f), float("nan"), device="cuda").half()
+    kern(x, wt, y)
+    torch.cuda.synchronize()
+    want = F.conv2d(x.permute(0, 3, 1, 2).float(), weight.float(), stride=s, padding=p, dilation=d)
+    want = want.permute(0, 2, 3, 1).reshape(-1, f)
+    err = ((y.float() - want).norm() / want.norm()).item()
+    assert torch.isfinite(y.float()).all()
+    assert err < 2e-3, f"relative error {err:.2e}"
+    return kern, x, wt, y
+
+
+@pytest.mark.parametrize("layer", [
+    (8, 56, 56, 64, 64, 3, 1, 1), (8, 28, 28, 128, 128, 3, 1, 1), (8, 14, 14, 256, 256, 3, 1, 1),
+    (8, 7, 7, 512, 512, 3, 1, 1), (8, 56, 56, 128, 128, 3, 2, 1),
+], ids=lambda l: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}".format(*l))
+def test_resnet_layers(layer):
+    run(*layer)
+
+
+@pytest.mark.parametrize("case", [
+    (3, 13, 17, 64, 64, 3, 1, 1, 1), (2, 15, 9, 64, 128, 3, 2, 0, 1), (2, 11, 11, 128, 64, 3, 1, 2, 1),
+    (2, 20, 20, 64, 64, 3, 1, 2, 2), (1, 5, 5, 64, 8, 3, 1, 1, 1), (2, 9, 9, 64, 200, 1, 1, 0, 1),
+], ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
+def test_ragged_convolutions(case):
+    run(*case)

@@ -1,0 +1,993 @@
+"""A CPU interpreter of tilec's lowered IR, exact about TMA.
+
+`tilec.compile(src, backend="interpret")` (or `TILEC_INTERPRET=1`) returns an
+`InterpretedKernel`: called like a compiled Kernel, it runs the kernel block
+after block with numpy, on numpy arrays and torch tensors, in place.
+
+It runs the IR after the last pass, the IR codegen/cuda.py prints, statement
+by statement, and computes what that CUDA computes:
+
+- TMA tiled loads read the tensor map's box at the instruction's int32
+  coordinates, zero outside the tensor (clipped boxes, negative coordinates
+  too); TMA stores drop what falls outside. A misaligned innermost coordinate
+  is the GPU's illegal-instruction fault.
+- TMA im2col loads walk the pixel box that the map's corners and element
+  strides define, from the instruction's coordinates, add the tap offsets, and
+  read zero outside the image (ow, then oh, then n, across image boundaries).
+- Thread copies are bounds-checked and convert like the CUDA's casts (through
+  float, or double where f64 is involved).
+- `parallel` bodies run vectorised over their whole index space, statement by
+  statement. Element arithmetic is C++'s: the usual arithmetic conversions,
+  int32 wrap-around, truncating `/` and `%`, f16 / bf16 / fp8 computed in
+  float, and `a * b + c` contracted to one fused multiply-add as NVRTC does.
+- mbarriers are counted: a wait no phase would complete, or loads bringing
+  more bytes than the expect-tx, raise InterpretError.
+
+Not modelled: timing, races (blocks run one after another), hangs other than
+mbarrier waits, NaN payloads, the last ulp of exp / log / rsqrt.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import sys
+from fractions import Fraction
+
+import numpy as np
+
+from ..compiler import load_source, lower
+from ..errors import DeviceError, LaunchError, SemanticError
+from ..ir import im2col
+from ..ir import nodes as ir
+from ..ir.exprs import free_names, walk_expr
+from ..ir.printer import expr as tile_expr
+from ..passes import PASS_NAMES
+from . import host
+from .tensormap import TmaRuleError, check_im2col, check_tiled
+
+
+class InterpretError(DeviceError):
+    """The interpreter met what the GPU would hang or fault on, or leaves undefined."""
+
+
+# ---------------------------------------------------------------- C types as numpy dtypes
+
+BOOL, I32, I64, U8, U16, U32 = (np.dtype(t) for t in (np.bool_, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+_WRAPPED = {"f16", "bf16", "f8e4m3", "f8e5m2"}   # stored as bits, arithmetic in float (codegen/cuda.py)
+_POISON = 0xFF                                     # fresh shared memory and registers: NaN / -1
+
+
+def storage_dtype(dt: ir.DType) -> np.dtype:
+    """How the interpreter holds elements of `dt`: bf16 and fp8 as their bits."""
+    return {"bf16": U16, "f8e4m3": U8, "f8e5m2": U8}.get(dt.name) or np.dtype(dt.numpy)
+
+
+def value_dtype(dt: ir.DType) -> np.dtype:
+    """The C type an element of `dt` has in device arithmetic."""
+    return F32 if dt.name in _WRAPPED else np.dtype(dt.numpy)
+
+
+def _promote(t):
+    return I32 if t.kind == "b" or (t.kind in "iu" and t.itemsize < 4) else t
+
+
+def common_type(a, b):
+    """C++'s usual arithmetic conversions."""
+    if F64 in (a, b):
+        return F64
+    if F32 in (a, b):
+        return F32
+    a, b = _promote(a), _promote(b)
+    if a == b:
+        return a
+    if a.kind == b.kind:
+        return a if a.itemsize >= b.itemsize else b
+    u, s = (a, b) if a.kind == "u" else (b, a)
+    return u if u.itemsize >= s.itemsize else s
+
+
+def convert(v, t):
+    """C++'s conversion of value `v` to type `t`: integers wrap, floats round to
+    nearest even, float -> integer truncates and saturates (PTX cvt.rzi; NaN -> 0)."""
+    if v.dtype == t:
+        return v
+    if t.kind == "f" or v.dtype.kind in "biu":
+        return v.astype(t)
+    x = np.trunc(np.asarray(v, F64))
+    info = np.iinfo(t)
+    big, nan = x >= float(info.max), np.isnan(x)
+    out = np.where(big | nan, 0, np.maximum(x, float(info.min))).astype(t)
+    return np.where(big, info.max, out).astype(t)
+
+
+def _bf16_bits(f):
+    bits = np.asarray(f, F32).view(U32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(U16)
+    return np.where(np.isnan(f), np.uint16(0x7FFF), rounded)
+
+
+def _f8_format(exp_bits, man_bits, bias, has_inf):
+    """fp8 codes -> float values, and the sorted non-negative finite values."""
+    codes = np.arange(256)
+    e, m = (codes >> man_bits) & ((1 << exp_bits) - 1), codes & ((1 << man_bits) - 1)
+    mag = np.where(e == 0, m / 2.0 ** man_bits * 2.0 ** (1 - bias), (1 + m / 2.0 ** man_bits) * 2.0 ** (e - bias))
+    top = e == (1 << exp_bits) - 1
+    if has_inf:                                   # e5m2: IEEE-like top exponent
+        mag = np.where(top, np.where(m == 0, np.inf, np.nan), mag)
+    else:                                         # e4m3fn: only S.1111.111 is NaN
+        mag = np.where(top & (m == (1 << man_bits) - 1), np.nan, mag)
+    values = np.where(codes >= 128, -mag, mag)
+    finite = values[:128][np.isfinite(values[:128])]
+    return values.astype(F32), finite
+
+
+_F8 = {"f8e4m3": _f8_format(4, 3, 7, False), "f8e5m2": _f8_format(5, 2, 15, True)}
+
+
+def _f8_bits(f, name):
+    """float -> fp8 with round-to-nearest-even and satfinite (cvt.rn.satfinite)."""
+    pos = _F8[name][1]
+    x = np.asarray(f, F64)
+    ax = np.abs(x)
+    hi = np.clip(np.searchsorted(pos, ax), 1, len(pos) - 1)
+    lo = hi - 1
+    d_lo, d_hi = ax - pos[lo], pos[hi] - ax
+    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)
+    code = np.where(np.signbit(x), code | 0x80, code)
+    return np.where(np.isnan(x), 0x7F, code).astype(U8)
+
+
+def decode(a, dt: ir.DType):
+    """Stored elements -> their value in device arithmetic (exact)."""
+    if dt.name == "f16":
+        return a.astype(F32)
+    if dt.name == "bf16":
+        return (np.asarray(a).astype(U32) << 16).view(F32)
+    if dt.name in _F8:
+        return _F8[dt.name][0][a]
+    return a
+
+
+def encode(v, dt: ir.DType):
+    """A value -> stored elements of `dt`, as C++ assigns it (f16_t(float) etc.)."""
+    if dt.name == "f16":
+        return convert(v, F32).astype(np.float16)
+    if dt.name == "bf16":
+        return _bf16_bits(convert(v, F32))
+    if dt.name in _F8:
+        return _f8_bits(convert(v, F32), dt.name)
+    return convert(v, storage_dtype(dt))
+
+
+# ---------------------------------------------------------------- fused multiply-add, correctly rounded
+
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _round_odd_sum(a, b):
+    """a + b (doubles) rounded to odd: the last bit records inexactness, so one
+    more rounding to a format at least 2 bits narrower is correctly rounded."""
+    s, e = _two_sum(np.asarray(a, F64), np.asarray(b, F64))
+    s, e = np.asarray(s), np.asarray(e)
+    fix = (e != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
+    return np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+
+
+def _split(a):
+    c = 134217729.0 * a          # Veltkamp: 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _fma(a, b, c, t):
+    """fma(a, b, c) in type t (f32 or f64), rounded once."""
+    if t == F32:                 # a * b is exact in double; round to odd, then to float
+        return _round_odd_sum(np.asarray(a, F64) * np.asarray(b, F64), c).astype(F32)
+    p = a * b                    # double: Dekker's exact product, then Boldo-Melquiond
+    (ah, al), (bh, bl) = _split(a), _split(b)
+    pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    th, tl = _two_sum(c, p)
+    z = th + _round_odd_sum(tl, pe)
+    return np.where(np.isfinite(p) & np.isfinite(th), z, p + c).astype(F64)
+
+
+@functools.lru_cache(maxsize=None)
+def _f32_literal(v: float):
+    """`repr(v) + "f"`, the literal the CUDA has, rounded straight from its
+    decimal text to float (not through double)."""
+    f = np.float32(v)
+    if not np.isfinite(f):
+        return f
+    exact = Fraction(repr(v))
+    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - exact), int(np.array(c).view(U32)) & 1))
+
+
+# ---------------------------------------------------------------- arguments
+
+class _Tensor:
+    """One tensor argument: its elements as a numpy view (bf16 / fp8 as bits)
+    and what the TMA rules look at."""
+
+    def __init__(self, name, dtype, array, ptr, strides, writeback=None):
+        self.name, self.dtype, self.array, self.ptr, self.writeback = name, dtype, array, ptr, writeback
+        self.shape, self.strides = tuple(array.shape), tuple(strides)
+
+    def tma_arg(self):
+        return host.TensorArg(self.name, self.ptr, self.shape, self.strides, self.dtype, None)
+
+
+def _numpy_tensor(a, name):
+    dtype = host._NP_NAMES.get(a.dtype.name)
+    if dtype is None:
+        raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
+    # The GPU path copies numpy arrays into fresh, contiguous device memory: the
+    # TMA rules see that copy (aligned, C strides), whatever the array's layout.
+    return _Tensor(name, dtype, a.view(storage_dtype(ir.DTYPES[dtype])), 0, host._c_strides(a.shape))
+
+
+_TORCH_SAME_SIZE = {"bf16": "int16", "u16": "int16", "u32": "int32", "u64": "int64", "f8e4m3": "uint8",
+                    "f8e5m2": "uint8"}
+
+
+def _torch_tensor(t, name):
+    torch = sys.modules["torch"]
+    dtype = host._torch_dtype_name(t.dtype)
+    if dtype is None:
+        raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")
+    cpu, writeback = t.detach(), None
+    if cpu.device.type != "cpu":                  # a device tensor: copied in, and back if written
+        cpu = cpu.cpu()
+        writeback = lambda: t.detach().copy_(cpu)  # noqa: E731
+    same = _TORCH_SAME_SIZE.get(dtype)
+    array = (cpu.view(getattr(torch, same)) if same else cpu).numpy().view(storage_dtype(ir.DTYPES[dtype]))
+    # the TMA rules judge the tensor that was passed (its pointer and strides), as on the GPU
+    return _Tensor(name, dtype, array, t.data_ptr(), t.stride(), writeback)
+
+
+def _tensor(obj, name, dtype, rank):
+    if type(obj).__module__.startswith("torch") and "torch" in sys.modules and \
+            isinstance(obj, sys.modules["torch"].Tensor):
+        arg = _torch_tensor(obj, name)
+    elif isinstance(obj, np.ndarray):
+        arg = _numpy_tensor(obj, name)
+    else:
+        raise LaunchError(f"argument {name}: the interpreter takes numpy arrays and torch tensors, "
+                          f"not a {type(obj).__name__}")
+    if arg.dtype != dtype:
+        raise LaunchError(f"argument {name}: dtype {arg.dtype} does not match the declared {dtype}")
+    if len(arg.shape) != rank:
+        raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
+    return arg
+
+
+def _scalar_value(v, dt: ir.DType):
+    """A scalar argument as the kernel receives it (runtime.host.scalar_value)."""
+    if dt.name == "f16":
+        return np.float16(v).astype(F32)
+    if dt.name == "bf16":
+        return decode(_bf16_bits(np.float32(v)), dt)
+    if dt.is_float:
+        return np.dtype(dt.numpy).type(v)
+    t = np.dtype(dt.numpy)
+    bits = 8 * t.itemsize
+    v &= (1 << bits) - 1
+    if t.kind == "i" and v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return t.type(v)
+
+
+# ---------------------------------------------------------------- host-side expressions
+
+@functools.lru_cache(maxsize=None)
+def _host_code(text):
+    return compile(text, "<tilec host expression>", "eval")
+
+
+def _host_eval(e, env):
+    """A grid size, a shape or a require, with the host wrapper's Python semantics."""
+    from ..codegen.host import py_expr
+    return eval(_host_code(py_expr(e)), {"rt": host, "__builtins__": {"min": min, "max": max, "abs": abs}}, env)
+
+
+# ---------------------------------------------------------------- the kernel object
+
+_CACHE: dict = {}
+
+
+def interpret(source, consts: dict, fallback: bool = True) -> "InterpretedKernel":
+    """What `tilec.compile(src, backend="interpret", **consts)` returns (cached)."""
+    source = load_source(source)
+    key = (source.name, source.text, tuple(sorted(consts.items())), fallback,
+           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
+    k = _CACHE.get(key)
+    if k is None:
+        k = _CACHE[key] = InterpretedKernel(source, consts, fallback)
+    return k
+
+
+class InterpretedKernel:
+    """A tilec kernel run by the CPU interpreter. Call it with the kernel's
+    arguments: numpy arrays and torch tensors (CPU ones are used in place,
+    others are copied to the CPU and back), Python numbers for scalars."""
+
+    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True):
+        self.source = load_source(source)
+        self._overrides = dict(overrides)
+        self._fallback_allowed = fallback
+        self._tma = tma
+        self._fallback = None
+        self._lowered = lower(self.source, self._overrides, tma=tma)
+        self.kernel_ir = self._lowered.kernel
+        self.name = self.kernel_ir.name
+        self.consts = dict(self.kernel_ir.consts)
+
+    # ---- inspection, as on Kernel
+    def ir(self, after: str | None = None) -> str:
+        if after is None:
+            return "\n".join(PASS_NAMES) + "\n"
+        return self._lowered.ir_text(after)
+
+    def tma_table(self) -> str:
+        from ..codegen.report import tma_table
+        return tma_table(self.kernel_ir)
+
+    @functools.cached_property
+    def cuda_source(self) -> str:
+        """The CUDA the GPU backend would compile from the same IR."""
+        from ..codegen import cuda
+        return cuda.generate(self.kernel_ir, self.source.name)
+
+    @property
+    def fallback(self) -> "InterpretedKernel":
+        """The thread-copy variant (every global<->shared copy a thread copy, no mbarriers)."""
+        if self._fallback is None:
+            self._fallback = InterpretedKernel(self.source, self._overrides, fallback=False, tma=False)
+        return self._fallback
+
+    def _run_fallback(self, *args, stream=None):
+        return self.fallback._run(args, None)
+
+    def __call__(self, *args, stream=None):
+        return self._run(args, self._run_fallback if self._fallback_allowed else None)
+
+    def __repr__(self):
+        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
+        variant = ", thread-copy variant" if not self._tma else ""
+        return f"<tilec.InterpretedKernel {self.name}({consts}) on the CPU{variant}>"
+
+    # ---- a launch, as the host wrapper does it (codegen/host.py), then the blocks
+    def _run(self, args, fallback):
+        k = self.kernel_ir
+        if len(args) != len(k.params):
+            raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
+                            f"({', '.join(p.name for p in k.params)}), got {len(args)}")
+        from ..codegen.host import written_tensors
+        call = host.Call(k.name, None, None, written_tensors(k))
+        tensors, host_env, device_env = {}, {}, {}
+        for p, a in zip(k.params, args):
+            if isinstance(p, ir.TensorParam):
+                tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
+            else:
+                host_env[p.name] = call.scalar(a, p.name, p.dtype.name)
+                device_env[p.name] = _scalar_value(a, p.dtype)
+        bound = {}
+        for t in k.tensors:
+            arg = tensors[t.name]
+            for d, e in enumerate(t.shape):
+                if isinstance(e, ir.Var) and e.name not in bound:
+                    bound[e.name] = f"{t.name} dim {d}"
+                    host_env[e.name] = arg.shape[d]
+        for t in k.tensors:
+            arg = tensors[t.name]
+            for d, e in enumerate(t.shape):
+                if isinstance(e, ir.Var) and bound[e.name] != f"{t.name} dim {d}":
+                    call.bind(arg, d, host_env[e.name], e.name, bound[e.name])
+                elif not isinstance(e, ir.Var):
+                    call.expect(arg, d, _host_eval(e, host_env), tile_expr(e))
+        for r in k.requires:
+            values = {n: host_env[n] for n in sorted(free_names(r.cond))}
+            call.require(_host_eval(r.cond, host_env), r.text, values)
+        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
+        if 0 in grid:
+            return None
+        try:
+            for tm in k.tensor_maps:
+                arg = tensors[tm.tensor]
+                if 0 in arg.shape:
+                    raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
+                                      "a TMA tensor map cannot describe an empty tensor")
+                if tm.kind == "im2col":
+                    check_im2col(arg.tma_arg(), tm.box[0], tm.box[1], tm.lower_corner, tm.upper_corner,
+                                 tm.element_strides)
+                else:
+                    check_tiled(arg.tma_arg(), tm.box, tm.element_strides, tm.swizzle)
+        except TmaRuleError as err:
+            return call.fall_back(err, fallback, *args)
+        if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+            raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
+        for name in host_env:
+            if name not in device_env:                     # shape symbols: long long in the kernel
+                device_env[name] = np.int64(host_env[name])
+        with np.errstate(all="ignore"):
+            _Blocks(k, tensors, device_env).run(grid)
+        for name in call.writes:
+            if tensors[name].writeback is not None:
+                tensors[name].writeback()
+        return None
+
+
+def run(k: ir.Kernel, args, grid):
+    """Run lowered kernel IR `k` on `args` over `grid` (x, y, z) with no launch
+    checks: for IR built by hand, as tests do."""
+    tensors, env = {}, {}
+    for p, a in zip(k.params, args):
+        if isinstance(p, ir.TensorParam):
+            tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
+            for d, e in enumerate(p.shape):
+                if isinstance(e, ir.Var):
+                    env.setdefault(e.name, np.int64(tensors[p.name].shape[d]))
+        else:
+            env[p.name] = _scalar_value(a, p.dtype)
+    with np.errstate(all="ignore"):
+        _Blocks(k, tensors, env).run(grid)
+
+
+# ---------------------------------------------------------------- the blocks
+
+class _Barrier:
+    __slots__ = ("name", "arrivals", "phase", "pending", "tx", "expected", "brought")
+
+    def __init__(self, name, arrivals):
+        self.name, self.arrivals = name, arrivals
+        self.phase, self.pending, self.tx, self.expected, self.brought = 0, arrivals, 0, 0, 0
+
+    def settle(self, span):
+        if self.pending == 0 and self.tx < 0:
+            raise InterpretError(f"mbarrier {self.name}: its TMA loads bring {self.brought} bytes but the expect-tx "
+                                 f"is {self.expected}; the phase completes before all the data lands", span)
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending, self.expected, self.brought = self.arrivals, 0, 0
+
+
+class _Lanes:
+    """The index space of the `parallel` being run, and which of its elements
+    are active (inside `if`s and loops of the body)."""
+    __slots__ = ("vars", "shape", "mask")
+
+    def __init__(self, vars, shape, mask=None):
+        self.vars, self.shape, self.mask = vars, shape, mask
+
+
+def _is_mul(e):
+    return type(e) is ir.BinOp and e.op == "*"
+
+
+def _is_double(k, e):
+    """codegen/cuda.py's rule: an expression is computed in double when it reads an
+    f64 tile or scalar."""
+    for x in walk_expr(e):
+        if isinstance(x, ir.Subscript) and k.buffer(x.name).dtype.name == "f64":
+            return True
+        if isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.name == "f64":
+            return True
+    return False
+
+
+def _int(v) -> int:
+    return int(np.asarray(v).astype(np.int64))
+
+
+def _i32(v) -> int:
+    """A coordinate passed to an `int` parameter of the TMA primitives."""
+    return int(np.asarray(v).astype(np.int64).astype(np.int32))
+
+
+def _box_slices(shape, starts, box):
+    """(tensor slices, box slices) of the part of a box inside the tensor, or None."""
+    src, dst = [], []
+    for c, b, n in zip(starts, box, shape):
+        lo, hi = max(c, 0), min(c + b, n)
+        if lo >= hi:
+            return None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - c, hi - c))
+    return tuple(src), tuple(dst)
+
+
+def read_box(array, starts, box, out):
+    """out[...] = the box of `array` at `starts`, zero outside the array."""
+    out[...] = 0
+    sl = _box_slices(array.shape, starts, box)
+    if sl is not None:
+        out[sl[1]] = array[sl[0]]
+
+
+def write_box(array, starts, box, data):
+    """The box of `array` at `starts` = data, dropping what falls outside."""
+    sl = _box_slices(array.shape, starts, box)
+    if sl is not None:
+        array[sl[0]] = data[sl[1]]
+
+
+class _Blocks:
+    """Runs the kernel's body once per block of the grid (x fastest)."""
+
+    def __init__(self, k: ir.Kernel, tensors: dict, env: dict):
+        self.k, self.tensors, self.base_env = k, tensors, env
+        self.smem = np.empty(max(k.smem_bytes, 1), U8)
+        self.tiles, self.whole = {}, {}
+        for b in k.buffers:
+            st = storage_dtype(b.dtype)
+            if b.scope == "shared":
+                self.tiles[b.name] = self.smem[b.smem_offset:b.smem_offset + b.bytes].view(st).reshape(b.shape)
+                n = len(self.smem) // st.itemsize * st.itemsize
+                self.whole[b.name] = (self.smem[:n].view(st), b.smem_offset // st.itemsize)
+            else:
+                self.tiles[b.name] = np.empty(b.shape, st)
+        self.maps = {t.name: t for t in k.tensor_maps}
+        self.lanes = None
+        self._view_exprs = {}
+
+    def run(self, grid):
+        names = self.k.grid_vars
+        for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
+            self.block_index = (bx, by, bz)
+            env = dict(self.base_env)
+            env.update(zip(names, (np.int32(bx), np.int32(by), np.int32(bz))))
+            self.smem.fill(_POISON)
+            for b in self.k.buffers:
+                if b.scope == "local":
+                    self.tiles[b.name].view(U8).fill(_POISON)
+            self.barriers = {}
+            self.phase_reg = {b.name: 0 for b in self.k.barriers}
+            self.block(self.k.body, env)
+
+    def block(self, body, env):
+        for s in body:
+            _STMT[type(s)](self, s, env)
+
+    # ------------------------------------------------------------ control flow
+    def one_thread(self, s, env):
+        self.block(s.body, env)
+
+    def for_(self, s, env):
+        if self.lanes is not None:
+            return self.lane_for(s, env)
+        for i in range(_int(self.ev(s.extent, env))):
+            env[s.var] = np.int32(i)
+            self.block(s.body, env)
+
+    def if_(self, s, env):
+        if self.lanes is not None:
+            return self.lane_if(s, env)
+        self.block(s.then if self.ev(s.cond, env) != 0 else s.orelse, env)
+
+    def nothing(self, s, env):
+        """Fences, block barriers, bulk-group commits and waits: ordering only.
+        Blocks and statements run one at a time, so everything is in order."""
+
+    # ------------------------------------------------------------ mbarriers
+    def mbarrier_init(self, s, env):
+        for b in s.barriers:
+            self.barriers[b.name] = _Barrier(b.name, b.arrivals)
+
+    def _barrier(self, name, s):
+        bar = self.barriers.get(name)
+        if bar is None:
+            raise InterpretError(f"mbarrier {name} is used before mbarrier.init", s.span)
+        return bar
+
+    def arrive_expect_tx(self, s, env):
+        bar = self._barrier(s.barrier, s)
+        bar.tx += s.bytes
+        bar.expected += s.bytes
+        bar.pending -= 1
+        bar.settle(s.span)
+
+    def complete_tx(self, name, nbytes, s):
+        bar = self._barrier(name, s)
+        bar.tx -= nbytes
+        bar.brought += nbytes
+        bar.settle(s.span)
+
+    def mbarrier_wait(self, s, env):
+        bar = self._barrier(s.barrier, s)
+        parity = self.phase_reg[s.barrier] if s.parity is None else s.parity
+        if (bar.phase & 1) == parity:          # the phase with this parity has not completed
+            why = (f"expect-tx is {bar.expected} bytes but its TMA loads bring {bar.brought}"
+                   if bar.pending == 0 else f"{bar.pending} arrival(s) missing")
+            raise InterpretError(f"kernel {self.k.name} would hang: block {self.block_index} waits on mbarrier "
+                                 f"{bar.name} with parity {parity}, a phase nothing completes ({why})", s.span)
+
+    def flip_phase(self, s, env):
+        self.phase_reg[s.barrier] ^= 1
+
+    # ------------------------------------------------------------ TMA
+    def _check_inner(self, tensor, coord, s):
+        size = ir.DTYPES[tensor.dtype].size
+        if coord * size % 16:
+            raise InterpretError(f"TMA access of '{tensor.name}' at innermost coordinate {coord} ({coord * size} "
+                                 "bytes) is not 16-byte aligned: on the GPU the instruction faults "
+                                 "(CUDA_ERROR_ILLEGAL_INSTRUCTION)", s.span)
+
+    def _tile_box(self, s, tm, tensor):
+        tile = self.tiles[s.buffer]
+        if tm.swizzle != "none" or any(e != 1 for e in tm.element_strides) or math.prod(tm.box) != tile.size:
+            raise InterpretError(f"tensor map {tm.name} (box {list(tm.box)}, element strides "
+                                 f"{list(tm.element_strides)}, swizzle {tm.swizzle}) does not fit tile "
+                                 f"'{s.buffer}' {list(tile.shape)}", s.span)
+        return tile.reshape(tm.box)
+
+    def tma_load(self, s, env):
+        tm = self.maps[s.tensor_map]
+        tensor = self.tensors[s.tensor]
+        if s.view:
+            nbytes = self.im2col_load(s, tm, tensor, env)
+        else:
+            coords = [_i32(self.ev(c, env)) for c in s.coords]
+            self._check_inner(tensor, coords[-1], s)
+            read_box(tensor.array, coords, tm.box, self._tile_box(s, tm, tensor))
+            nbytes = tm.box_bytes(ir.DTYPES[tensor.dtype])
+        self.complete_tx(s.barrier, nbytes, s)
+
+    def im2col_load(self, s, tm, tensor, env):
+        """One cp.async.bulk.tensor .im2col: pixels_per_column pixels from the
+        instruction's (n, window origins...) on, walking the pixel box the map's
+        corners and traversal strides define, innermost spatial dim fastest, on
+        into the next image; each pixel's channels c0 .. c0 + channels_per_pixel
+        at the window origin + the tap offsets; zero outside the image."""
+        x = tensor.array
+        bp, bc = tm.box
+        coords = [_i32(self.ev(c, env)) for c in s.coords]
+        offsets = [_int(self.ev(o, env)) & 0xFFFF for o in s.offsets]
+        n0, *origin, c0 = coords
+        self._check_inner(tensor, c0, s)
+        n_img, *spatial, channels = x.shape
+        steps = tm.element_strides[1:-1]
+        counts = [(dim - 1 + up - lo) // st + 1
+                  for dim, lo, up, st in zip(spatial, tm.lower_corner, tm.upper_corner, steps)]
+        first = n0
+        for a, lo, st, cnt in zip(origin, tm.lower_corner, steps, counts):
+            q, r = divmod(a - lo, st)
+            if r or not 0 <= q < cnt:
+                raise InterpretError(f"im2col load from window origin {origin} of '{tensor.name}': not a point of "
+                                     f"the pixel box (corners {list(tm.lower_corner)} .. {list(tm.upper_corner)}, "
+                                     f"strides {list(steps)}); what TMA loads then is not modelled", s.span)
+            first = first * cnt + q
+        rest = first + np.arange(bp, dtype=np.int64)
+        pos = []
+        for cnt in reversed(counts):
+            pos.insert(0, rest % cnt)
+            rest = rest // cnt
+        # rows past the last image are unspecified on the GPU; they read zero here
+        valid = (rest >= 0) & (rest < n_img)
+        pixel = []
+        for q, lo, st, off, dim in zip(pos, tm.lower_corner, steps, offsets, spatial):
+            p = lo + q * st + off
+            valid &= (p >= 0) & (p < dim)
+            pixel.append(p)
+        tile = self.tiles[s.buffer]
+        tile[...] = 0
+        c_lo, c_hi = max(c0, 0), min(c0 + bc, channels)
+        if c_lo < c_hi and valid.any():
+            index = (rest[valid],) + tuple(p[valid] for p in pixel)
+            tile[valid, c_lo - c0:c_hi - c0] = x[index][:, c_lo:c_hi]
+        return bp * bc * ir.DTYPES[tensor.dtype].size
+
+    def tma_store(self, s, env):
+        tm = self.maps[s.tensor_map]
+        tensor = self.tensors[s.tensor]
+        coords = [_i32(self.ev(c, env)) for c in s.coords]
+        self._check_inner(tensor, coords[-1], s)
+        write_box(tensor.array, coords, tm.box, self._tile_box(s, tm, tensor))
+
+    # ------------------------------------------------------------ thread-level statements
+    def fill(self, s, env):
+        b = self.k.buffer(s.buffer)
+        self.tiles[b.name][...] = encode(self.ev(s.value, env, b.dtype.name == "f64"), b.dtype)
+
+    def thread_copy(self, s, env):
+        """codegen/cuda.py's thread_copy: every element of the tile, global sides
+        bounds-checked (zero outside, writes outside dropped), and a dtype change
+        as `dst_t(static_cast<float or double>(value))`."""
+        k = self.k
+        src_b, dst_b, view = k.buffer(s.src.name), k.buffer(s.dst.name), k.view(s.src.name)
+        if src_b is not None:
+            data = self.tiles[src_b.name].reshape(s.shape)
+            src_dt = src_b.dtype
+        elif view is not None:
+            data = self.view_elements(s, view, env)
+            src_dt = k.param(view.tensor).dtype
+        else:
+            t = self.tensors[s.src.name]
+            box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
+            data = np.empty(box, t.array.dtype)
+            read_box(t.array, [_int(self.ev(c, env)) for c in s.src.starts], box, data)
+            data = data.reshape(s.shape)
+            src_dt = k.param(s.src.name).dtype
+        dst_dt = (dst_b or k.param(s.dst.name)).dtype
+        if src_dt != dst_dt:
+            arith = F64 if "f64" in (src_dt.name, dst_dt.name) else F32
+            data = encode(convert(decode(data, src_dt), arith), dst_dt)
+        if dst_b is not None:
+            self.tiles[dst_b.name][...] = data.reshape(dst_b.shape)
+        else:
+            t = self.tensors[s.dst.name]
+            box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
+            write_box(t.array, [_int(self.ev(c, env)) for c in s.dst.starts], box, data.reshape(box))
+
+    def view_elements(self, s, v, env):
+        """A tile of an im2col view read by threads, with the index math and tests
+        of codegen's view_element (ir/im2col.py over the tensor's dims)."""
+        x = self.k.param(v.tensor)
+        exprs = self._view_exprs.get(id(s))
+        if exprs is None:
+            xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"tl_{x.name}_dim{d}") for d in range(len(x.shape))))
+            m = ir.BinOp("+", s.src.starts[0], ir.Var("tl_i0"))
+            kk = ir.BinOp("+", s.src.starts[1], ir.Var("tl_i1"))
+            n, origins = im2col.row(v, xd, m)
+            c, offsets = im2col.column(v, xd, kk)
+            coords = [n] + [ir.BinOp("+", o, off) for o, off in zip(origins, offsets)] + [c]
+            tests = [ir.BinOp("<", m, im2col.rows(v, xd)), ir.BinOp("<", kk, im2col.columns(v, xd))]
+            for d in range(1, len(coords) - 1):     # unsigned compares: 0 <= coord < dim
+                tests += [ir.BinOp(">=", coords[d], ir.Int(0)), ir.BinOp("<", coords[d], xd.shape[d])]
+            exprs = self._view_exprs[id(s)] = (coords, tests)
+        coords, tests = exprs
+        tensor = self.tensors[x.name]
+        lenv = dict(env)
+        lenv["tl_i0"], lenv["tl_i1"] = _indices(tuple(s.shape))
+        lenv.update((f"tl_{x.name}_dim{d}", np.int64(n)) for d, n in enumerate(tensor.shape))
+        inside = np.ones(s.shape, bool)
+        for t in tests:
+            inside &= self.ev(t, lenv)
+        idx = [np.broadcast_to(np.asarray(self.ev(c, lenv), np.int64), s.shape)[inside] for c in coords]
+        for d, (i, n) in enumerate(zip(idx, tensor.shape)):
+            if i.size and (i.min() < 0 or i.max() >= n):
+                raise InterpretError(f"a thread copy from im2col view '{v.name}' reads '{x.name}' outside its dim {d} "
+                                     "(undefined on the GPU)", s.span)
+        out = np.zeros(s.shape, tensor.array.dtype)
+        out[inside] = tensor.array[tuple(idx)]
+        return out
+
+    # ------------------------------------------------------------ parallel bodies
+    def parallel(self, s, env):
+        shape = tuple(x.value for x in s.extents)
+        env.update(zip(s.vars, _indices(shape)))
+        self.lanes = _Lanes(s.vars, shape)
+        try:
+            self.block(s.body, env)
+        finally:
+            self.lanes = None
+
+    def lane_if(self, s, env):
+        cond = np.asarray(self.ev(s.cond, env) != 0)
+        outer = self.lanes.mask
+        if cond.ndim == 0:
+            return self.block(s.then if cond else s.orelse, env)
+        cond = np.broadcast_to(cond, self.lanes.shape)
+        for body, m in ((s.then, cond), (s.orelse, ~cond)):
+            m = m if outer is None else outer & m
+            if body and m.any():
+                self.lanes.mask = m
+                self.block(body, env)
+        self.lanes.mask = outer
+
+    def lane_for(self, s, env):
+        extent = np.asarray(self.ev(s.extent, env))
+        outer = self.lanes.mask
+        if extent.ndim == 0:
+            trips = _int(extent)
+        else:
+            extent = np.broadcast_to(extent, self.lanes.shape)
+            trips = _int(extent.max() if outer is None else extent[outer].max(initial=0))
+        for i in range(trips):
+            env[s.var] = np.int32(i)
+            if extent.ndim:
+                self.lanes.mask = (i < extent) if outer is None else outer & (i < extent)
+            self.block(s.body, env)
+        self.lanes.mask = outer
+
+    def assign(self, s, env):
+        b = self.k.buffer(s.buffer)
+        double = b.dtype.name == "f64" or _is_double(self.k, s.value)
+        value = encode(self.ev(s.value, env, double), b.dtype)
+        own = self._own_tile(b, s.indices)
+        mask = self.lanes.mask
+        if own is not None:
+            np.copyto(own, value, where=True if mask is None else mask)
+            return
+        whole, where = self._element_index(b, s.indices, env, s)
+        active = np.ones(self.lanes.shape, bool) if mask is None else mask
+        whole[where[active]] = np.broadcast_to(value, self.lanes.shape)[active]
+
+    def gemm(self, s, env):
+        """acc += a @ b (b transposed with transpose_b) with f32 products and sums,
+        as the tensor cores accumulate; their order of summation is not modelled."""
+        k = self.k
+        a, b, acc = (k.buffer(n) for n in (s.a, s.b, s.acc))
+        av, bv = decode(self.tiles[a.name], a.dtype).astype(F32), decode(self.tiles[b.name], b.dtype).astype(F32)
+        total = decode(self.tiles[acc.name], acc.dtype).astype(F32) + av @ (bv.T if s.transpose_b else bv)
+        self.tiles[acc.name][...] = encode(total, acc.dtype)
+
+    def _own_tile(self, b, indices):
+        """The tile itself when it is indexed with the parallel's own indices over
+        its whole shape (always so for local tiles), else None."""
+        ln = self.lanes
+        if ln.shape == tuple(b.shape) and len(indices) == len(ln.vars) and \
+                all(type(i) is ir.Var and i.name == v for i, v in zip(indices, ln.vars)):
+            return self.tiles[b.name]
+        if b.scope == "local":
+            raise InterpretError(f"local tile '{b.name}' read away from its own lanes", None)
+        return None
+
+    def _element_index(self, b, indices, env, where_span):
+        """Element `b[indices]` as codegen flattens it (row-major, not
+        bounds-checked), as an index into the whole shared memory."""
+        whole, base = self.whole[b.name]
+        flat = np.int64(0)
+        for d, i in enumerate(indices):
+            flat = flat + np.asarray(self.ev(i, env), np.int64) * math.prod(b.shape[d + 1:])
+        flat = np.broadcast_to(base + flat, self.lanes.shape)
+        active = flat if self.lanes.mask is None else flat[self.lanes.mask]
+        if active.size and (active.min() < 0 or active.max() >= len(whole)):
+            raise InterpretError(f"element access of shared tile '{b.name}' lands outside the kernel's shared "
+                                 "memory (undefined on the GPU)", where_span.span)
+        return whole, np.where(self.lanes.mask, flat, base) if self.lanes.mask is not None else flat
+
+    # ------------------------------------------------------------ expressions (C++ semantics)
+    def ev(self, e, env, double=False):
+        t = type(e)
+        if t is ir.Var:
+            return env[e.name]
+        if t is ir.Int:
+            return np.int32(e.value) if -2**31 <= e.value < 2**31 else np.int64(e.value)
+        if t is ir.BinOp:
+            return self.binop(e, env, double)
+        if t is ir.Float:
+            return np.float64(e.value) if double else _f32_literal(e.value)
+        if t is ir.Subscript:
+            b = self.k.buffer(e.name)
+            own = self._own_tile(b, e.indices)
+            if own is not None:
+                return decode(own, b.dtype)
+            whole, where = self._element_index(b, e.indices, env, e)
+            return decode(whole[where], b.dtype)
+        if t is ir.UnaryOp:
+            v = self.ev(e.operand, env, double)
+            if e.op == "!":
+                return v == 0
+            return -v.astype(_promote(v.dtype))
+        if t is ir.Cast:
+            v = self.ev(e.value, env, double)
+            if e.dtype.name in _WRAPPED:           # f16_t(float(x)): rounded, then used as float
+                return decode(encode(v, e.dtype), e.dtype)
+            return convert(v, np.dtype(e.dtype.numpy))
+        if t is ir.Call:
+            return self.call(e, env, double)
+        raise TypeError(f"cannot interpret {e!r}")
+
+    def binop(self, e, env, double):
+        op = e.op
+        if op in ("+", "-"):
+            return self.add_sub(e, env, double)
+        a, b = self.ev(e.lhs, env, double), self.ev(e.rhs, env, double)
+        if op == "&&":
+            return np.logical_and(a != 0, b != 0)
+        if op == "||":
+            return np.logical_or(a != 0, b != 0)
+        return arith(op, a, b, e)
+
+    def add_sub(self, e, env, double):
+        """`a * b + c`, `c + a * b`, `a * b - c`, `c - a * b` in float or double
+        are one fused multiply-add (NVRTC's default contraction); the left
+        product is the one fused when both sides are products."""
+        sides = []
+        for x in (e.lhs, e.rhs):
+            if _is_mul(x):
+                f, g = self.ev(x.lhs, env, double), self.ev(x.rhs, env, double)
+                sides.append((f, g, common_type(f.dtype, g.dtype)))
+            else:
+                v = self.ev(x, env, double)
+                sides.append((v, None, v.dtype))
+        t = common_type(sides[0][2], sides[1][2])
+        if t.kind == "f":
+            for i in (0, 1):
+                f, g, tm = sides[i]
+                if g is not None and tm == t:
+                    other = sides[1 - i]
+                    c = convert(other[0] if other[1] is None else arith("*", other[0], other[1], e), t)
+                    f, g = convert(f, t), convert(g, t)
+                    if e.op == "-":
+                        if i == 0:
+                            c = -c
+                        else:
+                            f = -f
+                    return _fma(f, g, c, t)
+        a, b = (s[0] if s[1] is None else arith("*", s[0], s[1], e) for s in sides)
+        return arith(e.op, a, b, e)
+
+    def call(self, e, env, double):
+        args = [self.ev(a, env, double) for a in e.args]
+        f = e.func
+        if f in ("min", "max"):                    # tl_min: a < b ? a : b
+            t = common_type(args[0].dtype, args[1].dtype)
+            a, b = convert(args[0], t), convert(args[1], t)
+            return np.where(a < b, a, b) if f == "min" else np.where(a < b, b, a)
+        if f == "abs":                             # tl_abs: A, a < 0 ? -a : a
+            a = args[0]
+            return np.where(a < 0, -a.astype(_promote(a.dtype)), a).astype(a.dtype)
+        if f == "cdiv":                            # tl_cdiv: (a + b - 1) / b
+            a, b = args
+            return arith("/", arith("-", arith("+", a, b, e), np.int32(1), e), b, e)
+        t = F64 if double else F32                 # expf / exp ...
+        a = convert(args[0], t)
+        if f == "exp":
+            return np.exp(a)
+        if f == "log":
+            return np.log(a)
+        if f == "sqrt":
+            return np.sqrt(a)
+        if f == "rsqrt":
+            return (t.type(1) / np.sqrt(a)).astype(t)
+        raise TypeError(f"cannot interpret a call of {f}")
+
+
+def arith(op, a, b, e=None):
+    """A binary operator of C++ on two typed values."""
+    t = common_type(a.dtype, b.dtype)
+    a, b = convert(a, t), convert(b, t)
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op in ("/", "%"):
+        if t.kind == "f":
+            if op == "%":
+                raise SemanticError("'%' on floating-point values: C++ has no such operator, so the generated "
+                                    "CUDA does not compile", e.span if e is not None else None)
+            return a / b
+        r = np.fmod(a, b)                          # C: the remainder has the dividend's sign
+        return r if op == "%" else (a - r) // b    # ... and the quotient truncates
+    if op == "==":
+        return a == b
+    if op == "!=":
+        return a != b
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    if op == ">=":
+        return a >= b
+    raise TypeError(f"cannot interpret operator {op}")
+
+
+@functools.lru_cache(maxsize=64)
+def _indices(shape):
+    out = tuple(np.indices(shape, dtype=np.int32))
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+_STMT = {
+    ir.OneThread: _Blocks.one_thread, ir.For: _Blocks.for_, ir.If: _Blocks.if_,
+    ir.MbarrierInit: _Blocks.mbarrier_init, ir.ArriveExpectTx: _Blocks.arrive_expect_tx,
+    ir.MbarrierWait: _Blocks.mbarrier_wait, ir.FlipPhase: _Blocks.flip_phase,
+    ir.TmaLoad: _Blocks.tma_load, ir.TmaStore: _Blocks.tma_store,
+    ir.ProxyFence: _Blocks.nothing, ir.SyncThreads: _Blocks.nothing, ir.BulkCommit: _Blocks.nothing,
+    ir.BulkWait: _Blocks.nothing,
+    ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,
+    ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm,
+}
