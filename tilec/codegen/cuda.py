@@ -175,7 +175,9 @@ class _Printer:
             # coordinates (channel, spatial window origin..., image) and the tap's offsets, innermost first
             coords = ", ".join(f"int({self.expr(c)})" for c in reversed(s.coords))
             offsets = ", ".join(f"(unsigned short)({self.expr(o)})" for o in reversed(s.offsets))
-            return [f"{ind}tma_load_im2col_{len(s.coords)}d({s.buffer}, &tl_{s.tensor_map}, {self.bar(s.barrier, s.barrier_index)},",
+            dst = self.tile_address(s.buffer, s.stage, s.smem_offset)
+            return [f"{ind}tma_load_im2col_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, "
+                    f"{self.bar(s.barrier, s.barrier_index)},",
                     f"{ind}    {coords},", f"{ind}    {offsets});"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
