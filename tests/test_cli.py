@@ -114,13 +114,16 @@ def test_check_ok(example):
     assert "cubin for sm_90a" in out
 
 
-def test_check_gemm_is_unsupported():
-    err = fails("check", "examples/gemm.tile")
-    assert err == """\
-examples/gemm.tile:14:9: error: gemm is not supported yet (tensor-core gemm lands with issue #5)
-        gemm(a, b, acc);               // acc += a @ b on tensor cores
-        ^~~~~~~~~~~~~~~~
-"""
+def test_check_gemm_and_conv2d():
+    assert ok("check", "examples/gemm.tile").startswith("examples/gemm.tile: ok (kernel gemm, ")
+    assert ok("check", "examples/conv2d.tile").startswith("examples/conv2d.tile: ok (kernel conv2d, ")
+
+
+def test_gemm_rule_error_points_at_the_gemm(tmp_path):
+    bad = tmp_path / "g.tile"
+    bad.write_text(open("examples/gemm.tile").read().replace("threads 256;", "threads 96;"))
+    err = fails("check", str(bad))
+    assert err.startswith(f"{bad}:14:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 
 
 def test_check_parse_error(tmp_path):

@@ -21,14 +21,11 @@ def assert_compiles(k):
     assert "cp.async.bulk.tensor" not in fb.cuda_source
 
 
-# examples that use a construct not lowered yet -> the line of that construct
-UNSUPPORTED = {"gemm": 14, "conv2d": 19}
-SUPPORTED = sorted(p.stem for p in EXAMPLES.glob("*.tile") if p.stem not in UNSUPPORTED)
+SUPPORTED = sorted(p.stem for p in EXAMPLES.glob("*.tile"))
 
 
 def test_the_examples_are_there():
-    assert {"copy2d", "scale"} <= set(SUPPORTED)
-    assert all((EXAMPLES / f"{name}.tile").exists() for name in UNSUPPORTED)
+    assert {"copy2d", "scale", "gemm", "conv2d", "im2col", "gemm_128x256"} <= set(SUPPORTED)
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
@@ -39,15 +36,11 @@ def test_example_compiles(name):
     assert "cp.async.bulk.tensor" in k.cuda_source
 
 
-@pytest.mark.parametrize("name, line", sorted(UNSUPPORTED.items()))
-def test_example_not_supported_yet(name, line):
-    path = EXAMPLES / f"{name}.tile"
-    with pytest.raises(tilec.UnsupportedError) as info:
-        tilec.compile(str(path), arch="sm_90a")
-    err = info.value
-    assert (err.span.source.name, err.span.line) == (str(path), line)
-    assert path.read_text().splitlines()[line - 1].strip().startswith("gemm(a, b, acc);")
-    assert "gemm is not supported yet" in err.message
+@pytest.mark.parametrize("name", ["gemm", "conv2d", "gemm_128x256"])
+def test_gemm_examples_use_wgmma(name):
+    k = tilec.compile(str(EXAMPLES / f"{name}.tile"), arch="sm_90a")
+    assert "wgmma.mma_async.sync.aligned.m64n" in k.ptx
+    assert "mbarrier_arrive(&tl_empty1" in k.cuda_source
 
 
 # ---------------------------------------------------------------- generated variants

@@ -475,19 +475,19 @@ t.tile:6:9: error: copy cannot appear inside a parallel body
         ^~~~~~~~~~~~~~~~~""", id="copy-inside-parallel"),
 
     # ------------------------------------------------------------ not lowered yet, and im2col views
-    pytest.param(UnsupportedError, """\
+    pytest.param(SemanticError, """\
 kernel k(A: f16[M, K], B: f16[K, N]) {
     grid (bx) = (1);
     threads 128;
     shared a: f16[64, 64];
     shared b: f16[64, 64];
-    local acc: f32[64, 64];
+    local acc: f32[64, 32];
     gemm(a, b, acc);
 }
 """, """\
-t.tile:7:5: error: gemm is not supported yet (tensor-core gemm lands with issue #5)
+t.tile:7:5: error: gemm shapes do not chain: a [64, 64] @ b [64, 64] into acc [64, 32]
     gemm(a, b, acc);
-    ^~~~~~~~~~~~~~~~""", id="gemm-unsupported"),
+    ^~~~~~~~~~~~~~~~""", id="gemm-shapes"),
 
     pytest.param(SemanticError, """\
 kernel k(X: f16[M, C], Y: f16[M, C]) {
