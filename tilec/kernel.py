@@ -128,14 +128,24 @@ class Kernel:
         return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
 
 
-def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None, **consts) -> Kernel:
+def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
+            backend: str | None = None, **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
     thread-copy variant (with a TmaFallbackWarning) instead of raising LaunchError.
     debug (default: TILEC_DEBUG=1): bound every mbarrier wait (~1 s); a kernel
-    that would hang raises a DeviceError naming the barrier, phase, bytes and line."""
+    that would hang raises a DeviceError naming the barrier, phase, bytes and line.
+    backend: "cuda" (default), or "interpret" (default when TILEC_INTERPRET=1): run
+    the same lowered IR on the CPU with numpy (tilec.runtime.interpret)."""
     source = load_source(src)
+    if backend is None:
+        backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
+    if backend == "interpret":
+        from .runtime.interpret import interpret
+        return interpret(source, consts, fallback)
+    if backend != "cuda":
+        raise TilecError(f"unknown backend '{backend}' (cuda or interpret)")
     if arch is None:
         arch = driver.target_arch()
     if debug is None:

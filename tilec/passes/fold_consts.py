@@ -10,6 +10,8 @@ from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_body, map_expr, map_stm
 
 NAME = "fold-consts"
 
+MAX_STAGES = 8
+
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     overrides = opts.consts
@@ -112,8 +114,8 @@ def _resolve_body(body, resolve, bound):
             stages = s.stages
             if stages is not None:
                 st = resolve(stages, bound)
-                if not isinstance(st, ir.Int) or st.value < 1:
-                    raise SemanticError("stages must be a compile-time integer of at least 1", stages.span)
+                if not isinstance(st, ir.Int) or not 1 <= st.value <= MAX_STAGES:
+                    raise SemanticError(f"stages must be a compile-time integer from 1 to {MAX_STAGES}", stages.span)
                 stages = st.value
             inner = dict(bound, **{s.var: "loop"})
             s = replace(s, extent=resolve(s.extent, bound), stages=stages,

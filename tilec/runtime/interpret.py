@@ -54,20 +54,18 @@ class InterpretError(DeviceError):
 
 # ---------------------------------------------------------------- C types as numpy dtypes
 
-BOOL, I32, I64, U8, U16, U32 = (np.dtype(t) for t in (np.bool_, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+I32, U8, U16, U32 = (np.dtype(t) for t in (np.int32, np.uint8, np.uint16, np.uint32))
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 _WRAPPED = {"f16", "bf16", "f8e4m3", "f8e5m2"}   # stored as bits, arithmetic in float (codegen/cuda.py)
 _POISON = 0xFF                                     # fresh shared memory and registers: NaN / -1
 
 
+_BITS = {"bf16": U16, "f8e4m3": U8, "f8e5m2": U8}
+
+
 def storage_dtype(dt: ir.DType) -> np.dtype:
     """How the interpreter holds elements of `dt`: bf16 and fp8 as their bits."""
-    return {"bf16": U16, "f8e4m3": U8, "f8e5m2": U8}.get(dt.name) or np.dtype(dt.numpy)
-
-
-def value_dtype(dt: ir.DType) -> np.dtype:
-    """The C type an element of `dt` has in device arithmetic."""
-    return F32 if dt.name in _WRAPPED else np.dtype(dt.numpy)
+    return _BITS[dt.name] if dt.name in _BITS else np.dtype(dt.numpy)
 
 
 def _promote(t):
@@ -205,7 +203,9 @@ def _f32_literal(v: float):
     if not np.isfinite(f):
         return f
     exact = Fraction(repr(v))
-    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    with np.errstate(all="ignore"):
+        cands = [c for c in (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf)))
+                 if np.isfinite(c)]
     return min(cands, key=lambda c: (abs(Fraction(float(c)) - exact), int(np.array(c).view(U32)) & 1))
 
 
@@ -449,6 +449,8 @@ class _Barrier:
         self.phase, self.pending, self.tx, self.expected, self.brought = 0, arrivals, 0, 0, 0
 
     def settle(self, span):
+        if self.pending < 0:
+            raise InterpretError(f"mbarrier {self.name}: more arrivals than its {self.arrivals} per phase", span)
         if self.pending == 0 and self.tx < 0:
             raise InterpretError(f"mbarrier {self.name}: its TMA loads bring {self.brought} bytes but the expect-tx "
                                  f"is {self.expected}; the phase completes before all the data lands", span)
@@ -486,7 +488,7 @@ def _int(v) -> int:
 
 
 def _i32(v) -> int:
-    """A coordinate passed to an `int` parameter of the TMA primitives."""
+    """A value passed to an `int` parameter (TMA coordinates)."""
     return int(np.asarray(v).astype(np.int64).astype(np.int32))
 
 
@@ -502,12 +504,13 @@ def _box_slices(shape, starts, box):
     return tuple(src), tuple(dst)
 
 
-def read_box(array, starts, box, out):
-    """out[...] = the box of `array` at `starts`, zero outside the array."""
-    out[...] = 0
+def read_box(array, starts, box):
+    """The box of `array` at `starts`, zero outside the array."""
+    out = np.zeros(box, array.dtype)
     sl = _box_slices(array.shape, starts, box)
     if sl is not None:
         out[sl[1]] = array[sl[0]]
+    return out
 
 
 def write_box(array, starts, box, data):
@@ -517,23 +520,42 @@ def write_box(array, starts, box, data):
         array[sl[0]] = data[sl[1]]
 
 
+_SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
+
+
+def _sw128_offsets(rows, width, r, c):
+    """codegen's tl_sw128(r, c, rows, width): element (r, c) of a tile of 128-byte
+    swizzled column chunks (C's truncating / and %)."""
+    per16 = width // 8
+    cc = np.fmod(c, width)
+    chunk = (c - cc) // width
+    return chunk * rows * width + r * width + ((cc // per16) ^ np.fmod(r, 8)) * per16 + cc % per16
+
+
 class _Blocks:
-    """Runs the kernel's body once per block of the grid (x fastest)."""
+    """Runs the kernel's body once per block of the grid (x fastest).
+
+    Shared memory is one byte array (`dynamic_smem` bytes, its start taken as
+    1024-byte aligned, as codegen arranges for swizzled tiles); a shared tile is
+    elements at its offset, in its layout, one copy per pipeline stage. Local
+    tiles are plain arrays in the tile's own (logical) order."""
 
     def __init__(self, k: ir.Kernel, tensors: dict, env: dict):
         self.k, self.tensors, self.base_env = k, tensors, env
         self.smem = np.empty(max(k.smem_bytes, 1), U8)
-        self.tiles, self.whole = {}, {}
+        self.locals, self.whole = {}, {}
+        self.buffers = {b.name: b for b in k.buffers}
         for b in k.buffers:
             st = storage_dtype(b.dtype)
             if b.scope == "shared":
-                self.tiles[b.name] = self.smem[b.smem_offset:b.smem_offset + b.bytes].view(st).reshape(b.shape)
                 n = len(self.smem) // st.itemsize * st.itemsize
                 self.whole[b.name] = (self.smem[:n].view(st), b.smem_offset // st.itemsize)
             else:
-                self.tiles[b.name] = np.empty(b.shape, st)
+                self.locals[b.name] = np.empty(b.shape, st)
         self.maps = {t.name: t for t in k.tensor_maps}
+        self.threads = k.threads.value
         self.lanes = None
+        self.one_thread_depth = 0
         self._view_exprs = {}
 
     def run(self, grid):
@@ -543,9 +565,8 @@ class _Blocks:
             env = dict(self.base_env)
             env.update(zip(names, (np.int32(bx), np.int32(by), np.int32(bz))))
             self.smem.fill(_POISON)
-            for b in self.k.buffers:
-                if b.scope == "local":
-                    self.tiles[b.name].view(U8).fill(_POISON)
+            for a in self.locals.values():
+                a.view(U8).fill(_POISON)
             self.barriers = {}
             self.phase_reg = {b.name: 0 for b in self.k.barriers}
             self.block(self.k.body, env)
@@ -554,9 +575,41 @@ class _Blocks:
         for s in body:
             _STMT[type(s)](self, s, env)
 
+    # ------------------------------------------------------------ tiles
+    def tile(self, b, stage=0):
+        """Shared tile `b` (copy `stage`) or local tile `b` in logical order: a view
+        of its storage where the layout is row-major, else a copy."""
+        if b.scope == "local":
+            return self.locals[b.name]
+        whole, base = self.whole[b.name]
+        base += stage * b.stage_bytes // whole.itemsize
+        if b.layout == "row":
+            return whole[base:base + b.elements].reshape(b.shape)
+        r, c = _indices(tuple(b.shape))
+        return whole[base + _sw128_offsets(b.shape[0], 128 // b.dtype.size, r.astype(np.int64), c)]
+
+    def set_tile(self, b, values):
+        if b.scope == "local" or b.layout == "row":
+            self.tile(b)[...] = values
+        else:
+            whole, base = self.whole[b.name]
+            r, c = _indices(tuple(b.shape))
+            whole[base + _sw128_offsets(b.shape[0], 128 // b.dtype.size, r.astype(np.int64), c)] = values
+
+    def _stage(self, e, env):
+        return 0 if e is None else _int(self.ev(e, env))
+
     # ------------------------------------------------------------ control flow
     def one_thread(self, s, env):
-        self.block(s.body, env)
+        self.one_thread_depth += 1
+        try:
+            self.block(s.body, env)
+        finally:
+            self.one_thread_depth -= 1
+
+    def issuers(self):
+        """How many threads run the statement at hand: 1 inside one_thread."""
+        return 1 if self.one_thread_depth else self.threads
 
     def for_(self, s, env):
         if self.lanes is not None:
@@ -571,36 +624,49 @@ class _Blocks:
         self.block(s.then if self.ev(s.cond, env) != 0 else s.orelse, env)
 
     def nothing(self, s, env):
-        """Fences, block barriers, bulk-group commits and waits: ordering only.
-        Blocks and statements run one at a time, so everything is in order."""
+        """Fences, block barriers, bulk-group commits and waits, wgmma waits:
+        ordering only. Blocks and statements run one at a time, in order."""
 
     # ------------------------------------------------------------ mbarriers
     def mbarrier_init(self, s, env):
         for b in s.barriers:
-            self.barriers[b.name] = _Barrier(b.name, b.arrivals)
+            for i in range(b.count):
+                self.barriers[(b.name, i)] = _Barrier(f"{b.name}[{i}]" if b.array else b.name, b.arrivals)
 
-    def _barrier(self, name, s):
-        bar = self.barriers.get(name)
+    def barrier(self, name, index, s, env):
+        i = 0 if index is None else _int(self.ev(index, env))
+        bar = self.barriers.get((name, i))
         if bar is None:
-            raise InterpretError(f"mbarrier {name} is used before mbarrier.init", s.span)
+            raise InterpretError(f"mbarrier {name}[{i}] is used before mbarrier.init (or does not exist)", s.span)
         return bar
 
     def arrive_expect_tx(self, s, env):
-        bar = self._barrier(s.barrier, s)
-        bar.tx += s.bytes
-        bar.expected += s.bytes
-        bar.pending -= 1
+        bar = self.barrier(s.barrier, s.index, s, env)
+        n = self.issuers()
+        bar.tx += s.bytes * n
+        bar.expected += s.bytes * n
+        bar.pending -= n
         bar.settle(s.span)
 
-    def complete_tx(self, name, nbytes, s):
-        bar = self._barrier(name, s)
+    def mbarrier_arrive(self, s, env):
+        """One thread per warpgroup (threadIdx.x % 128 == 0) arrives."""
+        bar = self.barrier(s.barrier, s.index, s, env)
+        bar.pending -= 1 if self.one_thread_depth else -(-self.threads // 128)
+        bar.settle(s.span)
+
+    def complete_tx(self, name, index, nbytes, s, env):
+        bar = self.barrier(name, index, s, env)
+        nbytes *= self.issuers()
         bar.tx -= nbytes
         bar.brought += nbytes
         bar.settle(s.span)
 
     def mbarrier_wait(self, s, env):
-        bar = self._barrier(s.barrier, s)
-        parity = self.phase_reg[s.barrier] if s.parity is None else s.parity
+        bar = self.barrier(s.barrier, s.index, s, env)
+        if s.parity is None:
+            parity = self.phase_reg[s.barrier]
+        else:
+            parity = (s.parity if isinstance(s.parity, int) else _int(self.ev(s.parity, env))) & 1
         if (bar.phase & 1) == parity:          # the phase with this parity has not completed
             why = (f"expect-tx is {bar.expected} bytes but its TMA loads bring {bar.brought}"
                    if bar.pending == 0 else f"{bar.pending} arrival(s) missing")
@@ -618,27 +684,69 @@ class _Blocks:
                                  "bytes) is not 16-byte aligned: on the GPU the instruction faults "
                                  "(CUDA_ERROR_ILLEGAL_INSTRUCTION)", s.span)
 
-    def _tile_box(self, s, tm, tensor):
-        tile = self.tiles[s.buffer]
-        if tm.swizzle != "none" or any(e != 1 for e in tm.element_strides) or math.prod(tm.box) != tile.size:
-            raise InterpretError(f"tensor map {tm.name} (box {list(tm.box)}, element strides "
-                                 f"{list(tm.element_strides)}, swizzle {tm.swizzle}) does not fit tile "
-                                 f"'{s.buffer}' {list(tile.shape)}", s.span)
-        return tile.reshape(tm.box)
+    def _smem_span(self, b, address, nbytes, swizzle, s, what):
+        """Check that a TMA access of `nbytes` at shared address `address` is
+        aligned and stays inside tile `b` (all its stages)."""
+        align = 1024 if swizzle == "128B" else 128
+        if address % align:
+            raise InterpretError(f"{what} at shared-memory offset {address}: TMA needs {align}-byte alignment "
+                                 f"{'with the 128-byte swizzle' if align == 1024 else ''}".rstrip(), s.span)
+        end = b.smem_offset + b.stage_bytes * (b.stages - 1) + b.bytes
+        if not (b.smem_offset <= address and address + nbytes <= end):
+            raise InterpretError(f"{what} writes shared bytes {address} .. {address + nbytes}, outside tile "
+                                 f"'{b.name}' ({b.smem_offset} .. {end})", s.span)
+
+    def _to_smem(self, address, data, swizzle):
+        """TMA writes `data` (the box, innermost dim contiguous) at `address`; with
+        a swizzle, the 16-byte units of each row XOR the address bits 7.. (CUTLASS
+        Swizzle<3,4,3> for 128B)."""
+        raw = np.ascontiguousarray(data).view(U8).reshape(-1)
+        span = _SWIZZLE_SPAN[swizzle]
+        if not span:
+            self.smem[address:address + raw.size] = raw
+            return
+        rows = raw.reshape(-1, span // 16, 16)
+        r = np.arange(rows.shape[0])
+        unit = np.arange(span // 16)[None, :] ^ (((address + r * span) >> 7) & (span // 16 - 1))[:, None]
+        dst = self.smem[address:address + raw.size].reshape(rows.shape)
+        dst[r[:, None], unit] = rows
+
+    def _from_smem(self, address, nbytes, swizzle):
+        span = _SWIZZLE_SPAN[swizzle]
+        raw = self.smem[address:address + nbytes]
+        if not span:
+            return raw.copy()
+        rows = raw.reshape(-1, span // 16, 16)
+        r = np.arange(rows.shape[0])
+        unit = np.arange(span // 16)[None, :] ^ (((address + r * span) >> 7) & (span // 16 - 1))[:, None]
+        return rows[r[:, None], unit].reshape(-1)
+
+    def _check_swizzle(self, tm, inner_bytes, s):
+        span = _SWIZZLE_SPAN[tm.swizzle]
+        if span and inner_bytes != span:
+            raise InterpretError(f"tensor map {tm.name}: a {inner_bytes}-byte inner box with the {tm.swizzle} "
+                                 "swizzle is not modelled", s.span)
 
     def tma_load(self, s, env):
         tm = self.maps[s.tensor_map]
         tensor = self.tensors[s.tensor]
+        b = self.buffers[s.buffer]
         if s.view:
-            nbytes = self.im2col_load(s, tm, tensor, env)
+            data = self.im2col_box(s, tm, tensor, env)
         else:
             coords = [_i32(self.ev(c, env)) for c in s.coords]
             self._check_inner(tensor, coords[-1], s)
-            read_box(tensor.array, coords, tm.box, self._tile_box(s, tm, tensor))
-            nbytes = tm.box_bytes(ir.DTYPES[tensor.dtype])
-        self.complete_tx(s.barrier, nbytes, s)
+            if any(e != 1 for e in tm.element_strides):
+                raise InterpretError(f"tensor map {tm.name}: tiled element strides {list(tm.element_strides)} are "
+                                     "not modelled", s.span)
+            data = read_box(tensor.array, coords, tm.box)
+        address = b.smem_offset + self._stage(s.stage, env) * b.stage_bytes + s.smem_offset
+        self._check_swizzle(tm, data.shape[-1] * data.itemsize, s)
+        self._smem_span(b, address, data.nbytes, tm.swizzle, s, f"TMA load into '{b.name}'")
+        self._to_smem(address, data, tm.swizzle)
+        self.complete_tx(s.barrier, s.barrier_index, data.nbytes, s, env)
 
-    def im2col_load(self, s, tm, tensor, env):
+    def im2col_box(self, s, tm, tensor, env):
         """One cp.async.bulk.tensor .im2col: pixels_per_column pixels from the
         instruction's (n, window origins...) on, walking the pixel box the map's
         corners and traversal strides define, innermost spatial dim fastest, on
@@ -674,34 +782,39 @@ class _Blocks:
             p = lo + q * st + off
             valid &= (p >= 0) & (p < dim)
             pixel.append(p)
-        tile = self.tiles[s.buffer]
-        tile[...] = 0
+        out = np.zeros((bp, bc), x.dtype)
         c_lo, c_hi = max(c0, 0), min(c0 + bc, channels)
         if c_lo < c_hi and valid.any():
             index = (rest[valid],) + tuple(p[valid] for p in pixel)
-            tile[valid, c_lo - c0:c_hi - c0] = x[index][:, c_lo:c_hi]
-        return bp * bc * ir.DTYPES[tensor.dtype].size
+            out[valid, c_lo - c0:c_hi - c0] = x[index][:, c_lo:c_hi]
+        return out
 
     def tma_store(self, s, env):
         tm = self.maps[s.tensor_map]
         tensor = self.tensors[s.tensor]
+        b = self.buffers[s.buffer]
         coords = [_i32(self.ev(c, env)) for c in s.coords]
         self._check_inner(tensor, coords[-1], s)
-        write_box(tensor.array, coords, tm.box, self._tile_box(s, tm, tensor))
+        st = tensor.array.dtype
+        nbytes = math.prod(tm.box) * st.itemsize
+        self._check_swizzle(tm, tm.box[-1] * st.itemsize, s)
+        self._smem_span(b, b.smem_offset, nbytes, tm.swizzle, s, f"TMA store from '{b.name}'")
+        data = self._from_smem(b.smem_offset, nbytes, tm.swizzle).view(st).reshape(tm.box)
+        write_box(tensor.array, coords, tm.box, data)
 
     # ------------------------------------------------------------ thread-level statements
     def fill(self, s, env):
-        b = self.k.buffer(s.buffer)
-        self.tiles[b.name][...] = encode(self.ev(s.value, env, b.dtype.name == "f64"), b.dtype)
+        b = self.buffers[s.buffer]
+        self.set_tile(b, encode(self.ev(s.value, env, b.dtype.name == "f64"), b.dtype))
 
     def thread_copy(self, s, env):
         """codegen/cuda.py's thread_copy: every element of the tile, global sides
         bounds-checked (zero outside, writes outside dropped), and a dtype change
         as `dst_t(static_cast<float or double>(value))`."""
         k = self.k
-        src_b, dst_b, view = k.buffer(s.src.name), k.buffer(s.dst.name), k.view(s.src.name)
+        src_b, dst_b, view = self.buffers.get(s.src.name), self.buffers.get(s.dst.name), k.view(s.src.name)
         if src_b is not None:
-            data = self.tiles[src_b.name].reshape(s.shape)
+            data = self.tile(src_b).reshape(s.shape)
             src_dt = src_b.dtype
         elif view is not None:
             data = self.view_elements(s, view, env)
@@ -709,16 +822,14 @@ class _Blocks:
         else:
             t = self.tensors[s.src.name]
             box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
-            data = np.empty(box, t.array.dtype)
-            read_box(t.array, [_int(self.ev(c, env)) for c in s.src.starts], box, data)
-            data = data.reshape(s.shape)
+            data = read_box(t.array, [_int(self.ev(c, env)) for c in s.src.starts], box).reshape(s.shape)
             src_dt = k.param(s.src.name).dtype
         dst_dt = (dst_b or k.param(s.dst.name)).dtype
         if src_dt != dst_dt:
-            arith = F64 if "f64" in (src_dt.name, dst_dt.name) else F32
-            data = encode(convert(decode(data, src_dt), arith), dst_dt)
+            arith_t = F64 if "f64" in (src_dt.name, dst_dt.name) else F32
+            data = encode(convert(decode(data, src_dt), arith_t), dst_dt)
         if dst_b is not None:
-            self.tiles[dst_b.name][...] = data.reshape(dst_b.shape)
+            self.set_tile(dst_b, data.reshape(dst_b.shape))
         else:
             t = self.tensors[s.dst.name]
             box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
@@ -756,6 +867,21 @@ class _Blocks:
         out = np.zeros(s.shape, tensor.array.dtype)
         out[inside] = tensor.array[tuple(idx)]
         return out
+
+    def gemm(self, s, env):
+        """acc += a @ b (b is [N, K] with transpose_b), products and sums in f32 as
+        wgmma accumulates; the order of its sums is not modelled (compare with a
+        tolerance). Operands are read in their layout (the swizzle TMA wrote);
+        the wgmma descriptors themselves are not interpreted."""
+        a, b, acc = (self.buffers[n] for n in (s.a, s.b, s.acc))
+        stage = self._stage(s.stage, env)
+        av = decode(self.tile(a, stage), a.dtype).astype(F32)
+        bv = decode(self.tile(b, stage), b.dtype).astype(F32)
+        # einsum's own loop, not BLAS: a multithreaded BLAS can be slower than this
+        # on small tiles by a hundred times (seen on a 2-core machine)
+        product = np.einsum("ik,nk->in" if s.transpose_b else "ik,kn->in", av, bv)
+        total = decode(self.tile(acc), acc.dtype).astype(F32) + product
+        self.set_tile(acc, encode(total, acc.dtype))
 
     # ------------------------------------------------------------ parallel bodies
     def parallel(self, s, env):
@@ -796,7 +922,7 @@ class _Blocks:
         self.lanes.mask = outer
 
     def assign(self, s, env):
-        b = self.k.buffer(s.buffer)
+        b = self.buffers[s.buffer]
         double = b.dtype.name == "f64" or _is_double(self.k, s.value)
         value = encode(self.ev(s.value, env, double), b.dtype)
         own = self._own_tile(b, s.indices)
@@ -808,39 +934,35 @@ class _Blocks:
         active = np.ones(self.lanes.shape, bool) if mask is None else mask
         whole[where[active]] = np.broadcast_to(value, self.lanes.shape)[active]
 
-    def gemm(self, s, env):
-        """acc += a @ b (b transposed with transpose_b) with f32 products and sums,
-        as the tensor cores accumulate; their order of summation is not modelled."""
-        k = self.k
-        a, b, acc = (k.buffer(n) for n in (s.a, s.b, s.acc))
-        av, bv = decode(self.tiles[a.name], a.dtype).astype(F32), decode(self.tiles[b.name], b.dtype).astype(F32)
-        total = decode(self.tiles[acc.name], acc.dtype).astype(F32) + av @ (bv.T if s.transpose_b else bv)
-        self.tiles[acc.name][...] = encode(total, acc.dtype)
-
     def _own_tile(self, b, indices):
-        """The tile itself when it is indexed with the parallel's own indices over
-        its whole shape (always so for local tiles), else None."""
+        """The tile itself (a view) when it is indexed with the parallel's own
+        indices over its whole shape and stored row-major; else None."""
         ln = self.lanes
-        if ln.shape == tuple(b.shape) and len(indices) == len(ln.vars) and \
-                all(type(i) is ir.Var and i.name == v for i, v in zip(indices, ln.vars)):
-            return self.tiles[b.name]
+        if ln.shape == tuple(b.shape) and len(indices) == len(ln.vars) and (b.scope == "local" or b.layout == "row") \
+                and all(type(i) is ir.Var and i.name == v for i, v in zip(indices, ln.vars)):
+            return self.tile(b)
         if b.scope == "local":
-            raise InterpretError(f"local tile '{b.name}' read away from its own lanes", None)
+            raise InterpretError(f"local tile '{b.name}' accessed away from the parallel's own indices", None)
         return None
 
-    def _element_index(self, b, indices, env, where_span):
-        """Element `b[indices]` as codegen flattens it (row-major, not
-        bounds-checked), as an index into the whole shared memory."""
+    def _element_index(self, b, indices, env, where):
+        """Element `b[indices]` where codegen puts it (row-major flattening or the
+        sw128 swizzle, not bounds-checked), as an index into all of shared memory."""
         whole, base = self.whole[b.name]
-        flat = np.int64(0)
-        for d, i in enumerate(indices):
-            flat = flat + np.asarray(self.ev(i, env), np.int64) * math.prod(b.shape[d + 1:])
+        idx = [np.asarray(self.ev(i, env), np.int64) for i in indices]
+        if b.layout == "sw128":
+            flat = _sw128_offsets(b.shape[0], 128 // b.dtype.size, idx[0], idx[1])
+        else:
+            flat = np.int64(0)
+            for d, i in enumerate(idx):
+                flat = flat + i * math.prod(b.shape[d + 1:])
         flat = np.broadcast_to(base + flat, self.lanes.shape)
-        active = flat if self.lanes.mask is None else flat[self.lanes.mask]
+        mask = self.lanes.mask
+        active = flat if mask is None else flat[mask]
         if active.size and (active.min() < 0 or active.max() >= len(whole)):
             raise InterpretError(f"element access of shared tile '{b.name}' lands outside the kernel's shared "
-                                 "memory (undefined on the GPU)", where_span.span)
-        return whole, np.where(self.lanes.mask, flat, base) if self.lanes.mask is not None else flat
+                                 "memory (undefined on the GPU)", where.span)
+        return whole, flat if mask is None else np.where(mask, flat, base)
 
     # ------------------------------------------------------------ expressions (C++ semantics)
     def ev(self, e, env, double=False):
@@ -854,7 +976,7 @@ class _Blocks:
         if t is ir.Float:
             return np.float64(e.value) if double else _f32_literal(e.value)
         if t is ir.Subscript:
-            b = self.k.buffer(e.name)
+            b = self.buffers[e.name]
             own = self._own_tile(b, e.indices)
             if own is not None:
                 return decode(own, b.dtype)
@@ -989,5 +1111,6 @@ _STMT = {
     ir.ProxyFence: _Blocks.nothing, ir.SyncThreads: _Blocks.nothing, ir.BulkCommit: _Blocks.nothing,
     ir.BulkWait: _Blocks.nothing,
     ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,
-    ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm,
+    ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm, ir.MbarrierArrive: _Blocks.mbarrier_arrive,
+    ir.WgmmaWait: _Blocks.nothing,
 }
