@@ -31,6 +31,11 @@ def ctype(dt: ir.DType) -> str:
     return _WRAPPED.get(dt.name, dt.ctype)
 
 
+def convert(dt: ir.DType, value: str) -> str:
+    """`value` as a `dt` (a constructor for tilec's 16/8-bit float types)."""
+    return f"{ctype(dt)}({value})" if dt.name in _WRAPPED else f"static_cast<{ctype(dt)}>({value})"
+
+
 class _Printer:
     def __init__(self, k: ir.Kernel, debug: bool = False):
         self.k = k
@@ -64,7 +69,7 @@ class _Printer:
                 return f"tl_{e.func}({args})"
             return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
         if isinstance(e, ir.Cast):
-            return f"{ctype(e.dtype)}({self.expr(e.value, 0, double)})"
+            return convert(e.dtype, self.expr(e.value, 0, double))
         if isinstance(e, ir.Subscript):
             b = self.k.buffer(e.name)
             ref = self.element(b, e.indices)
@@ -309,8 +314,11 @@ class _Printer:
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_dt != dst_dt:
-            arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
-            value = f"{ctype(dst_dt)}(static_cast<{arith}>({value}))"
+            if src_dt.is_float or dst_dt.is_float:     # narrow floats convert through float
+                arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
+                value = convert(dst_dt, f"static_cast<{arith}>({value})")
+            else:
+                value = convert(dst_dt, value)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
         else:

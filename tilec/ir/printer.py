@@ -82,8 +82,12 @@ def stmt(s, ind: str) -> list:
         via = f" map {s.tensor_map}" if s.tensor_map else ""
         bar = f" bar {s.barrier} bytes {s.bytes}" if s.barrier else ""
         coords = ", ".join(expr(c) for c in s.coords)
+        if s.stage is not None or s.barrier_index is not None:
+            bar = f" bar {_bar(s.barrier, s.barrier_index)} bytes {s.bytes}" if s.barrier else ""
         if s.view:
             origin = ", ".join(expr(c) for c in s.origin)
+            if s.stage is not None:
+                origin += f"] [stage {expr(s.stage)}"
             offs = f" offsets [{', '.join(expr(o) for o in s.offsets)}]" if s.offsets else ""
             at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
             return [f"{ind}tma.load.im2col {s.buffer} <- {s.view}[{origin}]{at}{via}{bar}{L}"]

@@ -165,8 +165,29 @@ def _tile(k, name, span, what):
     return b
 
 
+def _is_float(k, e) -> bool:
+    if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
+        return True
+    if isinstance(e, ir.Cast):
+        return e.dtype.is_float
+    if isinstance(e, ir.Var) and e.kind == "scalar":
+        return k.param(e.name).dtype.is_float
+    if isinstance(e, ir.Subscript):
+        b = k.buffer(e.name)
+        return b is not None and b.dtype.is_float
+    if isinstance(e, ir.BinOp) and e.op in "+-*/%":
+        return _is_float(k, e.lhs) or _is_float(k, e.rhs)
+    if isinstance(e, ir.UnaryOp) and e.op == "-":
+        return _is_float(k, e.operand)
+    if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
+        return any(_is_float(k, a) for a in e.args)
+    return False
+
+
 def _check_value(k, e, lanes):
     for x in walk_expr(e):
+        if isinstance(x, ir.BinOp) and x.op == "%" and (_is_float(k, x.lhs) or _is_float(k, x.rhs)):
+            raise SemanticError("'%' takes integers; a float operand has no remainder here", x.span)
         if isinstance(x, ir.Subscript):
             _check_element(k, x, lanes)
         elif isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):

@@ -1,0 +1,201 @@
+"""GPU: the CPU interpreter and the CUDA kernel agree bit for bit on the same
+inputs, outputs poisoned alike (marked gpu). Data movement, integer math and
+float math up to the fused multiply-adds NVRTC contracts are exact; gemm sums
+(wgmma's order of accumulation) are compared with a tolerance."""
+import math
+
+import pytest
+
+import tilec
+from test_interpret import (ELSIZE, EXAMPLES, LOOP_IF, SHIFT, copy_shape, copy_source, im2col_cases,
+                            im2col_source, SPATIAL)
+
+try:                                        # bounded: every case is small; with pytest-timeout, hard-bounded
+    import pytest_timeout  # noqa: F401
+    pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+except ImportError:
+    pytestmark = pytest.mark.gpu
+
+TORCH_DT = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i8": "int8", "i32": "int32"}
+
+
+def tensor(shape, dt, seed):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    if dt in ("i8", "i32"):
+        return torch.randint(-100, 100, shape, generator=g).to(getattr(torch, TORCH_DT[dt]))
+    return torch.randn(*shape, generator=g).to(getattr(torch, TORCH_DT[dt]))
+
+
+def poisoned(shape, dtype, device):
+    import torch
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.numel():
+        out.view(torch.uint8).fill_(0xA5)
+    return out
+
+
+def run_both(src, inputs, outputs, scalars=(), fallback_variant=False, **consts):
+    """`inputs`: CPU torch tensors; `outputs`: (shape, torch dtype). Returns
+    [(gpu result, interpreter result)] for every output, both on the CPU."""
+    import torch
+    gpu = tilec.compile(src, **consts)
+    cpu = tilec.compile(src, backend="interpret", **consts)
+    if fallback_variant:
+        gpu, cpu = gpu.fallback, cpu.fallback
+    g_out = [poisoned(s, d, "cuda") for s, d in outputs]
+    c_out = [poisoned(s, d, "cpu") for s, d in outputs]
+    gpu(*[x.cuda() for x in inputs], *g_out, *scalars)
+    torch.cuda.synchronize()
+    cpu(*[x.clone() for x in inputs], *c_out, *scalars)
+    return [(g.cpu(), c) for g, c in zip(g_out, c_out)]
+
+
+def assert_same_bits(pairs):
+    import torch
+    for g, c in pairs:
+        assert g.shape == c.shape
+        gb, cb = g.contiguous().view(torch.uint8), c.contiguous().view(torch.uint8)
+        if not torch.equal(gb, cb):
+            bad = (g.contiguous().view(-1).view(torch.uint8) != c.contiguous().view(-1).view(torch.uint8))
+            raise AssertionError(f"{int(bad.sum())} bytes differ between the GPU and the interpreter")
+
+
+# ---------------------------------------------------------------- examples
+
+@pytest.mark.parametrize("shape", [(1, 4), (777, 1000), (64, 128)])
+def test_copy2d_example(shape):
+    a = tensor(shape, "f32", 1)
+    assert_same_bits(run_both(str(EXAMPLES / "copy2d.tile"), [a], [(shape, a.dtype)]))
+
+
+@pytest.mark.parametrize("alpha", [0.75, 1 / 3])
+def test_scale_example(alpha):
+    """s * alpha + 1.0 is one fused multiply-add on the GPU; the interpreter rounds once too."""
+    x = tensor((333, 1000), "f32", 2)
+    assert_same_bits(run_both(str(EXAMPLES / "scale.tile"), [x], [(x.shape, x.dtype)], scalars=(alpha,)))
+
+
+@pytest.mark.parametrize("shape", [(2, 14, 14, 64), (3, 5, 7, 128)])
+def test_im2col_example(shape):
+    x = tensor(shape, "f16", 3)
+    rows = shape[0] * shape[1] * shape[2]
+    assert_same_bits(run_both(str(EXAMPLES / "im2col.tile"), [x], [((rows, 9 * shape[3]), x.dtype)]))
+
+
+@pytest.mark.parametrize("name", ["gemm", "conv2d"])
+def test_gemm_examples_agree_within_accumulation_order(name):
+    import torch
+    if name == "gemm":
+        a, b = tensor((200, 328), "f16", 4), tensor((328, 136), "f16", 5)
+        pairs = run_both(str(EXAMPLES / "gemm.tile"), [a, b], [((200, 136), a.dtype)])
+    else:
+        x, wt = tensor((2, 9, 7, 64), "f16", 6), (tensor((576, 128), "f32", 7) / 24).half()
+        pairs = run_both(str(EXAMPLES / "conv2d.tile"), [x, wt], [((126, 128), x.dtype)])
+    for g, c in pairs:
+        assert torch.isfinite(g.float()).all()
+        torch.testing.assert_close(g.float(), c.float(), rtol=2e-3, atol=2e-2)
+
+
+# ---------------------------------------------------------------- a sample of the copy and im2col matrices
+
+COPY_SAMPLE = [(1, "f32"), (1, "i8"), (2, "bf16"), (2, "f64"), (3, "f16"), (3, "i32"), (4, "i8"), (4, "f32"),
+               (5, "bf16"), (5, "f64")]
+
+
+@pytest.mark.parametrize("rank, dt", COPY_SAMPLE)
+def test_copy_of_rank_and_dtype(rank, dt):
+    a = tensor(copy_shape(rank, dt), dt, rank)
+    assert_same_bits(run_both(copy_source(rank, dt), [a], [(a.shape, a.dtype)]))
+    assert_same_bits(run_both(copy_source(rank, dt), [a], [(a.shape, a.dtype)], fallback_variant=True))
+
+
+@pytest.mark.parametrize("dt", ["f32", "i8"])
+@pytest.mark.parametrize("shift", [(-5, -2, 0, 0), (0, 0, 9, 6), (-17, -8, 4, 2)], ids=lambda v: "_".join(map(str, v)))
+def test_tma_clipping(dt, shift):
+    ly, lxu, sy, sxu = shift
+    per16 = 16 // ELSIZE[dt]
+    src = SHIFT.format(dt=dt, bn=8 * per16, ly=ly, lx=lxu * per16, sy=sy, sx=sxu * per16)
+    a = tensor((37, 40 * per16 + per16), dt, 8)
+    assert_same_bits(run_both(src, [a], [(a.shape, a.dtype)]))
+
+
+@pytest.mark.parametrize("case", im2col_cases()[::3], ids=lambda c: "r{}-{}-n{}-s{}-c{}-k{}-st{}-p{}-d{}".format(
+    c[0] + 2, *c[1:]))
+def test_im2col_matrix(case):
+    spatial, dt, n, size, c, k, s, p, d = case
+    sizes = (size,) * spatial if isinstance(size, int) else size
+    outs = [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i in sizes]
+    rows = n * math.prod(max(0, o) for o in outs)
+    consts = dict(S=s, P=p, DIL=d, BK=min(c, 64), **{f"K{dd}": k for dd in SPATIAL[spatial]})
+    x = tensor((n, *sizes, c), dt, 9)
+    out = [((rows, k ** spatial * c), x.dtype)]
+    assert_same_bits(run_both(im2col_source(spatial, dt), [x], out, **consts))
+
+
+# ---------------------------------------------------------------- element math
+
+def test_loop_if_kernel():
+    x = tensor((100, 136), "f32", 10)
+    assert_same_bits(run_both(LOOP_IF, [x], [(x.shape, x.dtype)], scalars=(3,)))
+
+
+def test_float_and_integer_element_math():
+    """Contracted multiply-adds, f16 and bf16 rounding, casts, truncating / and %."""
+    src = """
+    kernel m(X: f32[M, N], H: f16[M, N], B: bf16[M, N], I: i32[M, N], alpha: f32) {
+        grid (bx, by) = (cdiv(N, 64), cdiv(M, 16));
+        threads 128;
+        shared x: f32[16, 64];
+        shared h: f16[16, 64];
+        shared b: bf16[16, 64];
+        shared q: i32[16, 64];
+        copy(X[by * 16, bx * 64], x);
+        parallel (i, j) in (16, 64) {
+            h[i, j] = x[i, j] * alpha + x[i, j] * x[i, j];
+            b[i, j] = f16(x[i, j] * 3.0) - x[i, j] / alpha;
+            q[i, j] = i32(x[i, j] * 1000.0) / 7 + i32(x[i, j] * 1000.0) % 7 - min(i, j);
+            if x[i, j] < 0.0 {
+                x[i, j] = 2.0 - x[i, j] * alpha;
+            }
+        }
+        copy(h, H[by * 16, bx * 64]);
+        copy(b, B[by * 16, bx * 64]);
+        copy(q, I[by * 16, bx * 64]);
+        copy(x, X[by * 16, bx * 64]);
+    }"""
+    import torch
+    x = tensor((40, 200), "f32", 11)
+    outs = [((40, 200), torch.float16), ((40, 200), torch.bfloat16), ((40, 200), torch.int32)]
+    gpu = tilec.compile(src)
+    cpu = tilec.compile(src, backend="interpret")
+    xg, xc = x.cuda(), x.clone()
+    g_out = [poisoned(s, d, "cuda") for s, d in outs]
+    c_out = [poisoned(s, d, "cpu") for s, d in outs]
+    gpu(xg, *g_out, 0.3)
+    torch.cuda.synchronize()
+    cpu(xc, *c_out, 0.3)
+    assert_same_bits([(g.cpu(), c) for g, c in zip(g_out, c_out)] + [(xg.cpu(), xc)])
+
+
+def test_thread_copies_with_conversions():
+    src = """
+    kernel conv(X: f16[M, N], Y: f32[M, N], Z: i32[M, N]) {
+        grid (bx, by) = (cdiv(N, 64), cdiv(M, 16));
+        threads 128;
+        shared s: f16[16, 64];
+        local r: f32[16, 64];
+        copy(X[by * 16, bx * 64], s);
+        copy(s, r);
+        parallel (i, j) in (16, 64) {
+            r[i, j] = r[i, j] * 100.0 - 0.1;
+        }
+        copy(r, Y[by * 16, bx * 64]);
+        copy(r, Z[by * 16, bx * 64]);
+    }"""
+    import torch
+    x = tensor((30, 72), "f16", 12)
+    outs = [(x.shape, torch.float32), (x.shape, torch.int32)]
+    assert_same_bits(run_both(src, [x], outs))
+    assert_same_bits(run_both(src, [x], outs, fallback_variant=True))
+

@@ -1,0 +1,798 @@
+"""The CPU interpreter (tilec.compile(..., backend="interpret")) against independent
+numpy references: exact for data movement (TMA tiled and im2col loads, clipped
+stores, thread copies) and integer math, a tolerance only for float math."""
+import contextlib
+import itertools
+import math
+import random
+import warnings
+import zlib
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.compiler import lower
+from tilec.ir import nodes as ir
+from tilec.passes import PASS_NAMES
+from tilec.runtime import interpret
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def interp(src, **consts):
+    return tilec.compile(src, backend="interpret", **consts)
+
+
+def poisoned(shape, dtype):
+    out = np.empty(shape, dtype)
+    out.view(np.uint8)[...] = 0xA5
+    return out
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def rand(shape, dt, rng):
+    if dt in ("i8", "i32"):
+        return rng.integers(-100, 100, shape).astype({"i8": np.int8, "i32": np.int32}[dt])
+    x = rng.standard_normal(shape).astype(np.float32)
+    if dt == "bf16":
+        return x.astype(pytest.importorskip("ml_dtypes").bfloat16)
+    return x.astype({"f16": np.float16, "f32": np.float32, "f64": np.float64}[dt])
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """TMA paths must run as TMA: a fallback warning is an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        yield
+
+
+# ---------------------------------------------------------------- the interface
+
+def test_compile_returns_an_interpreted_kernel_with_the_ir():
+    k = interp(EXAMPLES / "copy2d.tile")
+    assert isinstance(k, interpret.InterpretedKernel)
+    assert k.name == "copy2d" and k.consts == {"BM": 64, "BN": 128}
+    assert k.ir().split() == list(PASS_NAMES)
+    assert "tma.load.tile s <- A[by * 64, bx * 128]" in k.ir("plan-smem")
+    assert "tma_load_2d(" in k.cuda_source
+    assert "thread.copy A[" in k.fallback.ir("plan-smem")
+
+
+def test_env_var_makes_the_interpreter_the_default(monkeypatch):
+    monkeypatch.setenv("TILEC_INTERPRET", "1")
+    assert isinstance(tilec.compile(str(EXAMPLES / "copy2d.tile")), interpret.InterpretedKernel)
+
+
+def test_unknown_backend_is_an_error():
+    with pytest.raises(tilec.TilecError, match="unknown backend 'metal'"):
+        tilec.compile(str(EXAMPLES / "copy2d.tile"), backend="metal")
+
+
+# ---------------------------------------------------------------- examples
+
+def test_copy2d_example():
+    k = interp(EXAMPLES / "copy2d.tile")
+    rng = np.random.default_rng(0)
+    for shape in [(1, 4), (1000, 1000), (777, 1000), (64, 128), (65, 132)]:
+        a = rng.standard_normal(shape, dtype=np.float32)
+        b = poisoned(shape, np.float32)
+        with no_fallback():
+            k(a, b)
+        assert same_bits(a, b), shape
+        b2 = poisoned(shape, np.float32)
+        k.fallback(a, b2)
+        assert same_bits(a, b2), shape
+
+
+def test_copy2d_example_falls_back_like_the_gpu():
+    """Rows of 7 floats (28 bytes) break TMA's stride rule: the thread-copy variant
+    runs with the GPU path's warning, or the rule is raised."""
+    a = np.arange(300 * 7, dtype=np.float32).reshape(300, 7)
+    b = np.zeros_like(a)
+    with pytest.warns(tilec.TmaFallbackWarning, match="argument A: row stride 28 bytes is not a multiple of 16"):
+        interp(EXAMPLES / "copy2d.tile")(a, b)
+    assert np.array_equal(a, b)
+    k = tilec.compile(EXAMPLES / "copy2d.tile", backend="interpret", fallback=False)
+    with pytest.raises(tilec.TmaRuleError, match="row stride 28 bytes"):
+        k(a, b)
+
+
+def fma_reference(x, alpha, c):
+    """x * alpha + c rounded once to f32, as the contracted CUDA computes it: for
+    these operands the double result is exact, so one rounding to float follows."""
+    exact = x.astype(np.float64) * np.float64(np.float32(alpha)) + np.float64(c)
+    return exact.astype(np.float32)
+
+
+def test_scale_example():
+    k = interp(EXAMPLES / "scale.tile")
+    rng = np.random.default_rng(1)
+    for shape in [(1, 4), (333, 1000), (64, 256)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        y = poisoned(shape, np.float32)
+        with no_fallback():
+            k(x, y, 0.75)
+        np.testing.assert_allclose(y, x * np.float32(0.75) + np.float32(1.0), rtol=1e-6, atol=1e-6)
+        # one rounding, as the fused multiply-add: within half an ulp of the exact value
+        assert np.array_equal(y, fma_reference(x, 0.75, 1.0))
+
+
+def im2col_reference(x, K, S, P, D):
+    """The [N * prod(O), prod(K) * C] matrix by numpy slicing over taps of a padded input
+    (a copy of tests/test_gpu_im2col.py's reference)."""
+    n, *sp, c = x.shape
+    K, S, P, D = ((v,) * len(sp) if isinstance(v, int) else v for v in (K, S, P, D))
+    outs = [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(sp, K, S, P, D)]
+    if min(outs) <= 0:
+        return np.zeros((0, math.prod(K) * c), x.dtype)
+    xp = np.pad(x, [(0, 0)] + [(p, p) for p in P] + [(0, 0)])
+    cols = []
+    for tap in itertools.product(*[range(k) for k in K]):
+        sl = tuple([slice(None)] + [slice(t * d, t * d + s * (o - 1) + 1, s) for t, d, s, o in zip(tap, D, S, outs)]
+                   + [slice(None)])
+        cols.append(xp[sl].reshape(n * math.prod(outs), c))
+    return np.concatenate(cols, axis=1)
+
+
+def test_im2col_example():
+    k = interp(EXAMPLES / "im2col.tile")
+    rng = np.random.default_rng(2)
+    for shape in [(2, 14, 14, 64), (3, 5, 7, 128), (1, 1, 1, 64)]:
+        x = rng.standard_normal(shape).astype(np.float16)
+        want = im2col_reference(x, 3, 1, 1, 1)
+        y = poisoned(want.shape, np.float16)
+        with no_fallback():
+            k(x, y)
+        assert same_bits(y, want), shape
+        y2 = poisoned(want.shape, np.float16)
+        k.fallback(x, y2)
+        assert same_bits(y2, want), shape
+
+
+@pytest.mark.parametrize("name", ["gemm", "gemm_128x256"])
+def test_gemm_examples(name):
+    """The pipelined wgmma gemms (TMA ring of swizzled tiles): f32 sums, f16 result."""
+    path = EXAMPLES / f"{name}.tile"
+    if not path.exists():
+        pytest.skip(f"{name}.tile is not in this checkout")
+    k = interp(path)
+    rng = np.random.default_rng(3)
+    for m, n, kk in [(256, 256, 256), (200, 136, 328), (64, 8, 40)]:
+        a = rng.standard_normal((m, kk)).astype(np.float16)
+        b = rng.standard_normal((kk, n)).astype(np.float16)
+        c = poisoned((m, n), np.float16)
+        with no_fallback():
+            k(a, b, c)
+        want = a.astype(np.float32) @ b.astype(np.float32)
+        np.testing.assert_allclose(c.astype(np.float32), want, rtol=2e-3, atol=2e-2 * math.sqrt(kk) / 16)
+
+
+GEMM_NT = """
+kernel gemm_nt(A: {dt}[M, K], B: {dt}[N, K], C: f32[M, N]) {{
+    const BM = 128, BN = 64, BK = 64;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+    shared a: {dt}[BM, BK];
+    shared b: {dt}[BN, BK];
+    local acc: f32[BM, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = {stages}) {{
+        copy(A[by * BM, k * BK], a);
+        copy(B[bx * BN, k * BK], b);
+        gemm(a, b, acc, transpose_b = true);
+    }}
+    copy(acc, C[by * BM, bx * BN]);
+}}"""
+
+
+@pytest.mark.parametrize("dt, stages", [("f16", 1), ("bf16", 4)])
+def test_gemm_with_transposed_b(dt, stages):
+    k = interp(GEMM_NT.format(dt=dt, stages=stages))
+    rng = np.random.default_rng(22)
+    a, b = rand((130, 200), dt, rng), rand((70, 200), dt, rng)
+    c = poisoned((130, 70), np.float32)
+    with no_fallback():
+        k(a, b, c)
+    want = a.astype(np.float32) @ b.astype(np.float32).T
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", [(2, 9, 7, 64, 128, 3, 1, 1, 1), (1, 5, 5, 128, 64, 3, 1, 1, 1),
+                                  (2, 15, 9, 64, 128, 3, 2, 0, 1), (2, 12, 12, 64, 64, 3, 1, 2, 2),
+                                  (2, 9, 9, 64, 200, 1, 1, 0, 1)],
+                         ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
+def test_conv2d_example(case):
+    """Implicit GEMM: TMA im2col loads into swizzled tiles of a pipelined ring, wgmma."""
+    n, h, w, c, f, k, s, p, d = case
+    kern = interp(EXAMPLES / "conv2d.tile", KH=k, KW=k, S=s, P=p, D=d)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, h, w, c)).astype(np.float16)
+    wt = (rng.standard_normal((k * k * c, f)) / math.sqrt(k * k * c)).astype(np.float16)
+    want = im2col_reference(x, k, s, p, d).astype(np.float32) @ wt.astype(np.float32)
+    y = poisoned((want.shape[0], f), np.float16)
+    with no_fallback():
+        kern(x, wt, y)
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=2e-3, atol=3e-3)
+
+
+# ---------------------------------------------------------------- copies of every rank and dtype
+
+ELSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4}
+TILE_OUTER = {1: (), 2: (4,), 3: (2, 3), 4: (2, 2, 3), 5: (1, 2, 2, 3)}
+SHAPE_OUTER = {1: (), 2: (13,), 3: (5, 7), 4: (3, 5, 7), 5: (2, 3, 4, 5)}
+
+
+def copy_source(rank, dt):
+    """A copy kernel of any rank: x and y tiles over the last two dims, the outer
+    dims folded into bz; tiles that do not divide the shape."""
+    width = 64 // ELSIZE[dt]
+    tile = TILE_OUTER[rank] + (width,)
+    dims = [f"D{d}" for d in range(rank)]
+    counts = [f"cdiv({d}, {t})" for d, t in zip(dims, tile)]
+    grid = [counts[-1]] + ([counts[-2]] if rank >= 2 else [])
+    origin = [None] * rank
+    origin[-1] = f"bx * {tile[-1]}"
+    if rank >= 2:
+        origin[-2] = f"by * {tile[-2]}"
+    folded = list(range(rank - 2))
+    names = ["bx", "by", "bz"][:len(grid)]
+    if folded:
+        grid.append(" * ".join(counts[d] for d in folded))
+        names.append("bz")
+        for d in folded:
+            inner = " * ".join(counts[e] for e in folded if e > d) or "1"
+            origin[d] = f"(bz / ({inner}) % {counts[d]}) * {tile[d]}"
+    return f"""
+kernel copy{rank}(A: {dt}[{', '.join(dims)}], B: {dt}[{', '.join(dims)}]) {{
+    grid ({', '.join(names)}) = ({', '.join(grid)});
+    threads 128;
+    shared s: {dt}[{', '.join(map(str, tile))}];
+    copy(A[{', '.join(origin)}], s);
+    copy(s, B[{', '.join(origin)}]);
+}}"""
+
+
+def copy_shape(rank, dt, aligned=True):
+    width = 64 // ELSIZE[dt]
+    inner = 3 * width + (16 // ELSIZE[dt] if aligned else 1)    # ragged; rows 16-byte aligned or not
+    return SHAPE_OUTER[rank] + (inner,)
+
+
+@pytest.mark.parametrize("dt", sorted(ELSIZE))
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+def test_copy_of_rank_and_dtype(rank, dt):
+    k = interp(copy_source(rank, dt))
+    rng = np.random.default_rng(rank)
+    a = rand(copy_shape(rank, dt), dt, rng)
+    b = poisoned(a.shape, a.dtype)
+    with no_fallback():
+        k(a, b)
+    assert same_bits(a, b)
+    b2 = poisoned(a.shape, a.dtype)
+    k.fallback(a, b2)
+    assert same_bits(a, b2)
+
+
+@pytest.mark.parametrize("dt", ["f16", "f64", "i8"])
+@pytest.mark.parametrize("rank", [2, 5])
+def test_copy_with_unaligned_rows_falls_back(rank, dt):
+    k = interp(copy_source(rank, dt))
+    a = rand(copy_shape(rank, dt, aligned=False), dt, np.random.default_rng(7))
+    b = poisoned(a.shape, a.dtype)
+    with pytest.warns(tilec.TmaFallbackWarning, match="is not a multiple of 16"):
+        k(a, b)
+    assert same_bits(a, b)
+
+
+def test_copy_of_a_strided_numpy_view():
+    k = interp(EXAMPLES / "copy2d.tile")
+    big = np.random.default_rng(8).standard_normal((300, 520), dtype=np.float32)
+    a = big[10:290:2, 16:500]
+    out = np.zeros((300, 600), np.float32)
+    b = out[5:145, 40:524]
+    k(a, b)
+    assert np.array_equal(a, b)
+    assert not out[:5].any() and not out[:, :40].any() and not out[:, 524:].any()
+
+
+SHIFT = """
+kernel shift(A: {dt}[M, N], B: {dt}[M, N]) {{
+    const BM = 16, BN = {bn}, LY = {ly}, LX = {lx}, SY = {sy}, SX = {sx};
+    grid (bx, by) = (cdiv(N, BN) + 1, cdiv(M, BM) + 1);
+    threads 128;
+    shared s: {dt}[BM, BN];
+    copy(A[by * BM + LY, bx * BN + LX], s);
+    copy(s, B[by * BM + SY, bx * BN + SX]);
+}}"""
+
+
+def shift_reference(a, b, bm, bn, ly, lx, sy, sx):
+    """Block (bx, by) copies A's box at (by*BM + LY, bx*BN + LX), zero outside A,
+    to B's box at (by*BM + SY, bx*BN + SX), dropping what is outside B."""
+    m, n = a.shape
+    gy, gx = -(-m // bm) + 1, -(-n // bn) + 1
+    pad = max(abs(ly), abs(lx), abs(sy), abs(sx)) + max(bm, bn)
+    ae = np.zeros((m + 2 * pad + gy * bm, n + 2 * pad + gx * bn), a.dtype)
+    ae[pad:pad + m, pad:pad + n] = a
+    be = np.zeros_like(ae)
+    be[pad:pad + m, pad:pad + n] = b
+    for by in range(gy):
+        for bx in range(gx):
+            tile = ae[pad + by * bm + ly:pad + by * bm + ly + bm, pad + bx * bn + lx:pad + bx * bn + lx + bn]
+            dst = (slice(pad + by * bm + sy, pad + by * bm + sy + bm), slice(pad + bx * bn + sx, pad + bx * bn + sx + bn))
+            be[dst] = tile
+    return be[pad:pad + m, pad:pad + n]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "i8"])
+@pytest.mark.parametrize("shift", [(-5, -2, 0, 0), (3, 2, 0, 0), (0, 0, -7, -4), (0, 0, 9, 6), (-17, -8, 4, 2),
+                                   (-40, 0, 0, -16)], ids=lambda v: "_".join(map(str, v)))
+def test_tma_clips_at_every_edge(dt, shift):
+    """Loads and stores partly (or wholly) outside the tensor on every side,
+    negative coordinates included: zero fill on load, writes dropped on store.
+    Column shifts are in 16-byte units (TMA's alignment rule)."""
+    ly, lxu, sy, sxu = shift
+    per16 = 16 // ELSIZE[dt]
+    bn, lx, sx = 8 * per16, lxu * per16, sxu * per16
+    k = interp(SHIFT.format(dt=dt, bn=bn, ly=ly, lx=lx, sy=sy, sx=sx))
+    a = rand((37, 5 * bn + per16), dt, np.random.default_rng(9))
+    b = poisoned(a.shape, a.dtype)
+    want = shift_reference(a, b.copy(), 16, bn, ly, lx, sy, sx)
+    with no_fallback():
+        k(a, b)
+    assert same_bits(b, want)
+    b2 = poisoned(a.shape, a.dtype)
+    k.fallback(a, b2)
+    assert same_bits(b2, want)
+
+
+def test_copy_of_a_row_segment_into_a_lower_rank_tile():
+    src = """
+    kernel rows(A: f32[M, N], B: f32[M, N]) {
+        grid (bx, by) = (cdiv(N, 256), M);
+        threads 128;
+        shared r: f32[256];
+        copy(A[by, bx * 256], r);
+        copy(r, B[by, bx * 256]);
+    }"""
+    a = np.random.default_rng(10).standard_normal((5, 600), dtype=np.float32)
+    b = poisoned(a.shape, np.float32)
+    with no_fallback():
+        interp(src)(a, b)
+    assert same_bits(a, b)
+
+
+# ---------------------------------------------------------------- im2col: a matrix of cases
+
+SPATIAL = {1: ("W",), 2: ("H", "W"), 3: ("Dd", "H", "W")}
+
+
+def im2col_source(spatial, dt):
+    dims = SPATIAL[spatial]
+    ks = [f"K{d}" for d in dims]
+    outs = [f"(({d} + 2 * P - DIL * ({k} - 1) - 1) / S + 1)" for d, k in zip(dims, ks)]
+    kernel = ks[0] if spatial == 1 else "(" + ", ".join(ks) + ")"
+    return f"""
+kernel im2col{spatial}(X: {dt}[N, {', '.join(dims)}, C], Y: {dt}[NP, {' * '.join(ks)} * C]) {{
+    const {', '.join(f'{k} = 3' for k in ks)}, S = 1, P = 1, DIL = 1;
+    const BM = 128, BK = 64;
+    require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};
+    grid (bx, by) = (cdiv({' * '.join(ks)} * C, BK), cdiv(NP, BM));
+    threads 128;
+    let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);
+    shared t: {dt}[BM, BK];
+    copy(Xc[by * BM, bx * BK], t);
+    copy(t, Y[by * BM, bx * BK]);
+}}"""
+
+
+def run_im2col(spatial, dt, n, size, c, k, s, p, d, bm=128, fallback_variant=False):
+    sizes = (size,) * spatial if isinstance(size, int) else size
+    bk = min(c, 64)
+    consts = dict(S=s, P=p, DIL=d, BM=bm, BK=bk, **{f"K{dd}": k for dd in SPATIAL[spatial]})
+    kern = interp(im2col_source(spatial, dt), **consts)
+    x = rand((n, *sizes, c), dt, np.random.default_rng(zlib.crc32(repr((spatial, dt, n, size, c, k)).encode())))
+    want = im2col_reference(x, k, s, p, d)
+    y = poisoned(want.shape, want.dtype)
+    if fallback_variant:
+        kern.fallback(x, y)
+    else:
+        with no_fallback():
+            kern(x, y)
+    assert same_bits(y, want)
+
+
+def im2col_cases():
+    rng = random.Random(1234)
+    out = []
+    for _ in range(28):
+        spatial = rng.choice([1, 2, 2, 3])
+        dt, c = rng.choice([("f16", 8), ("f16", 16), ("f16", 64), ("f32", 4), ("f32", 8)])
+        n = rng.choice([1, 2, 3])
+        size = rng.choice([1, 4, 7, 9]) if spatial < 3 else rng.choice([1, 4, 5])
+        k = rng.choice([1, 2, 3, 5, 7]) if spatial < 3 else rng.choice([1, 2, 3])
+        s, p, d = rng.choice([1, 2, 3]), rng.choice([0, 1, 2, 3]), rng.choice([1, 2])
+        out.append((spatial, dt, n, size, c, k, s, p, d))
+    out += [(2, "f16", 2, 14, 64, 3, 1, 1, 1), (2, "f16", 3, 7, 16, 7, 1, 0, 1),     # one output pixel per image
+            (2, "f16", 3, 5, 16, 7, 1, 0, 1),                                         # no output pixel
+            (2, "f16", 2, (5, 11), 16, 3, 2, 1, 1), (2, "f32", 2, (13, 6), 4, 5, 3, 2, 2),   # OH != OW != W
+            (1, "f16", 3, 100, 16, 3, 1, 1, 1), (1, "f16", 2, 31, 64, 5, 2, 3, 2),
+            (3, "f16", 2, (3, 5, 6), 16, 3, 1, 1, 1), (3, "f32", 1, 5, 8, 3, 2, 0, 2)]
+    return out
+
+
+@pytest.mark.parametrize("case", im2col_cases(),
+                         ids=lambda c: "r{}-{}-n{}-s{}-c{}-k{}-st{}-p{}-d{}".format(c[0] + 2, *c[1:]))
+def test_im2col_matrix(case):
+    run_im2col(*case)
+
+
+@pytest.mark.parametrize("case", im2col_cases()[::4],
+                         ids=lambda c: "r{}-{}-n{}-s{}-c{}-k{}-st{}-p{}-d{}".format(c[0] + 2, *c[1:]))
+def test_im2col_matrix_thread_copy_variant(case):
+    run_im2col(*case, fallback_variant=True)
+
+
+def test_im2col_bm_64_rows_cross_images():
+    run_im2col(2, "f16", 3, 5, 64, 3, 1, 1, 1, bm=64)
+
+
+def test_im2col_channels_not_a_multiple_of_bk_fall_back():
+    kern = interp(im2col_source(2, "f16"), BK=8)
+    x = rand((2, 9, 9, 3), "f16", np.random.default_rng(11))     # 3 channels: 6-byte pixels
+    want = im2col_reference(x, 3, 1, 1, 1)
+    y = poisoned(want.shape, np.float16)
+    with pytest.warns(tilec.TmaFallbackWarning, match="3 channels is not a multiple of the K tile width 8"):
+        kern(x, y)
+    assert same_bits(y, want)
+
+
+# ---------------------------------------------------------------- loops, ifs, local tiles, element math
+
+LOOP_IF = """
+kernel clamp(X: f32[M, N], Y: f32[M, N], n: i32) {
+    const BM = 16, BN = 64;
+    grid (bx) = (cdiv(N, BN));
+    threads 128;
+    shared s: f32[BM, BN];
+    for t in range(cdiv(M, BM)) {
+        copy(X[t * BM, bx * BN], s);
+        if t < n {
+            parallel (i, j) in (BM, BN) {
+                s[i, j] = s[i, j] + 1.0;
+            }
+        } else {
+            fill(s, 0);
+        }
+        copy(s, Y[t * BM, bx * BN]);
+    }
+}"""
+
+
+@pytest.mark.parametrize("n", [0, 3, 100])
+def test_loop_with_an_if(n):
+    k = interp(LOOP_IF)
+    x = np.random.default_rng(12).standard_normal((100, 136), dtype=np.float32)
+    want = np.where(np.arange(100)[:, None] < 16 * n, x + np.float32(1), np.float32(0))
+    for run in (k, k.fallback):
+        y = poisoned(x.shape, np.float32)
+        with no_fallback():
+            run(x, y, n)
+        assert same_bits(y, want)
+
+
+def test_local_tile_accumulates_over_a_loop():
+    src = """
+    kernel rowsum(A: f32[M, K], B: f32[M, 128]) {
+        grid (by) = (cdiv(M, 64));
+        threads 128;
+        shared a: f32[64, 128];
+        local acc: f32[64, 128];
+        fill(acc, 0);
+        for k in pipelined(cdiv(K, 128), stages = 3) {
+            copy(A[by * 64, k * 128], a);
+            parallel (i, j) in (64, 128) {
+                acc[i, j] = acc[i, j] + a[i, j];
+            }
+        }
+        copy(acc, B[by * 64, 0]);
+    }"""
+    a = np.random.default_rng(13).integers(-8, 8, (100, 500)).astype(np.float32)
+    want = np.zeros((100, 128), np.float32)
+    for k0 in range(0, 500, 128):
+        part = a[:, k0:k0 + 128]
+        want[:, :part.shape[1]] += part
+    b = poisoned(want.shape, np.float32)
+    k = interp(src)
+    with no_fallback():
+        k(a, b)
+    assert same_bits(b, want)                  # small integers: float sums are exact
+
+
+def test_f16_through_a_local_tile():
+    src = """
+    kernel scale16(X: f16[M, N], Y: f16[M, N], alpha: f32) {
+        const BM = 16, BN = 128;
+        grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+        threads 128;
+        shared s: f16[BM, BN];
+        local r: f32[BM, BN];
+        copy(X[by * BM, bx * BN], s);
+        copy(s, r);
+        parallel (i, j) in (BM, BN) {
+            r[i, j] = r[i, j] * alpha - 2.0;
+        }
+        copy(r, Y[by * BM, bx * BN]);
+    }"""
+    x = rand((100, 304), "f16", np.random.default_rng(14))
+    y = poisoned(x.shape, np.float16)
+    with no_fallback():
+        interp(src)(x, y, 1.5)
+    # x * 1.5 is exact in float, so the fused multiply-add is one rounding to float, then f16
+    assert same_bits(y, (x.astype(np.float32) * np.float32(1.5) - np.float32(2.0)).astype(np.float16))
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_half_precision_math_in_float(dt):
+    src = f"""
+    kernel h(X: {dt}[M, N], Y: {dt}[M, N]) {{
+        grid (bx, by) = (cdiv(N, 64), cdiv(M, 8));
+        threads 128;
+        shared s: {dt}[8, 64];
+        copy(X[by * 8, bx * 64], s);
+        parallel (i, j) in (8, 64) {{
+            s[i, j] = s[i, j] * 2.0 + 0.25;
+        }}
+        copy(s, Y[by * 8, bx * 64]);
+    }}"""
+    x = rand((20, 136), dt, np.random.default_rng(15))
+    y = poisoned(x.shape, x.dtype)
+    with no_fallback():
+        interp(src)(x, y)
+    # float(x) * 2 is exact: one float rounding, then one rounding to the half type
+    want = (x.astype(np.float32) * np.float32(2.0) + np.float32(0.25)).astype(x.dtype)
+    assert same_bits(y, want)
+
+
+def c_div(a, b):
+    return np.trunc(a / b).astype(a.dtype)
+
+
+def test_integer_math_is_cpp():
+    """Truncating / and %, min, abs, casts, comparisons: C++, not Python."""
+    src = """
+    kernel ints(X: i32[M, N], Y: i32[M, N], Z: f32[M, N]) {
+        const BM = 8, BN = 32;
+        grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+        threads 128;
+        shared s: i32[BM, BN];
+        shared t: i32[BM, BN];
+        local z: f32[BM, BN];
+        copy(X[by * BM, bx * BN], s);
+        parallel (i, j) in (BM, BN) {
+            t[i, j] = s[i, j] / 7 + s[i, j] % 7 * 1000 + min(i, j) - abs(s[i, j]) / 100 + (s[i, j] < -3);
+            z[i, j] = s[i, j] / 2 + f32(s[i, j]) / 4.0;
+        }
+        copy(t, Y[by * BM, bx * BN]);
+        copy(z, Z[by * BM, bx * BN]);
+    }"""
+    x = np.random.default_rng(16).integers(-1000, 1000, (20, 68)).astype(np.int32)
+    y, z = poisoned(x.shape, np.int32), poisoned(x.shape, np.float32)
+    with no_fallback():
+        interp(src)(x, y, z)
+    q = c_div(x, np.int32(7))
+    ii, jj = np.indices(x.shape)
+    want = q + (x - q * 7) * 1000 + np.minimum(ii % 8, jj % 32) - c_div(np.abs(x), np.int32(100)) + (x < -3)
+    assert same_bits(y, want.astype(np.int32))
+    assert same_bits(z, c_div(x, np.int32(2)).astype(np.float32) + x.astype(np.float32) / np.float32(4))
+
+
+def test_per_element_if_transposed_reads_and_casts():
+    """`if` inside a body, a tile read at other indices (codegen flattens them),
+    f16 rounding by a cast, float -> int conversions."""
+    src = """
+    kernel tr(X: f16[M, N], Y: f16[M, N], Q: i32[M, N]) {
+        const B = 64;
+        grid (bx, by) = (cdiv(N, B), cdiv(M, B));
+        threads 128;
+        shared s: f16[B, B];
+        shared t: f16[B, B];
+        shared q: i32[B, B];
+        copy(X[by * B - 16, bx * B - 64], s);
+        parallel (i, j) in (B, B) {
+            if s[j, i] > 0.5 {
+                t[i, j] = f16(s[j, i] * 3.0) + 0.5;
+            } else {
+                t[i, j] = -s[j, i];
+            }
+            q[i, j] = i32(s[i, j] * 10.0);
+        }
+        copy(t, Y[by * B, bx * B]);
+        copy(q, Q[by * B, bx * B]);
+    }"""
+    x = rand((130, 200), "f16", np.random.default_rng(17))
+    y, q = poisoned(x.shape, np.float16), poisoned(x.shape, np.int32)
+    with no_fallback():
+        interp(src)(x, y, q)
+    m, n = x.shape
+    xe = np.zeros((3 * 64 + 16, 4 * 64 + 64), np.float16)
+    xe[16:16 + m, 64:64 + n] = x                # the loads' origin is (-16, -64) from the block's
+    want_t = np.zeros((3 * 64, 4 * 64), np.float16)
+    want_q = np.zeros((3 * 64, 4 * 64), np.int32)
+    for by, bx in itertools.product(range(3), range(4)):
+        tile = xe[by * 64:by * 64 + 64, bx * 64:bx * 64 + 64].astype(np.float32)
+        big = (tile.T * np.float32(3)).astype(np.float16).astype(np.float32) + np.float32(0.5)
+        want_t[by * 64:by * 64 + 64, bx * 64:bx * 64 + 64] = np.where(tile.T > 0.5, big, -tile.T).astype(np.float16)
+        want_q[by * 64:by * 64 + 64, bx * 64:bx * 64 + 64] = np.trunc(tile * np.float32(10)).astype(np.int32)
+    assert same_bits(y, want_t[:m, :n])
+    assert same_bits(q, want_q[:m, :n])
+
+
+def test_float_functions_with_a_tolerance():
+    src = """
+    kernel f(X: f32[M, N], Y: f32[M, N]) {
+        grid (bx, by) = (cdiv(N, 64), cdiv(M, 16));
+        threads 128;
+        shared s: f32[16, 64];
+        copy(X[by * 16, bx * 64], s);
+        parallel (i, j) in (16, 64) {
+            s[i, j] = exp(s[i, j]) + sqrt(abs(s[i, j])) * rsqrt(s[i, j] * s[i, j] + 1.0) - log(2.0 + s[i, j] * s[i, j]);
+        }
+        copy(s, Y[by * 16, bx * 64]);
+    }"""
+    x = np.random.default_rng(18).standard_normal((40, 200), dtype=np.float32)
+    y = poisoned(x.shape, np.float32)
+    with no_fallback():
+        interp(src)(x, y)
+    xd = x.astype(np.float64)
+    want = np.exp(xd) + np.sqrt(np.abs(xd)) / np.sqrt(xd * xd + 1) - np.log(2 + xd * xd)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_thread_copies_convert_dtypes():
+    """shared f16 -> local f32 -> global f64 / i32, shared -> shared: codegen's casts."""
+    src = """
+    kernel conv(X: f16[M, N], Y: f64[M, N], Z: i32[M, N], W: f16[M, N]) {
+        grid (bx, by) = (cdiv(N, 64), cdiv(M, 16));
+        threads 128;
+        shared s: f16[16, 64];
+        shared w: f16[16, 64];
+        local r: f32[16, 64];
+        copy(X[by * 16, bx * 64], s);
+        copy(s, r);
+        parallel (i, j) in (16, 64) {
+            r[i, j] = r[i, j] * 100.0;
+        }
+        copy(r, Y[by * 16, bx * 64]);
+        copy(r, Z[by * 16, bx * 64]);
+        copy(s, w);
+        copy(w, W[by * 16, bx * 64]);
+    }"""
+    x = rand((30, 72), "f16", np.random.default_rng(19))
+    y, z, w = poisoned(x.shape, np.float64), poisoned(x.shape, np.int32), poisoned(x.shape, np.float16)
+    k = interp(src)
+    for run in (k, k.fallback):
+        run(x, y, z, w)
+        r = x.astype(np.float32) * np.float32(100)
+        assert same_bits(y, r.astype(np.float64))
+        assert same_bits(z, np.trunc(r).astype(np.int32))
+        assert same_bits(w, x)
+
+
+# ---------------------------------------------------------------- launch checks, as on the GPU
+
+def test_launch_errors_are_the_gpu_paths():
+    k = interp(EXAMPLES / "copy2d.tile")
+    a = np.zeros((64, 128), np.float32)
+    with pytest.raises(tilec.LaunchError, match=r"argument B: dtype f16 does not match the declared f32"):
+        k(a, a.astype(np.float16))
+    with pytest.raises(tilec.LaunchError, match=r"argument B: dim 0 is 65 but M = 64 \(from A dim 0\)"):
+        k(a, np.zeros((65, 128), np.float32))
+    with pytest.raises(tilec.LaunchError, match=r"argument B: rank 1 does not match the declared rank 2"):
+        k(a, np.zeros(128, np.float32))
+    with pytest.raises(tilec.LaunchError, match=r"argument alpha: expected a number for f32, got str"):
+        interp(EXAMPLES / "scale.tile")(a, a, "x")
+    im = interp(EXAMPLES / "im2col.tile")
+    with pytest.raises(tilec.LaunchError, match=r"argument Y: dim 1 is 288 but the declaration says 9 \* C = 576"):
+        im(np.zeros((2, 8, 8, 64), np.float16), np.zeros((128, 288), np.float16))
+    with pytest.raises(tilec.LaunchError, match=r"require NP == N \* OH \* OW failed \(H = 8, N = 2, NP = 100, W = 8\)"):
+        im(np.zeros((2, 8, 8, 64), np.float16), np.zeros((100, 576), np.float16))
+
+
+def test_an_empty_grid_runs_nothing():
+    b = poisoned((0, 128), np.float32)
+    interp(EXAMPLES / "copy2d.tile")(np.zeros((0, 128), np.float32), b)
+
+
+def test_a_wrong_expect_tx_is_a_hang(monkeypatch):
+    """With the test hook's 16 extra bytes (check-barriers is skipped for it) the
+    interpreter finds the wait that would never complete."""
+    monkeypatch.setenv("TILEC_TEST_EXPECT_TX_SKEW", "16")
+    k = interp(EXAMPLES / "copy2d.tile")
+    a = np.zeros((64, 128), np.float32)
+    with pytest.raises(interpret.InterpretError, match=r"would hang: block \(0, 0, 0\) waits on mbarrier bar0 "
+                                                       r"with parity 0.*expect-tx is 32784 bytes but its TMA loads "
+                                                       r"bring 32768") as info:
+        k(a, a.copy())
+    assert info.value.span.line == 9
+
+
+def test_a_misaligned_tma_coordinate_is_a_fault():
+    """IR with an innermost coordinate of 1 f32 (4 bytes): the GPU would fault."""
+    k = lower(str(EXAMPLES / "copy2d.tile")).kernel
+
+    def shift(s):
+        if isinstance(s, ir.TmaLoad):
+            return replace(s, coords=(s.coords[0], ir.BinOp("+", s.coords[1], ir.Int(1))))
+        if isinstance(s, ir.OneThread):
+            return replace(s, body=tuple(shift(x) for x in s.body))
+        return s
+    bad = replace(k, body=tuple(shift(s) for s in k.body))
+    a = np.zeros((64, 128), np.float32)
+    with pytest.raises(interpret.InterpretError, match="innermost coordinate 1 .4 bytes. is not 16-byte aligned"):
+        interpret.run(bad, (a, a.copy()), (1, 1, 1))
+
+
+def test_torch_cpu_tensors_are_written_in_place():
+    torch = pytest.importorskip("torch")
+    k = interp(EXAMPLES / "copy2d.tile")
+    a = torch.randn(100, 300)
+    b = torch.zeros(100, 300)
+    k(a, b)
+    assert torch.equal(a, b)
+    x = torch.randn(20, 136).to(torch.bfloat16)
+    y = torch.zeros_like(x)
+    interp(copy_source(2, "bf16"))(x, y)
+    assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------- the arithmetic helpers
+
+def exact_round(value: Fraction, dtype):
+    f = dtype.type(float(value))
+    with np.errstate(over="ignore"):
+        cands = [c for c in (np.nextafter(f, dtype.type(-np.inf)), f, np.nextafter(f, dtype.type(np.inf)))
+                 if np.isfinite(c)]
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - value), int(np.array(c).view(bits)) & 1))
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64)])
+def test_fused_multiply_add_is_rounded_once(dtype):
+    rng = np.random.default_rng(20)
+    a, b = rng.standard_normal(3000).astype(dtype), rng.standard_normal(3000).astype(dtype)
+    c = (-(a.astype(np.float64) * b)).astype(dtype)            # near-cancellation: the hard cases
+    c[::2] = rng.standard_normal(1500).astype(dtype)
+    got = interpret._fma(a, b, c, dtype)
+    for i in range(0, 3000, 5):
+        want = exact_round(Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i])), dtype)
+        assert got[i] == want, (a[i], b[i], c[i])
+
+
+def test_float_literals_round_from_their_decimal_text():
+    for text in ["0.1", "1e-05", "3.4028235e+38", "0.3", "16777217.0", "1.0000000596046448"]:
+        v = float(text)
+        assert interpret._f32_literal(v) == exact_round(Fraction(text), np.dtype(np.float32))
+
+
+def test_bf16_and_fp8_conversions():
+    ml = pytest.importorskip("ml_dtypes")
+    x = np.random.default_rng(21).standard_normal(20000).astype(np.float32) * 300
+    x[:4] = [0.0, -0.0, np.inf, -np.inf]
+    bits = interpret.encode(x, ir.DTYPES["bf16"])
+    assert np.array_equal(bits, x.astype(ml.bfloat16).view(np.uint16))
+    assert np.array_equal(interpret.decode(bits, ir.DTYPES["bf16"]), x.astype(ml.bfloat16).astype(np.float32))
+    for name, ml_type in [("f8e4m3", ml.float8_e4m3fn), ("f8e5m2", ml.float8_e5m2)]:
+        finite = x[np.isfinite(x) & (np.abs(x) < float(ml.finfo(ml_type).max))]
+        got = interpret.encode(finite, ir.DTYPES[name])
+        assert np.array_equal(got, finite.astype(ml_type).view(np.uint8)), name
+        assert np.array_equal(interpret.decode(got, ir.DTYPES[name]), finite.astype(ml_type).astype(np.float32))
