@@ -93,7 +93,7 @@ def launch(loaded, grid, threads, smem_bytes, stream, params, name) -> None:
     from cuda.bindings import driver as cu
     err = cu.cuLaunchKernel(loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
                             stream, ctypes.addressof(params), 0)[0]
-    if err:
+    if int(err):
         check((err,), f"launching {name}")
 
 
