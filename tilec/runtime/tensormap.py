@@ -82,6 +82,19 @@ class TensorMapCache:
 CACHE = TensorMapCache()
 
 
+def _dtype_enum(cu, dtype):
+    return getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}")
+
+
+def _layout_enums(cu, swizzle, l2_promotion):
+    """interleave, swizzle, L2 promotion, OOB fill: the trailing arguments of both encoders."""
+    return (cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
+            getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
+                    ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+
 def _global_strides(cu, dtype, shape, strides):
     """Byte strides of dims 1..rank-1, innermost first. A rank-1 map has none, but
     the driver rejects an empty array (seen on the H100): pass one it ignores."""
@@ -111,16 +124,12 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     from cuda.bindings import driver as cu
     rank = len(shape)
     m = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), rank, address,
+        _dtype_enum(cu, dtype), rank, address,
         [cu.cuuint64_t(n) for n in reversed(shape)],
         _global_strides(cu, dtype, shape, strides),
         [cu.cuuint32_t(b) for b in reversed(box)],
         [cu.cuuint32_t(e) for e in reversed(element_strides)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
-        getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
-                ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"argument {arg_name}: cuTensorMapEncodeTiled")
+        *_layout_enums(cu, swizzle, l2_promotion)), f"argument {arg_name}: cuTensorMapEncodeTiled")
     CACHE.put(key, m)
     return m
 
@@ -187,15 +196,11 @@ def encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, elem
     check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides)
     from cuda.bindings import driver as cu
     m = check(cu.cuTensorMapEncodeIm2col(
-        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}"), len(arg.shape), arg.ptr,
+        _dtype_enum(cu, dtype), len(arg.shape), arg.ptr,
         [cu.cuuint64_t(n) for n in reversed(arg.shape)],
         _global_strides(cu, dtype, arg.shape, strides),
         list(reversed(lower)), list(reversed(upper)), channels_per_pixel, pixels_per_column,
         [cu.cuuint32_t(e) for e in reversed(element_strides)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
-        getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
-                ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"argument {arg.name}: cuTensorMapEncodeIm2col")
+        *_layout_enums(cu, swizzle, l2_promotion)), f"argument {arg.name}: cuTensorMapEncodeIm2col")
     CACHE.put(key, m)
     return m
