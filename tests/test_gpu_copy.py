@@ -285,3 +285,18 @@ def test_fallback_copy_over_2_pow_31_elements():
     assert torch.equal(a, b)
     del a, b
     torch.cuda.empty_cache()
+
+
+def test_cupy_arguments():
+    """cupy arrays through __cuda_array_interface__ / DLPack (cuda.core's StridedMemoryView)."""
+    cp = pytest.importorskip("cupy")
+    k = tilec.compile("examples/copy2d.tile")
+    a = cp.random.standard_normal((300, 520), dtype=cp.float32)
+    b = cp.full_like(a, cp.nan)
+    k(a, b)
+    cp.cuda.get_current_stream().synchronize()
+    assert bool((a == b).all())
+    sliced = cp.zeros((300, 600), dtype=cp.float32)[:, 16:536]
+    k(a, sliced)
+    cp.cuda.get_current_stream().synchronize()
+    assert bool((a == sliced).all())
