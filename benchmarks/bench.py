@@ -1,6 +1,7 @@
 """tilec next to the best peer, same inputs, same run; prints a table of ratios.
 
     python benchmarks/bench.py            (needs a Hopper GPU and torch)
+    python benchmarks/bench.py gemm conv2d   (only the named benchmarks)
 
 Kernel times: CUDA events, warm-up, median of repeats, rotating over several
 buffers when they would fit in L2. Host times: perf_counter_ns over many calls."""
@@ -35,6 +36,28 @@ def time_gpu(fn, reps=30, warmup=5):
     return statistics.median(times)
 
 
+def compare(mine, peer, rounds=7, reps=10):
+    """Times tilec and its peer in alternating rounds (peer, tilec, peer, ...), so
+    that clock and temperature drift hit both alike. Returns the median times and
+    the median, lowest and highest of the per-round ratios peer time / tilec time."""
+    t_mine, t_peer, ratios = [], [], []
+    for _ in range(rounds):
+        tp = time_gpu(peer, reps=reps, warmup=2)
+        tm = time_gpu(mine, reps=reps, warmup=2)
+        t_peer.append(tp)
+        t_mine.append(tm)
+        ratios.append(tp / tm)
+    return statistics.median(t_mine), statistics.median(t_peer), Ratio(ratios)
+
+
+class Ratio(float):
+    """A median ratio that remembers the spread of the rounds it came from."""
+    def __new__(cls, ratios):
+        r = super().__new__(cls, statistics.median(ratios))
+        r.lo, r.hi = min(ratios), max(ratios)
+        return r
+
+
 def host_time_per_call(fn, calls=10_000):
     import torch
     for _ in range(100):
@@ -57,11 +80,11 @@ def bench_copy(rows):
     a = torch.randn(M, N, device="cuda")
     b = torch.empty_like(a)
     nbytes = 2 * a.numel() * a.element_size()           # read + write
-    t_tilec = time_gpu(lambda: k(a, b))
+    k(a, b)
     assert torch.equal(a, b), "copy2d gave a wrong answer"
-    t_torch = time_gpu(lambda: b.copy_(a))
+    t_tilec, t_torch, ratio = compare(lambda: k(a, b), lambda: b.copy_(a))
     rows.append(("copy2d 16384x16384 f32 (1 GiB)", "torch copy_", nbytes / t_tilec / 1e9,
-                 nbytes / t_torch / 1e9, "GB/s", t_torch / t_tilec))
+                 nbytes / t_torch / 1e9, "GB/s", ratio))
 
 
 def bench_scale(rows):
@@ -70,10 +93,10 @@ def bench_scale(rows):
     x = torch.randn(16384, 16384, device="cuda")
     y = torch.empty_like(x)
     nbytes = 2 * x.numel() * 4
-    t_tilec = time_gpu(lambda: k(x, y, 0.5))
-    t_torch = time_gpu(lambda: torch.add(torch.mul(x, 0.5, out=y), 1.0, out=y))
+    t_tilec, t_torch, ratio = compare(lambda: k(x, y, 0.5),
+                                      lambda: torch.add(torch.mul(x, 0.5, out=y), 1.0, out=y))
     rows.append(("scale 16384x16384 f32", "torch mul+add", nbytes / t_tilec / 1e9, nbytes / t_torch / 1e9,
-                 "GB/s", t_torch / t_tilec))
+                 "GB/s", ratio))
 
 
 def bench_im2col(rows):
@@ -84,7 +107,7 @@ def bench_im2col(rows):
     x = torch.randn(128, 56, 56, 64, device="cuda").half()
     y = torch.empty(128 * 56 * 56, 9 * 64, device="cuda", dtype=torch.float16)
     nbytes = (y.numel() + x.numel()) * 2    # device-memory traffic: the matrix written, the input read once
-    t_tilec = time_gpu(lambda: k(x, y), reps=20)
+    k(x, y)
     xn = x.permute(0, 3, 1, 2)          # NCHW view of the same data (channels-last memory)
 
     def torch_unfold():                 # the same matrix: unfold, then (kh, kw, c) columns, pixel rows
@@ -92,13 +115,17 @@ def bench_im2col(rows):
         return cols.view(128, 64, 9, -1).permute(0, 3, 2, 1).reshape(-1, 9 * 64)
     got = torch_unfold()
     assert torch.equal(got, y), "im2col example gave a wrong answer"
-    t_torch = time_gpu(torch_unfold, reps=20)
+    t_tilec, t_torch, ratio = compare(lambda: k(x, y), torch_unfold, rounds=5)
     rows.append(("im2col ResNet-50 3x3 (N128 56x56 C64) f16", "torch unfold", nbytes / t_tilec / 1e9,
-                 nbytes / t_torch / 1e9, "GB/s", t_torch / t_tilec))
-    copy_bw = next((r[2] for r in rows if r[0].startswith("copy2d")), None)
-    if copy_bw:
-        bw = nbytes / t_tilec / 1e9
-        rows.append(("im2col GB/s over copy2d GB/s (last col)", "copy2d", bw, copy_bw, "GB/s", bw / copy_bw))
+                 nbytes / t_torch / 1e9, "GB/s", ratio))
+    # the copy bandwidth in the same rounds: copy2d of a tensor of the matrix's size
+    kc = tilec.compile(str(ROOT / "examples/copy2d.tile"))
+    src = torch.randn(y.numel() // 2, device="cuda").view(-1, 9 * 64 // 2)
+    dst = torch.empty_like(src)
+    copy_bytes = 2 * src.numel() * 4
+    t_im2col, t_copy, _ = compare(lambda: k(x, y), lambda: kc(src, dst), rounds=5)
+    bw, copy_bw = nbytes / t_im2col / 1e9, copy_bytes / t_copy / 1e9
+    rows.append(("im2col GB/s over copy2d GB/s (last col)", "copy2d", bw, copy_bw, "GB/s", bw / copy_bw))
 
 
 def bench_gemm(rows):
@@ -115,10 +142,16 @@ def bench_gemm(rows):
             err = ((c.float() - want.float()).norm() / want.float().norm()).item()
             assert err < 1e-2, f"gemm {dt} {n}: relative error {err}"
             flops = 2 * n ** 3
-            t_tilec = time_gpu(lambda: k(a, b, c), reps=10)
-            t_torch = time_gpu(lambda: torch.matmul(a, b, out=c), reps=10)
+            t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c))
             rows.append((f"{name} {dt} {n}^3", "torch.matmul", flops / t_tilec / 1e12,
-                         flops / t_torch / 1e12, "TFLOP", t_torch / t_tilec))
+                         flops / t_torch / 1e12, "TFLOP", ratio))
+
+
+# conv2d.tile's consts per layer (BM x BN tiles, pipeline stages), picked by a sweep
+# on the H100: the default 128x128 with 3 stages (two blocks per SM), except where
+# F = 64 makes a 128-wide tile half empty.
+CONV_LAYERS = (((56, 64, 1), dict(BN=64, STAGES=4)), ((28, 128, 1), {}), ((14, 256, 1), {}),
+               ((7, 512, 1), {}), ((56, 128, 2), {}))
 
 
 def bench_conv2d(rows):
@@ -127,10 +160,9 @@ def bench_conv2d(rows):
 
     import torch
     import torch.nn.functional as F
-    k = tilec.compile(str(ROOT / "examples/conv2d.tile"))
     ratios = []
-    for hw, c, s in ((56, 64, 1), (28, 128, 1), (14, 256, 1), (7, 512, 1), (56, 128, 2)):
-        ks = k if s == 1 else tilec.compile(str(ROOT / "examples/conv2d.tile"), S=2)
+    for (hw, c, s), consts in CONV_LAYERS:
+        ks = tilec.compile(str(ROOT / "examples/conv2d.tile"), S=s, **consts)
         x = torch.randn(128, hw, hw, c, device="cuda").half()
         weight = torch.randn(c, c, 3, 3, device="cuda").half() / (9 * c) ** 0.5
         wt = weight.permute(2, 3, 1, 0).reshape(9 * c, c).contiguous()
@@ -143,11 +175,11 @@ def bench_conv2d(rows):
         err = ((y.float() - want.float()).norm() / want.float().norm()).item()
         assert err < 5e-3, f"conv2d {hw}x{hw} C{c}: relative error {err}"
         flops = 2 * 128 * o * o * c * 9 * c
-        t_tilec = time_gpu(lambda: ks(x, wt, y), reps=10)
-        t_torch = time_gpu(lambda: F.conv2d(xn, wn, stride=s, padding=1), reps=10)
-        ratios.append(t_torch / t_tilec)
-        rows.append((f"conv2d {hw}x{hw} C{c}->{c} 3x3 s{s}", "F.conv2d cuDNN", flops / t_tilec / 1e12,
-                     flops / t_torch / 1e12, "TFLOP", t_torch / t_tilec))
+        t_tilec, t_torch, ratio = compare(lambda: ks(x, wt, y), lambda: F.conv2d(xn, wn, stride=s, padding=1))
+        ratios.append(ratio)
+        tiles = f"{ks.consts['BM']}x{ks.consts['BN']}/{ks.consts['STAGES']}"
+        rows.append((f"conv2d {hw}x{hw} C{c}->{c} 3x3 s{s} ({tiles})", "F.conv2d cuDNN", flops / t_tilec / 1e12,
+                     flops / t_torch / 1e12, "TFLOP", ratio))
     rows.append(("conv2d geomean of the 5 layers", "F.conv2d cuDNN", 0, 0, "", math.prod(ratios) ** (1 / 5)))
 
 
@@ -195,15 +227,25 @@ def bench_compile(rows):
 
 def main():
     rows = []
-    for b in (bench_compile, bench_copy, bench_scale, bench_im2col, bench_gemm, bench_conv2d, bench_host):
+    benches = (bench_compile, bench_copy, bench_scale, bench_im2col, bench_gemm, bench_conv2d, bench_host)
+    wanted = set(sys.argv[1:])
+    unknown = wanted - {b.__name__[len("bench_"):] for b in benches}
+    if unknown:
+        sys.exit(f"unknown benchmark {sorted(unknown)}; choose from "
+                 f"{' '.join(b.__name__[len('bench_'):] for b in benches)}")
+    for b in benches:
+        if wanted and b.__name__[len("bench_"):] not in wanted:
+            continue
         try:
             b(rows)
         except Exception as e:  # keep the table: one failing line must not hide the others
             rows.append((b.__name__, f"FAILED: {e}", 0, 0, "", None))
-    print(f"\n{'benchmark':42s} {'peer':16s} {'tilec':>10s} {'peer':>10s} {'unit':5s} {'peer/tilec time':>16s}")
+    print(f"\n{'benchmark':48s} {'peer':16s} {'tilec':>10s} {'peer':>10s} {'unit':5s} {'peer/tilec time':>16s}"
+          "  rounds' range")
     for name, peer, mine, theirs, unit, ratio in rows:
         r = f"{ratio:16.3f}" if ratio is not None else f"{'-':>16s}"
-        print(f"{name:42s} {peer:16s} {mine:10.2f} {theirs:10.2f} {unit:5s} {r}")
+        spread = f"  {ratio.lo:.3f}-{ratio.hi:.3f}" if isinstance(ratio, Ratio) else ""
+        print(f"{name:48s} {peer:16s} {mine:10.2f} {theirs:10.2f} {unit:5s} {r}{spread}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class Kernel:
             compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
             meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
                     "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name, debug),
-                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds}
+                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log}
             cubin = compiled.cubin
             cache.store(disk_key, meta, cubin)
         self.name = meta["name"]
@@ -54,6 +54,7 @@ class Kernel:
         self.cuda_source = meta["cuda_source"]
         self.host_source = meta["host_source"]
         self.ptx = meta["ptx"]
+        self.compile_log = meta.get("compile_log", "")   # NVRTC / ptxas warnings; empty for a clean kernel
         self.cubin = cubin
         self.compile_seconds = meta["compile_seconds"] if hit is None else 0.0
         self._smem_bytes = meta["smem_bytes"]

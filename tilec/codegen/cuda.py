@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import jinja2
 
@@ -137,11 +138,18 @@ class _Printer:
         row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
                f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
         col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2 + tl_r % 2"
-        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{",
-               f"{ind}  const int {names[0]} = {row};", f"{ind}  const int {names[1]} = {col};"]
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
+        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, (row, col)), body)]
         out += [ind + line for line in body]
         out.append(f"{ind}}}")
         return out
+
+    def fence_fragments(self, ind, bufs=None) -> list:
+        """Pin accumulator registers at this point (an empty asm reading and writing
+        each one): without it NVVM may sink a fill into a branch or hoist a read
+        above wgmma.wait_group, and ptxas then serializes every wgmma (C7515)."""
+        bufs = bufs if bufs is not None else [b for b in self.k.buffers if b.layout == "wgmma"]
+        return [f"{ind}wgmma_fence_operand({b.name});" for b in bufs]
 
     @staticmethod
     def flat(shape, idx) -> str:
@@ -202,7 +210,8 @@ class _Printer:
         if isinstance(s, ir.MbarrierArrive):
             return [f"{ind}if (threadIdx.x % 128 == 0) mbarrier_arrive({self.bar(s.barrier, s.index)});"]
         if isinstance(s, ir.WgmmaWait):
-            return [f"{ind}wgmma_wait_group<{s.pending}>();"]
+            fence = self.fence_fragments(ind) if s.pending == 0 else []
+            return [f"{ind}wgmma_wait_group<{s.pending}>();"] + fence
         if isinstance(s, ir.FlipPhase):
             return [f"{ind}tl_phase_{s.barrier} ^= 1;"]
         if isinstance(s, ir.TmaStore):
@@ -227,7 +236,8 @@ class _Printer:
             shape = tuple(x.value for x in s.extents)
             acc = self.fragment_of(s)
             if acc is not None:
-                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, self.block(s.body, "  "), ind)
+                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, self.block(s.body, "  "), ind) + \
+                    self.fence_fragments(ind, [acc])
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
         if isinstance(s, ir.Gemm):
             return self.comment(s, ind) + self.gemm(s, ind)
@@ -241,7 +251,8 @@ class _Printer:
             value = self.expr(s.value, 0, b.dtype.name == "f64")
             line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
             if b.layout == "wgmma":
-                return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind)
+                return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind) + \
+                    self.fence_fragments(ind, [b])
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
         if isinstance(s, ir.ThreadCopy):
             return self.comment(s, ind) + self.thread_copy(s, ind)
@@ -278,20 +289,24 @@ class _Printer:
         """Element e of a tile goes to thread e % threads, register slot e / threads."""
         n = math.prod(shape)
         slots = -(-n // self.threads)
-        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_slot = 0; tl_slot < {slots}; ++tl_slot) {{",
-               f"{ind}  const int tl_e = tl_slot * {self.threads} + threadIdx.x;"]
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_slot = 0; tl_slot < {slots}; ++tl_slot) {{"]
         inner = ind + "  "
-        if n % self.threads:
-            out.append(f"{inner}if (tl_e < {n}) {{")
+        guarded = n % self.threads != 0
+        if guarded:
+            out.append(f"{inner}if (tl_slot * {self.threads} + threadIdx.x < {n}) {{")
             inner += "  "
+        indices = []
         for d, name in enumerate(names):
             stride = math.prod(shape[d + 1:])
             idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
             if d > 0:
                 idx = f"{idx} % {shape[d]}" if stride != 1 else f"tl_e % {shape[d]}"
-            out.append(f"{inner}const int {name} = {idx};")
-        out += [inner + line[2:] for line in body]
-        if n % self.threads:
+            indices.append((name, idx))
+        declared = [f"{inner}const int {name} = {idx};" for name, idx in _used(indices, body)]
+        if declared:
+            declared.insert(0, f"{inner}const int tl_e = tl_slot * {self.threads} + threadIdx.x;")
+        out += declared + [inner + line[2:] for line in body]
+        if guarded:
             out.append(f"{ind}  }}")
         out.append(f"{ind}}}")
         return out
@@ -326,7 +341,8 @@ class _Printer:
             lines.append(f"  if ({cond}) {ptr} = {value};")
         acc = self.fragment_of(s)
         if acc is not None:
-            return self.fragment_loop(acc, names, lines, ind)
+            fence = self.fence_fragments(ind, [acc]) if dst_b is acc else []
+            return self.fragment_loop(acc, names, lines, ind) + fence
         return self.thread_loop(s.shape, names, lines, ind)
 
     def view_element(self, v: ir.Im2colView, r: ir.Region, names):
@@ -362,6 +378,13 @@ class _Printer:
             idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
             conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _used(named_values, body) -> list:
+    """The (name, value) pairs whose name the body's lines mention: index variables
+    nothing reads are not declared (no dead code, no NVRTC warning)."""
+    text = "\n".join(body)
+    return [(n, v) for n, v in named_values if re.search(rf"\b{n}\b", text)]
 
 
 def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=None) -> list:

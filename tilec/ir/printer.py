@@ -181,7 +181,7 @@ def kernel(k: ir.Kernel) -> str:
                    f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
     for b in k.barriers:
         count = f"[{b.count}]" if b.array else ""
-        out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop else ''}")
+        out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop and not b.array else ''}")
     if k.smem_bytes:
         out.append(f"  dynamic_smem {k.smem_bytes} bytes")
     out.append("")

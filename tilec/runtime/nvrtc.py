@@ -19,6 +19,7 @@ class Compiled:
     ptx: str
     arch: str
     seconds: float
+    log: str = ""       # NVRTC's and ptxas's warnings and advisories (e.g. C7515) on success
 
 
 def _check(result, what):
@@ -61,9 +62,10 @@ def compile_cuda(source: str, name: str, arch: str) -> Compiled:
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
         ptx = b" " * _check(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
         _check(nvrtc.nvrtcGetPTX(prog, ptx), "ptx")
+        log = _log(prog, nvrtc).strip()
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return Compiled(bytes(cubin), ptx.rstrip(b"\0 ").decode(), arch, time.perf_counter() - t0)
+    return Compiled(bytes(cubin), ptx.rstrip(b"\0 ").decode(), arch, time.perf_counter() - t0, log)
 
 
 def _log(prog, nvrtc) -> str:
