@@ -196,7 +196,8 @@ def bench_host(rows):
     # a raw cuLaunchKernel of the same cubin with the same (already encoded) parameters
     from cuda.bindings import driver as cu
     prepared = next(iter(k._prepared.values()))
-    fn, ptrs, stream = prepared.loaded.function, prepared.ptrs, torch.cuda.current_stream().cuda_stream
+    fn, ptrs = k._loaded[prepared.device].function, prepared.keep[0]
+    stream = torch.cuda.current_stream().cuda_stream
     us_raw = host_time_per_call(lambda: cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 32768, stream,
                                                           ctypes.addressof(ptrs), 0))
     rows.append(("host time per call: raw cuLaunchKernel", "cuda.bindings", us_tilec, us_raw, "us", us_raw / us_tilec))

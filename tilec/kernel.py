@@ -110,18 +110,18 @@ class Kernel:
         return self.fallback._launch(self.fallback._module, *args, stream=stream, fallback=None)
 
     def __call__(self, *args, stream=None):
-        keyed = host.torch_call_key(args) if stream is None else None
-        if keyed is not None:
-            prepared = self._prepared.get(keyed[0])
+        key = host.torch_call_key(args) if stream is None else None
+        if key is not None:
+            prepared = self._prepared.get(key)
             if prepared is not None:          # the same arguments again: replay the launch
-                prepared(host.torch_stream(keyed[1]))
+                prepared()
                 return None
         fb = self._run_fallback if self._fallback_allowed else None
         prepared = self._launch(self._module, *args, stream=stream, fallback=fb)
-        if keyed is not None and prepared is not None:
+        if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()
-            self._prepared[keyed[0]] = prepared
+            self._prepared[key] = prepared
         return None
 
     def __repr__(self):

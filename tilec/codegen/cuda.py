@@ -328,12 +328,9 @@ class _Printer:
             value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
-        if src_dt != dst_dt:
-            if src_dt.is_float or dst_dt.is_float:     # narrow floats convert through float
-                arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
-                value = convert(dst_dt, f"static_cast<{arith}>({value})")
-            else:
-                value = convert(dst_dt, value)
+        if src_b is not None and src_b.layout == "wgmma" and dst_b is None:
+            return self.fragment_store(s, src_b, ind)
+        value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
         else:
@@ -344,6 +341,49 @@ class _Printer:
             fence = self.fence_fragments(ind, [acc]) if dst_b is acc else []
             return self.fragment_loop(acc, names, lines, ind) + fence
         return self.thread_loop(s.shape, names, lines, ind)
+
+    def fragment_store(self, s: ir.ThreadCopy, acc: ir.Buffer, ind) -> list:
+        """copy(acc, T[...]) from wgmma fragments: a thread's registers cover 2 rows
+        per m64 tile and column pairs 8 apart, so each row's bounds test and
+        address are computed once (64-bit), then its columns stored. (Per-element
+        index math made NVVM and ptxas take twice as long on gemm.tile.)"""
+        t = self.k.param(s.dst.name)
+        m, n = acc.shape
+        mt = m // (64 * (self.threads // 128))
+        lead = len(t.shape) - 2
+        starts = [self.expr(e, 5) for e in s.dst.starts]
+        outer = [f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})"
+                 for d, c in enumerate(starts[:lead])]
+        offset = "".join(f" + static_cast<long long>({c}) * tl_{t.name}_stride{d}"
+                         for d, c in enumerate(starts[:lead]))
+        value = _converted(f"{acc.name}[tl_h / 2 * {n // 2} + tl_j * 4 + tl_h % 2 * 2 + tl_p]", acc.dtype, t.dtype)
+        row_ok = (f"static_cast<unsigned long long>(tl_y) < static_cast<unsigned long long>(tl_{t.name}_dim{lead})")
+        i = ind
+        out = [f"{i}{{",
+               f"{i}  const int tl_row = (threadIdx.x / 128) * {64 * mt} + (threadIdx.x % 128) / 32 * 16 + "
+               "(threadIdx.x % 32) / 4;",
+               f"{i}  const int tl_col = (threadIdx.x % 4) * 2;"]
+        if outer:
+            out += [f"{i}  if ({' && '.join(outer)}) {{"]
+            i += "  "
+        out += [f"{i}  #pragma unroll",
+                f"{i}  for (int tl_h = 0; tl_h < {2 * mt}; ++tl_h) {{  // rows: +8 within an m64 tile, +64 per tile",
+                f"{i}    const long long tl_y = static_cast<long long>({starts[lead]}) + tl_row + tl_h / 2 * 64 + "
+                "tl_h % 2 * 8;",
+                f"{i}    if ({row_ok}) {{",
+                f"{i}      {ctype(t.dtype)}* const tl_out = {t.name}{offset} + tl_y * tl_{t.name}_stride{lead};",
+                f"{i}      #pragma unroll",
+                f"{i}      for (int tl_j = 0; tl_j < {n // 8}; ++tl_j) {{",
+                f"{i}        #pragma unroll",
+                f"{i}        for (int tl_p = 0; tl_p < 2; ++tl_p) {{",
+                f"{i}          const long long tl_x = static_cast<long long>({starts[lead + 1]}) + tl_j * 8 + tl_col + tl_p;",
+                f"{i}          if (static_cast<unsigned long long>(tl_x) < static_cast<unsigned long long>"
+                f"(tl_{t.name}_dim{lead + 1})) tl_out[tl_x * tl_{t.name}_stride{lead + 1}] = {value};",
+                f"{i}        }}", f"{i}      }}", f"{i}    }}", f"{i}  }}"]
+        if outer:
+            out.append(f"{ind}  }}")
+        out.append(f"{ind}}}")
+        return out
 
     def view_element(self, v: ir.Im2colView, r: ir.Region, names):
         """Element (m0 + i0, k0 + i1) of an im2col view read straight from X, and the
@@ -378,6 +418,15 @@ class _Printer:
             idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
             conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
+    if src_dt == dst_dt:
+        return value
+    if src_dt.is_float or dst_dt.is_float:     # narrow floats convert through float
+        arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
+        return convert(dst_dt, f"static_cast<{arith}>({value})")
+    return convert(dst_dt, value)
 
 
 def _used(named_values, body) -> list:

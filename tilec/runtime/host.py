@@ -76,42 +76,39 @@ def _c_strides(shape):
 
 class Prepared:
     """Everything a launch needs once the arguments are read: replayed as is when
-    the same arguments (pointers, shapes, strides, dtypes, scalars) come again."""
-    __slots__ = ("name", "loaded", "grid", "threads", "smem_bytes", "ptrs", "keep", "device")
+    the same arguments (pointers, shapes, strides, dtypes, scalars) come again,
+    on the current torch stream of its device."""
+    __slots__ = ("keep", "device", "launch_on")
 
     def __init__(self, name, loaded, grid, threads, smem_bytes, ptrs, keep, device):
-        self.name, self.loaded, self.grid, self.threads = name, loaded, grid, threads
-        self.smem_bytes, self.ptrs, self.keep, self.device = smem_bytes, ptrs, keep, device
+        self.keep, self.device = (ptrs, keep), device     # the parameter memory the launch points at
+        self.launch_on = driver.launcher(loaded, grid, threads, smem_bytes, ptrs, name)
 
-    def __call__(self, stream):
-        driver.launch(self.loaded, self.grid, self.threads, self.smem_bytes, stream, self.ptrs, self.name)
+    def __call__(self, stream=None):
+        self.launch_on(_torch_stream(self.device) if stream is None else stream)
 
 
 def torch_call_key(args):
     """A key for the launch of `args` when every argument is a CUDA torch tensor or
-    a number (None otherwise): what a Prepared launch depends on, and nothing else."""
+    a number (None otherwise): what a Prepared launch depends on, and nothing else.
+    Its device is not part of it: under unified addressing a device pointer names
+    one device, and a Prepared launch remembers it."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     tensor = torch.Tensor
     key = []
-    device = None
     for a in args:
         t = type(a)
         if t is tensor or isinstance(a, tensor):
             if not a.is_cuda:
                 return None
-            device = a.get_device()
-            key.append((a.data_ptr(), a.shape, a.stride(), a.dtype, device))
+            key.append((a.data_ptr(), a.shape, a.stride(), a.dtype))
         elif t is int or t is float:
             key.append((t, a))
         else:
             return None
-    return tuple(key), device
-
-
-def torch_stream(device):
-    return _torch_stream(device)
+    return tuple(key)
 
 
 class Call:
