@@ -25,6 +25,11 @@ from ..ir.exprs import fold, substitute, walk_expr
 NAME = "insert-barriers"
 
 
+# wgmma groups a pipelined loop leaves in flight at the end of an iteration (0 or 1):
+# with 1, stage k is released at iteration k + 1 and refilled S - 1 iterations ahead.
+WGMMA_GROUPS_IN_FLIGHT = 1
+
+
 @dataclass
 class _State:
     pending: dict = field(default_factory=dict)       # tile -> barrier of a load not yet waited
@@ -193,7 +198,7 @@ class _Inserter:
         stages = s.stages
         loads = [x for x in s.body if isinstance(x, ir.TmaLoad)]
         gemms = list(s.body[len(loads):])
-        lag = 1 if stages >= 2 else 0
+        lag = WGMMA_GROUPS_IN_FLIGHT if stages >= 2 else 0
         # loads in flight ahead of the consumers (measured: deeper beats refilling
         # a stage released an iteration earlier)
         ahead = stages - lag
