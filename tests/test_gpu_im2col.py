@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tilec
+from test_interpret import DOUBLE, TAP_CASES, im2col_reference, im2col_source, tap_case_id
 
 pytestmark = pytest.mark.gpu
 
@@ -136,3 +137,25 @@ def test_im2col_example_file():
         kern(x, y)
     torch.cuda.synchronize()
     assert np.array_equal(y.cpu().numpy(), want)
+
+
+@pytest.mark.parametrize("case", TAP_CASES, ids=tap_case_id)
+@pytest.mark.parametrize("body", ["", DOUBLE], ids=["tma-store", "parallel"])
+def test_im2col_tile_spanning_filter_taps(case, body):
+    """C fixed in the declaration, C < BK: BK / C TMA im2col loads per K tile into
+    C-wide column chunks, read by threads and stored back chunk by chunk."""
+    import torch
+    spatial, dt, c, bk, k, s, p, d, size = case
+    consts = dict(S=s, P=p, DIL=d, BM=64, BK=bk, **{f"K{dd}": k for dd in SPATIAL[spatial]})
+    kern = tilec.compile(im2col_source(spatial, dt, channels=str(c), body=body), fallback=False, **consts)
+    assert kern.compile_log == ""
+    torch_dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dt]
+    x = torch.randn(2, *(size,) * spatial, c, device="cuda").to(torch_dt)
+    want = im2col_reference(x.float().cpu().numpy(), k, s, p, d)
+    if body:
+        want = want * 2 + np.arange(want.shape[1]) % bk
+    y = torch.full(want.shape, float("nan"), device="cuda", dtype=torch_dt)
+    kern(x, y)
+    torch.cuda.synchronize()
+    expect = torch.from_numpy(np.ascontiguousarray(want, np.float32)).to(torch_dt)
+    assert torch.equal(y.cpu(), expect)

@@ -376,21 +376,21 @@ def test_copy_of_a_row_segment_into_a_lower_rank_tile():
 SPATIAL = {1: ("W",), 2: ("H", "W"), 3: ("Dd", "H", "W")}
 
 
-def im2col_source(spatial, dt):
+def im2col_source(spatial, dt, channels="C", body=""):
     dims = SPATIAL[spatial]
     ks = [f"K{d}" for d in dims]
     outs = [f"(({d} + 2 * P - DIL * ({k} - 1) - 1) / S + 1)" for d, k in zip(dims, ks)]
     kernel = ks[0] if spatial == 1 else "(" + ", ".join(ks) + ")"
     return f"""
-kernel im2col{spatial}(X: {dt}[N, {', '.join(dims)}, C], Y: {dt}[NP, {' * '.join(ks)} * C]) {{
+kernel im2col{spatial}(X: {dt}[N, {', '.join(dims)}, {channels}], Y: {dt}[NP, {' * '.join(ks)} * {channels}]) {{
     const {', '.join(f'{k} = 3' for k in ks)}, S = 1, P = 1, DIL = 1;
     const BM = 128, BK = 64;
     require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};
-    grid (bx, by) = (cdiv({' * '.join(ks)} * C, BK), cdiv(NP, BM));
+    grid (bx, by) = (cdiv({' * '.join(ks)} * {channels}, BK), cdiv(NP, BM));
     threads 128;
     let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);
     shared t: {dt}[BM, BK];
-    copy(Xc[by * BM, bx * BK], t);
+    copy(Xc[by * BM, bx * BK], t);{body}
     copy(t, Y[by * BM, bx * BK]);
 }}"""
 
@@ -796,3 +796,44 @@ def test_bf16_and_fp8_conversions():
         got = interpret.encode(finite, ir.DTYPES[name])
         assert np.array_equal(got, finite.astype(ml_type).view(np.uint8)), name
         assert np.array_equal(interpret.decode(got, ir.DTYPES[name]), finite.astype(ml_type).astype(np.float32))
+
+
+# ---------------------------------------------------------------- K tiles spanning filter taps
+
+DOUBLE = """
+    parallel (i, j) in (BM, BK) {
+        t[i, j] = t[i, j] * 2.0 + j;      // j: where a layout mix-up shows
+    }"""
+
+TAP_CASES = [  # (spatial, dt, C, BK, kernel, stride, pad, dilation, input size)
+    (2, "f16", 8, 64, 3, 1, 1, 1, 9), (2, "f16", 16, 64, 3, 2, 1, 1, 14), (2, "f16", 32, 64, 5, 1, 2, 2, 11),
+    (2, "f16", 16, 32, 7, 3, 3, 1, 17), (1, "f16", 8, 64, 3, 1, 0, 1, 40), (3, "f16", 16, 64, 3, 1, 1, 1, 5),
+    (2, "f32", 4, 32, 3, 1, 1, 1, 9), (2, "f32", 8, 64, 3, 2, 0, 2, 13), (2, "bf16", 8, 16, 1, 1, 0, 1, 6)]
+
+
+def tap_case_id(c):
+    return "r{}-{}-c{}-bk{}-k{}-s{}-p{}-d{}-h{}".format(c[0] + 2, *c[1:])
+
+
+@pytest.mark.parametrize("case", TAP_CASES, ids=tap_case_id)
+@pytest.mark.parametrize("body", ["", DOUBLE], ids=["tma-store", "parallel"])
+def test_im2col_tile_spanning_filter_taps(case, body):
+    """C fixed in the declaration and smaller than BK: the K tile holds BK / C taps,
+    one TMA im2col load each, in a tile of C-wide column chunks that threads read
+    and TMA stores write back chunk by chunk."""
+    spatial, dt, c, bk, k, s, p, d, size = case
+    consts = dict(S=s, P=p, DIL=d, BM=64, BK=bk, **{f"K{dd}": k for dd in SPATIAL[spatial]})
+    src = im2col_source(spatial, dt, channels=str(c), body=body)
+    kern = interp(src, **consts)
+    loads = [x for x in ir.walk_stmts(kern.kernel_ir.body) if isinstance(x, ir.TmaLoad)]
+    assert len(loads) == bk // c
+    assert {x.bytes for x in loads} == {64 * c * {"f16": 2, "bf16": 2, "f32": 4}[dt]}
+    x = rand((2, *(size,) * spatial, c), dt, np.random.default_rng(c * 1000 + k))
+    want = im2col_reference(x, k, s, p, d)
+    if body:
+        cols = np.arange(want.shape[1]) % bk
+        want = (want.astype(np.float32) * 2 + cols).astype(want.dtype)
+    y = poisoned(want.shape, want.dtype)
+    with no_fallback():
+        kern(x, y)
+    assert same_bits(y, want)

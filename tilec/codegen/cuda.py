@@ -95,6 +95,9 @@ class _Printer:
             self.uses_sw128 = True
             rows, cols = b.shape
             return f"{b.name}[tl_sw128({idx[0]}, {idx[1]}, {rows}, {128 // b.dtype.size})]"
+        if b.layout == "cols":      # column chunks of b.chunk elements, each row-major
+            rows, w = b.shape[0], b.chunk
+            return f"{b.name}[({idx[1]}) / {w} * {rows * w} + ({idx[0]}) * {w} + ({idx[1]}) % {w}]"
         return f"{b.name}[{self.flat(b.shape, idx)}]"
 
     def bar(self, name, index=None):
@@ -217,7 +220,8 @@ class _Printer:
         if isinstance(s, ir.TmaStore):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
             return self.comment(s, ind) + \
-                [f"{ind}tma_store_{len(s.coords)}d(&tl_{s.tensor_map}, {s.buffer}, {coords});"]
+                [f"{ind}tma_store_{len(s.coords)}d(&tl_{s.tensor_map}, "
+                 f"{self.tile_address(s.buffer, None, s.smem_offset)}, {coords});"]
         if isinstance(s, ir.BulkCommit):
             return [f"{ind}bulk_commit_group();"]
         if isinstance(s, ir.BulkWait):

@@ -38,7 +38,7 @@ def tma_table(k: ir.Kernel) -> str:
                              str(expect.get(s.barrier, "?"))))
             else:
                 rows.append((str(s.span.line if s.span else "?"), "store.tile", f"{t.name}[{coords}]", buf.name,
-                             box, tm.swizzle, str(buf.smem_offset), str(tm.box_bytes(t.dtype)), "bulk_group", "-"))
+                             box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(tm.box_bytes(t.dtype)), "bulk_group", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     notes = "".join(f"{n}\n" for n in im2col_notes)

@@ -146,7 +146,9 @@ class Buffer:
     layout: 'row' (shared: row-major; local: element e of the flattened tile in
     thread e % threads), 'sw128' (shared, a gemm operand: column chunks of
     128 bytes, TMA's 128-byte swizzle, what wgmma descriptors read),
-    'wgmma' (local, a gemm accumulator: wgmma's m64nNk16 fragment layout)."""
+    'wgmma' (local, a gemm accumulator: wgmma's m64nNk16 fragment layout),
+    'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
+    K tile of an im2col view that spans several filter taps, one TMA load each)."""
     name: str
     scope: str
     dtype: DType
@@ -154,6 +156,7 @@ class Buffer:
     smem_offset: Optional[int] = None
     layout: str = "row"
     stages: int = 1         # copies in a pipelined loop's ring (shared)
+    chunk: int = 0          # 'cols': elements per column chunk
     span: Optional[Span] = SPAN
 
     @property
@@ -334,6 +337,7 @@ class TmaStore(Stmt):
     tensor: str
     coords: tuple
     tensor_map: str = ""
+    smem_offset: int = 0    # bytes into the tile (a column chunk of a 'cols' tile)
     span: Optional[Span] = SPAN
 
 

@@ -90,8 +90,9 @@ def stmt(s, ind: str) -> list:
                 origin += f"] [stage {expr(s.stage)}"
             offs = f" offsets [{', '.join(expr(o) for o in s.offsets)}]" if s.offsets else ""
             at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
-            return [f"{ind}tma.load.im2col {s.buffer} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
         dst = f"{s.buffer}+{s.smem_offset}" if s.smem_offset else s.buffer
+        if s.view:
+            return [f"{ind}tma.load.im2col {dst} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
         if s.stage is not None:
             dst += f"[stage {expr(s.stage)}]"
         if s.barrier and s.barrier_index is not None:
@@ -100,7 +101,8 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.TmaStore):
         via = f" map {s.tensor_map}" if s.tensor_map else ""
         coords = ", ".join(expr(c) for c in s.coords)
-        return [f"{ind}tma.store.tile {s.tensor}[{coords}] <- {s.buffer}{via}{L}"]
+        src = s.buffer + (f"+{s.smem_offset}" if s.smem_offset else "")
+        return [f"{ind}tma.store.tile {s.tensor}[{coords}] <- {src}{via}{L}"]
     if isinstance(s, ir.ThreadCopy):
         shape = "x".join(map(str, s.shape))
         return [f"{ind}thread.copy {region(s.src)} -> {region(s.dst)} tile {shape}{L}"]
@@ -164,6 +166,7 @@ def kernel(k: ir.Kernel) -> str:
     for b in k.buffers:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
+        where += f" chunk {b.chunk}" if b.layout == "cols" else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")

@@ -20,6 +20,7 @@ L2_PROMOTION = "256B"   # a hint; measured on the H100 with benchmarks/bench.py
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
+    k = _tap_chunked_tiles(k)
     maps: dict = {}
 
     def plan(s):
@@ -37,6 +38,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             width = 128 // tensor.dtype.size
             swizzle, chunks = "128B", shape[-1] // width
             shape = shape[:-1] + (width,)
+        elif buf.layout == "cols":
+            # one box per column chunk (a tile of several im2col filter taps)
+            chunks = shape[-1] // buf.chunk
+            shape = shape[:-1] + (buf.chunk,)
         box = (1,) * (rank - len(shape)) + shape
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
@@ -47,15 +52,16 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, swizzle, L2_PROMOTION,
                                      span=s.span)
         tm = maps[key]
-        if isinstance(s, ir.TmaStore):
-            return replace(s, tensor_map=tm.name)
-        loads = []
+        copies = []
         for c in range(chunks):
             coords = s.coords[:-1] + (fold(ir.BinOp("+", s.coords[-1], ir.Int(c * box[-1]))),)
             chunk_bytes = tm.box_bytes(tensor.dtype)
-            loads.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
-                                 smem_offset=c * chunk_bytes))
-        return loads
+            if isinstance(s, ir.TmaStore):
+                copies.append(replace(s, coords=coords, tensor_map=tm.name, smem_offset=c * chunk_bytes))
+            else:
+                copies.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
+                                      smem_offset=c * chunk_bytes))
+        return copies[0] if len(copies) == 1 and isinstance(s, ir.TmaStore) else copies
 
     body = map_body(k.body, plan)
     return replace(k, body=body, tensor_maps=tuple(maps.values()))
@@ -66,6 +72,29 @@ CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 
 MAX_CHANNELS_PER_PIXEL = 256
 MAX_PIXELS_PER_COLUMN = 1024
 MAX_IM2COL_LOAD_BYTES = 128 * 1024     # seen on the H100: larger maps are refused by the driver
+
+
+def _tap_chunked_tiles(k):
+    """A shared tile that an im2col copy fills with K columns spanning several
+    filter taps (a channel count C fixed at compile time, C < BK, C | BK) gets the
+    'cols' layout, column chunks of C: each tap is then one dense TMA box. (With
+    C a shape symbol, the launch checks that C is a multiple of BK instead.)"""
+    chunked = {}
+    for s in ir.walk_stmts(k.body):
+        if not (isinstance(s, ir.TmaLoad) and s.view):
+            continue
+        buf, x = k.buffer(s.buffer), k.param(k.view(s.view).tensor)
+        c, (bm, bk) = x.shape[-1], buf.shape
+        if buf.layout != "row" or not isinstance(c, ir.Int) or c.value >= bk or bk % c.value:
+            continue
+        esize = x.dtype.size
+        if (c.value * esize) % 16 or (bm * c.value * esize) % 128:
+            continue        # TMA cannot: the launch check names the rule (and the fallback runs)
+        chunked[buf.name] = c.value
+    if not chunked:
+        return k
+    return replace(k, buffers=tuple(replace(b, layout="cols", chunk=chunked[b.name]) if b.name in chunked else b
+                                    for b in k.buffers))
 
 
 def _plan_im2col(k, s, maps):
@@ -102,6 +131,8 @@ def _plan_im2col(k, s, maps):
         if st > 8:
             raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most 8", v.span)
     n, origins = im2col.row(v, x, m0)
+    if buf.layout == "cols":        # several taps: one load of `chunk` channels each
+        return _plan_im2col_taps(k, s, maps, v, x, buf, n, origins)
     c0, offsets = im2col.column(v, x, k0)
     coords = (n, *origins, c0)
     swizzle = "none"
@@ -117,6 +148,26 @@ def _plan_im2col(k, s, maps):
                                  lower, upper, span=s.span)
     tm = maps[key]
     return replace(s, coords=coords, offsets=offsets, tensor_map=tm.name, bytes=bm * bk * esize)
+
+
+def _plan_im2col_taps(k, s, maps, v, x, buf, n, origins):
+    bm, bk = buf.shape
+    w = buf.chunk
+    key = (x.name, "im2col", v.name, bm, w, "none")
+    if key not in maps:
+        maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
+                                 x.name, "im2col", (bm, w), (1, *v.stride, 1), "none", L2_PROMOTION,
+                                 tuple(-p for p in v.pad),
+                                 tuple(p - d * (kk - 1) for p, d, kk in zip(v.pad, v.dilation, v.kernel)),
+                                 span=s.span)
+    tm = maps[key]
+    loads = []
+    for t in range(bk // w):
+        k0 = fold(ir.BinOp("+", s.origin[1], ir.Int(t * w)))
+        c0, offsets = im2col.column(v, x, k0)
+        loads.append(replace(s, origin=(s.origin[0], k0), coords=(n, *origins, c0), offsets=offsets, tensor_map=tm.name,
+                             bytes=bm * w * x.dtype.size, smem_offset=t * bm * w * x.dtype.size))
+    return loads
 
 
 def _check_box(tensor, box, s):

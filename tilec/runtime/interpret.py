@@ -532,6 +532,16 @@ def _sw128_offsets(rows, width, r, c):
     return chunk * rows * width + r * width + ((cc // per16) ^ np.fmod(r, 8)) * per16 + cc % per16
 
 
+def _tile_offsets(b, r, c):
+    """Element (r, c) of a 2-D shared tile in a chunked layout, in elements from its
+    start: codegen's tl_sw128 for 'sw128', column chunks of b.chunk for 'cols'."""
+    if b.layout == "sw128":
+        return _sw128_offsets(b.shape[0], 128 // b.dtype.size, r, c)
+    w = b.chunk
+    cc = np.fmod(c, w)
+    return (c - cc) // w * (b.shape[0] * w) + r * w + cc
+
+
 class _Blocks:
     """Runs the kernel's body once per block of the grid (x fastest).
 
@@ -586,7 +596,7 @@ class _Blocks:
         if b.layout == "row":
             return whole[base:base + b.elements].reshape(b.shape)
         r, c = _indices(tuple(b.shape))
-        return whole[base + _sw128_offsets(b.shape[0], 128 // b.dtype.size, r.astype(np.int64), c)]
+        return whole[base + _tile_offsets(b, r.astype(np.int64), c)]
 
     def set_tile(self, b, values):
         if b.scope == "local" or b.layout == "row":
@@ -594,7 +604,7 @@ class _Blocks:
         else:
             whole, base = self.whole[b.name]
             r, c = _indices(tuple(b.shape))
-            whole[base + _sw128_offsets(b.shape[0], 128 // b.dtype.size, r.astype(np.int64), c)] = values
+            whole[base + _tile_offsets(b, r.astype(np.int64), c)] = values
 
     def _stage(self, e, env):
         return 0 if e is None else _int(self.ev(e, env))
@@ -798,8 +808,9 @@ class _Blocks:
         st = tensor.array.dtype
         nbytes = math.prod(tm.box) * st.itemsize
         self._check_swizzle(tm, tm.box[-1] * st.itemsize, s)
-        self._smem_span(b, b.smem_offset, nbytes, tm.swizzle, s, f"TMA store from '{b.name}'")
-        data = self._from_smem(b.smem_offset, nbytes, tm.swizzle).view(st).reshape(tm.box)
+        address = b.smem_offset + s.smem_offset
+        self._smem_span(b, address, nbytes, tm.swizzle, s, f"TMA store from '{b.name}'")
+        data = self._from_smem(address, nbytes, tm.swizzle).view(st).reshape(tm.box)
         write_box(tensor.array, coords, tm.box, data)
 
     # ------------------------------------------------------------ thread-level statements
@@ -950,8 +961,8 @@ class _Blocks:
         sw128 swizzle, not bounds-checked), as an index into all of shared memory."""
         whole, base = self.whole[b.name]
         idx = [np.asarray(self.ev(i, env), np.int64) for i in indices]
-        if b.layout == "sw128":
-            flat = _sw128_offsets(b.shape[0], 128 // b.dtype.size, idx[0], idx[1])
+        if b.layout in ("sw128", "cols"):
+            flat = _tile_offsets(b, idx[0], idx[1])
         else:
             flat = np.int64(0)
             for d, i in enumerate(idx):
