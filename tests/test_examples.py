@@ -236,3 +236,13 @@ def test_scalar_named_e_is_not_shadowed_in_a_parallel_body():
     name = body.rsplit(" ", 1)[1].rstrip(";")       # the C name the scalar argument got
     assert f"const float {name})" in k.cuda_source
     assert f" {name} =" not in k.cuda_source        # and nothing else declares that name
+
+
+def test_compiling_leaves_python_s_shared_objects_alone(monkeypatch, tmp_path):
+    """NVRTC writes its log into a buffer we pass; an empty log has size 1, and
+    `b" " * 1` is CPython's shared one-byte object: writing there once turned every
+    b" " (and on Python 3.12 every " ") of the process into a NUL."""
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path))
+    k = tilec.compile(str(EXAMPLES / "copy2d.tile"), arch="sm_90a", BM=32)
+    assert k.compile_log == "" and not k.from_disk_cache
+    assert (b" " * 1)[0] == 0x20 and " ".join(["a", "b"]) == "a b"

@@ -58,9 +58,11 @@ def compile_cuda(source: str, name: str, arch: str) -> Compiled:
             result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(result[0]) != 0:
             raise CompileError(_explain(source, _log(prog, nvrtc)))
-        cubin = b" " * _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        # output buffers are bytearrays: NVRTC writes into them, and `b" " * 1` would be
+        # CPython's shared one-byte bytes object (an empty log has size 1)
+        cubin = bytearray(_check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size"))
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
-        ptx = b" " * _check(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+        ptx = bytearray(_check(nvrtc.nvrtcGetPTXSize(prog), "ptx size"))
         _check(nvrtc.nvrtcGetPTX(prog, ptx), "ptx")
         log = _log(prog, nvrtc).strip()
     finally:
@@ -70,7 +72,7 @@ def compile_cuda(source: str, name: str, arch: str) -> Compiled:
 
 def _log(prog, nvrtc) -> str:
     n = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-    log = b" " * n
+    log = bytearray(n)
     nvrtc.nvrtcGetProgramLog(prog, log)
     return log.rstrip(b"\0 ").decode(errors="replace")
 
