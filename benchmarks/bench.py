@@ -147,11 +147,11 @@ def bench_gemm(rows):
                          flops / t_torch / 1e12, "TFLOP", ratio))
 
 
-# conv2d.tile's consts per layer (BM x BN tiles, pipeline stages), picked by a sweep
-# on the H100: the default 128x128 with 3 stages (two blocks per SM), except where
-# F = 64 makes a 128-wide tile half empty.
-CONV_LAYERS = (((56, 64, 1), dict(BN=64, STAGES=4)), ((28, 128, 1), {}), ((14, 256, 1), {}),
-               ((7, 512, 1), {}), ((56, 128, 2), {}))
+# conv2d.tile's consts per layer (BM x BN tiles, pipeline stages), the best of a
+# sweep on the H100 (benchmarks/NOTES.md): 3 stages, so that two or three blocks
+# share an SM, with 64-wide tiles except for the two C = 128 layers.
+CONV_LAYERS = (((56, 64, 1), dict(BN=64)), ((28, 128, 1), {}), ((14, 256, 1), dict(BN=64)),
+               ((7, 512, 1), dict(BN=64)), ((56, 128, 2), {}))
 
 
 def bench_conv2d(rows):
