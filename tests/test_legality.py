@@ -46,6 +46,11 @@ def broken_rules(size, address, shape, strides, box, element_strides, swizzle):
         broken.add("swizzle")                   # boxDim[0] * elsize <= the swizzle span
     if any(not 1 <= e <= 8 for e in element_strides):
         broken.add("element stride")            # elementStrides[i] in 1 .. 8
+    n = size
+    for b in box:
+        n *= b
+    if n > 228 * 1024:
+        broken.add("box bytes")                 # not in the table: the H100's driver (test_gpu_validator.py)
     return broken
 
 
@@ -59,6 +64,7 @@ MESSAGE_RULES = {
     "inner": r"^the box's inner dimension is -?\d+ bytes; TMA needs a multiple of 16$",
     "swizzle": r"^the box's inner dimension is \d+ bytes, more than the (32B|64B|128B) swizzle span$",
     "element stride": r"^element stride -?\d+ in dim \d+ is outside TMA's 1 \.\. 8$",
+    "box bytes": r"^the box is \d+ bytes; the driver encodes at most 233472 \(228 KiB",
 }
 
 
@@ -112,6 +118,8 @@ def tiled_args(draw):
             box[-1] = 2 * SWIZZLE_SPAN[swizzle] // size
         elif rule == "element stride":
             element_strides[dim] = draw(st.sampled_from([0, 9, 16]))
+        elif rule == "box bytes" and rank > 1:
+            box[:-1] = [256] * (rank - 1)
     return size, address, shape, strides, box, element_strides, swizzle
 
 
@@ -124,6 +132,8 @@ def tiled_args(draw):
 @example((1, 0, [2**32], [1], [16], [1], "none"))                             # the largest dim
 @example((1, 0, [2**32 + 1], [1], [16], [1], "none"))                         # dim too large
 @example((8, 0, [4, 4], [2**37, 1], [4, 2], [1, 1], "none"))                  # stride 2^40 bytes
+@example((8, 0, [1, 1, 1], [16, 16, 1], [114, 64, 4], [1, 1, 1], "none"))    # a 228 KiB box: the most
+@example((8, 0, [1, 1, 1], [2, 2, 1], [82, 89, 4], [1, 1, 1], "none"))       # 233536 bytes: refused on the H100
 def test_tiled_problems_match_the_encode_table(args):
     problems = tiled_problems(*args)
     expected = broken_rules(*args)

@@ -3,6 +3,8 @@
 and a bounded cache of encoded maps keyed by everything that goes into one."""
 from __future__ import annotations
 
+import math
+
 import threading
 from collections import OrderedDict
 
@@ -15,6 +17,9 @@ class TmaRuleError(LaunchError):
     """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead."""
 
 SWIZZLE_SPAN = {"none": None, "32B": 32, "64B": 64, "128B": 128}
+# Not in NVIDIA's tables; the H100's driver refuses tiled boxes over 228 KiB
+# (found by tests/test_gpu_validator.py: 233472 bytes encode, 233536 do not).
+MAX_TILED_BOX_BYTES = 228 * 1024
 
 
 def tiled_problems(dtype_size, address, shape, strides, box, element_strides, swizzle="none"):
@@ -42,6 +47,10 @@ def tiled_problems(dtype_size, address, shape, strides, box, element_strides, sw
     for d, b in enumerate(box):
         if not 1 <= b <= 256:
             out.append(f"box dim {d} is {b}; TMA boxes are 1 .. 256 per dim")
+    box_bytes = math.prod(box) * dtype_size
+    if box_bytes > MAX_TILED_BOX_BYTES:
+        out.append(f"the box is {box_bytes} bytes; the driver encodes at most {MAX_TILED_BOX_BYTES} "
+                   "(228 KiB, an SM's shared memory)")
     inner = box[-1] * dtype_size
     if inner % 16:
         out.append(f"the box's inner dimension is {inner} bytes; TMA needs a multiple of 16")
