@@ -47,6 +47,7 @@ class _Printer:
         self.last_commented = None
         self.uses_sw128 = False
         self.mma_shapes = set()
+        self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
 
     # ---------------------------------------------------------- expressions
     def expr(self, e, prec=0, double=False) -> str:
@@ -334,6 +335,9 @@ class _Printer:
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_b is not None and src_b.layout == "wgmma" and dst_b is None:
             return self.fragment_store(s, src_b, ind)
+        if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
+                and dst_dt.name in PAIR_TYPES:
+            return self.fragment_pairs(src_b, dst_b, ind)
         value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
@@ -345,6 +349,26 @@ class _Printer:
             fence = self.fence_fragments(ind, [acc]) if dst_b is acc else []
             return self.fragment_loop(acc, names, lines, ind) + fence
         return self.thread_loop(s.shape, names, lines, ind)
+
+    def fragment_pairs(self, acc: ir.Buffer, dst: ir.Buffer, ind) -> list:
+        """copy(acc, shared tile): registers r and r + 1 of a thread are columns
+        c and c + 1 of one row, so each pair is converted together (cvt .f16x2 /
+        .bf16x2) and stored as one 4-byte (8 for f32) word; one conversion per
+        register makes ptxas serialize the kernel's wgmmas (C7514)."""
+        m, n = acc.shape
+        mt = m // (64 * (self.threads // 128))
+        self.pair_stores.add(dst.dtype.name)
+        tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
+        row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
+               f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
+        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2"
+        pair_t, pack = PAIR_TYPES[dst.dtype.name]
+        where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
+        return [f"{ind}#pragma unroll",
+                f"{ind}for (int tl_r = 0; tl_r < {mt * n // 2}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1",
+                f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col};",
+                f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
+                f"{ind}}}"]
 
     def fragment_store(self, s: ir.ThreadCopy, acc: ir.Buffer, ind) -> list:
         """copy(acc, T[...]) from wgmma fragments: a thread's registers cover 2 rows
@@ -424,6 +448,11 @@ class _Printer:
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
 
 
+# dtype -> (the C type of two adjacent elements, the primitive that packs two floats)
+PAIR_TYPES = {"f16": ("unsigned", "tl_pack_f16x2"), "bf16": ("unsigned", "tl_pack_bf16x2"),
+              "f32": ("tl_f32x2", "tl_pack_f32x2")}
+
+
 def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
     if src_dt == dst_dt:
         return value
@@ -481,6 +510,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
             add("wgmma_mma", n, dt, b_n_major)
     if pr is not None and pr.uses_sw128:
         add("sw128")
+    if pr is not None and pr.pair_stores:
+        add("pack2", sorted(pr.pair_stores))
     return need
 
 

@@ -157,6 +157,7 @@ class Buffer:
     layout: str = "row"
     stages: int = 1         # copies in a pipelined loop's ring (shared)
     chunk: int = 0          # 'cols': elements per column chunk
+    alias: str = ""         # placed over this tile's memory (used only after its last use)
     span: Optional[Span] = SPAN
 
     @property

@@ -167,6 +167,7 @@ def kernel(k: ir.Kernel) -> str:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
         where += f" chunk {b.chunk}" if b.layout == "cols" else ""
+        where += f" over {b.alias}" if b.alias else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")

@@ -306,6 +306,8 @@ class _Inserter:
             need_sync = True
         if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
             need_sync = True
+        if any(self.k.buffer(t).alias for t in writes if self.k.buffer(t)):
+            need_sync = True    # the tile it lies over: every warpgroup's wgmma must be done with it
         fence = False
         if isinstance(s, ir.Gemm) and reads & st.unfenced:
             # wgmma reads shared memory through the async proxy, like TMA

@@ -5,6 +5,10 @@
     shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group)
     anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
 
+A gemm accumulator's copy to global memory (the epilogue) goes through shared
+memory: a thread copy of the fragments (converting) into a 128-byte swizzled
+tile placed over a pipeline ring that is no longer used, then a TMA store.
+
 With `opts.tma` off (the fallback variant, run when an argument breaks a TMA
 rule at launch) global <-> shared copies become thread copies too.
 """
@@ -20,6 +24,10 @@ NAME = "lower-copies"
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
+    staged = {}                 # epilogue tiles, each over a ring that is free by then
+    if opts.tma:
+        k = _epilogue_tiles(k, staged)
+
     def lower(s):
         if not isinstance(s, ir.Copy):
             return s
@@ -31,6 +39,61 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma:
             return ir.TmaStore(s.src.name, s.dst.name, s.dst.starts, span=s.span)
+        if id(s) in staged:
+            tile = staged[id(s)]
+            return [ir.ThreadCopy(s.src, ir.Region(tile.name, (), (), span=s.span), tile.shape, span=s.span),
+                    ir.TmaStore(tile.name, s.dst.name, s.dst.starts, span=s.span)]
         tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
         return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)
     return replace(k, body=map_body(k.body, lower))
+
+
+def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
+    """For each top-level copy from a wgmma accumulator to a global tensor whose
+    rows come in 128-byte chunks, a shared staging tile (layout sw128, the
+    tensor's dtype) over a gemm operand ring that no later statement uses and
+    that is large enough. Without such a ring the copy stays a thread copy (a
+    tile of its own could cost the kernel its second block per SM)."""
+    rings = {}                                  # operand tile -> bytes of its ring
+    for s in k.body:
+        if isinstance(s, ir.For):
+            for inner in ir.walk_stmts(s.body):
+                if isinstance(inner, ir.Copy) and space(k, inner.dst.name) == "shared":
+                    b = k.buffer(inner.dst.name)
+                    if b.layout == "sw128":
+                        rings[b.name] = b.stage_bytes * (s.stages or 1)
+    new = []
+    for i, s in enumerate(k.body):
+        if not isinstance(s, ir.Copy):
+            continue
+        acc, t = k.buffer(s.src.name), k.param(s.dst.name)
+        if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam):
+            continue
+        width = 128 // t.dtype.size
+        if t.dtype.size not in (2, 4) or acc.shape[1] % width:
+            continue
+        later = {n for x in k.body[i + 1:] for n in _names(x)}
+        nbytes = acc.elements * t.dtype.size
+        free = [r for r, size in rings.items() if r not in later and size >= nbytes
+                and not any(b.alias == r for b in new)]
+        if not free:
+            continue
+        tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128",
+                         alias=max(free, key=rings.get), span=s.span)
+        new.append(tile)
+        staged[id(s)] = tile
+    return replace(k, buffers=k.buffers + tuple(new)) if new else k
+
+
+def _names(s) -> set:
+    """Tile names a statement (and what it nests) mentions."""
+    out = set()
+    for x in ir.walk_stmts((s,)):
+        for r in (getattr(x, "src", None), getattr(x, "dst", None)):
+            if isinstance(r, ir.Region):
+                out.add(r.name)
+        for f in ("a", "b", "acc", "buffer"):
+            v = getattr(x, f, None)
+            if isinstance(v, str):
+                out.add(v)
+    return out

@@ -18,6 +18,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     offset = 0
     buffers = []
     for b in k.buffers:
+        under = next((x for x in buffers if x.name == b.alias), None) if b.alias else None
+        if under is not None and under.stage_bytes * (under.stages - 1) + under.bytes >= b.bytes:
+            buffers.append(replace(b, smem_offset=under.smem_offset))   # reuses a ring done with
+            continue
+        if b.alias:
+            b = replace(b, alias="")
         if b.scope == "shared":
             align = SWIZZLE_ALIGN if b.layout == "sw128" else ALIGN
             offset = -(-offset // align) * align
