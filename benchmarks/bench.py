@@ -148,10 +148,10 @@ def bench_gemm(rows):
 
 
 # conv2d.tile's consts per layer (BM x BN tiles, pipeline stages), the best of a
-# sweep on the H100 (benchmarks/NOTES.md): 3 stages, so that two or three blocks
-# share an SM, with 64-wide tiles except for the two C = 128 layers.
-CONV_LAYERS = (((56, 64, 1), dict(BN=64)), ((28, 128, 1), {}), ((14, 256, 1), dict(BN=64)),
-               ((7, 512, 1), dict(BN=64)), ((56, 128, 2), {}))
+# sweep on the H100 (benchmarks/NOTES.md): 128-row tiles as wide as F allows
+# (up to 256, then with 4 stages), 3 stages otherwise.
+CONV_LAYERS = (((56, 64, 1), dict(BN=64)), ((28, 128, 1), {}), ((14, 256, 1), dict(BN=256, STAGES=4)),
+               ((7, 512, 1), dict(BN=256, STAGES=4)), ((56, 128, 2), {}))
 
 
 def bench_conv2d(rows):
