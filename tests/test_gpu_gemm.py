@@ -37,7 +37,8 @@ def check(c, a, b_kn):
     assert err < (2e-3 if c.dtype == torch.float16 else 1e-2), f"relative error {err:.2e}"
 
 
-SIZES = [(64, 64, 64), (127, 128, 1000), (128, 127, 64), (1000, 1000, 1000), (256, 384, 4096), (64, 1000, 127)]
+SIZES = [(64, 64, 64), (127, 128, 1000), (128, 127, 64), (1000, 1000, 1000), (256, 384, 4096), (64, 1000, 127),
+         (4096, 1000, 128), (127, 4096, 64), (1000, 64, 4096), (4096, 4096, 1000)]
 
 
 @pytest.mark.parametrize("dt", ["f16", "bf16"])
@@ -58,7 +59,8 @@ def test_gemm_example_equals_matmul(dt, mnk):
 
 
 @pytest.mark.parametrize("dt", ["f16", "bf16"])
-@pytest.mark.parametrize("mnk", [(128, 128, 64), (1000, 1000, 1000), (64, 4096, 128)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mnk", [(128, 128, 64), (1000, 1000, 1000), (64, 4096, 128), (127, 1000, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_gemm_transposed_b(dt, mnk):
     import torch
     m, n, k = mnk
