@@ -254,12 +254,29 @@ def test_launch_on_a_side_stream():
 
 
 def test_copy_of_5_gib():
-    """Over 4 GiB and over 2^31 elements: TMA coordinates stay small, nothing overflows."""
+    """Over 4 GiB (1.34e9 f32 elements): TMA coordinates stay small, nothing overflows."""
     import torch
     k = tilec.compile("examples/copy2d.tile")
     a = torch.zeros(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
     a.view(-1)[:: 1 << 20].copy_(torch.arange(a.numel() >> 20, device="cuda", dtype=torch.float32))
     a[-1].fill_(7.0)
+    b = torch.full_like(a, -1.0)
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    del a, b
+    torch.cuda.empty_cache()
+
+
+def test_tma_copy_over_2_pow_31_elements():
+    """2.15e9 f16 elements (4.3 GB) through TMA: the host's element counts and
+    byte strides are 64-bit, coordinates stay in int32."""
+    import torch
+    k = tilec.compile(open("examples/copy2d.tile").read().replace("f32", "f16"), fallback=False)
+    rows, cols = (1 << 16) + 64, 32768                     # 2^31 + 2^21 elements
+    a = torch.zeros(rows, cols, device="cuda", dtype=torch.float16)
+    a[:, 0] = (torch.arange(rows, device="cuda") % 2048).half()
+    a[-1] = (torch.arange(cols, device="cuda") % 2048).half()
     b = torch.full_like(a, -1.0)
     k(a, b)
     torch.cuda.synchronize()
