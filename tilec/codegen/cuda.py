@@ -131,17 +131,23 @@ class _Printer:
         frags = [b for b in self.k.buffers if b.name in names and b.layout == "wgmma"]
         return frags[0] if frags else None
 
-    def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
-        """Register r of a thread holds accumulator element (i, j) of wgmma's
-        m64nNk16 layout: warpgroup g owns rows g*64*m_tiles.., warp w 16 of them."""
+    def fragment_index(self, acc: ir.Buffer):
+        """(m64 tiles per warpgroup, registers per thread, and the row and column
+        expressions of register tl_r): wgmma's m64nNk16 layout, where warpgroup g
+        owns rows g*64*m_tiles.., warp w 16 of them, registers r and r + 1 two
+        adjacent columns of one row."""
         m, n = acc.shape
-        wg = self.threads // 128
-        mt = m // (64 * wg)
-        regs = mt * n // 2
+        mt = m // (64 * (self.threads // 128))
         tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
         row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
                f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
-        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2 + tl_r % 2"
+        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2"
+        return mt, mt * n // 2, row, col
+
+    def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
+        """Register r of a thread holds accumulator element (i, j) (fragment_index)."""
+        _, regs, row, col = self.fragment_index(acc)
+        col += " + tl_r % 2"
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, (row, col)), body)]
         out += [ind + line for line in body]
@@ -355,17 +361,12 @@ class _Printer:
         c and c + 1 of one row, so each pair is converted together (cvt .f16x2 /
         .bf16x2) and stored as one 4-byte (8 for f32) word; one conversion per
         register makes ptxas serialize the kernel's wgmmas (C7514)."""
-        m, n = acc.shape
-        mt = m // (64 * (self.threads // 128))
+        _, regs, row, col = self.fragment_index(acc)
         self.pair_stores.add(dst.dtype.name)
-        tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
-        row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
-               f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
-        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2"
         pair_t, pack = PAIR_TYPES[dst.dtype.name]
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
         return [f"{ind}#pragma unroll",
-                f"{ind}for (int tl_r = 0; tl_r < {mt * n // 2}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1",
+                f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1",
                 f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col};",
                 f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
                 f"{ind}}}"]
@@ -376,8 +377,8 @@ class _Printer:
         address are computed once (64-bit), then its columns stored. (Per-element
         index math made NVVM and ptxas take twice as long on gemm.tile.)"""
         t = self.k.param(s.dst.name)
-        m, n = acc.shape
-        mt = m // (64 * (self.threads // 128))
+        n = acc.shape[1]
+        mt = self.fragment_index(acc)[0]
         lead = len(t.shape) - 2
         starts = [self.expr(e, 5) for e in s.dst.starts]
         outer = [f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})"
