@@ -296,6 +296,15 @@ class _Inserter:
     def thread_access(self, s, st, out):
         reads, writes = tile_accesses(self.k, s)
         touched = reads | writes
+        # a tile placed over another one's memory (the gemm epilogue's staging tile)
+        # touches that memory too: its loads must have landed, its stores have read it
+        under = {self.k.buffer(t).alias for t in writes if self.k.buffer(t) and self.k.buffer(t).alias}
+        for t in sorted(under):
+            if t in st.pending:
+                self.wait(st, st.pending[t], out, span=s.span)
+        if under & st.storing:
+            out.append(ir.OneThread((ir.BulkWait(read=True),)))
+            st.storing -= under
         for t in sorted(touched):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
@@ -306,7 +315,7 @@ class _Inserter:
             need_sync = True
         if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
             need_sync = True
-        if any(self.k.buffer(t).alias for t in writes if self.k.buffer(t)):
+        if under:
             need_sync = True    # the tile it lies over: every warpgroup's wgmma must be done with it
         fence = False
         if isinstance(s, ir.Gemm) and reads & st.unfenced:
