@@ -4,6 +4,7 @@ tensor maps and launch."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 from ..errors import DeviceError, LaunchError
@@ -38,9 +39,15 @@ def _torch_dtype_name(dt):
 
 def _torch_stream(device):
     """The current torch stream of `device` as a CUstream handle (int)."""
-    torch = sys.modules["torch"]
+    return _torch_stream_getter()(device)
+
+
+def _torch_stream_getter():
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return lambda device: 0         # no torch: the legacy default stream
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what Triton uses: ~0.2 us
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return raw if raw is not None else (lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 class TensorArg:
@@ -78,14 +85,15 @@ class Prepared:
     """Everything a launch needs once the arguments are read: replayed as is when
     the same arguments (pointers, shapes, strides, dtypes, scalars) come again,
     on the current torch stream of its device."""
-    __slots__ = ("keep", "device", "launch_on")
+    __slots__ = ("keep", "device", "launch_on", "current_stream")
 
     def __init__(self, name, loaded, grid, threads, smem_bytes, ptrs, keep, device):
         self.keep, self.device = (ptrs, keep), device     # the parameter memory the launch points at
         self.launch_on = driver.launcher(loaded, grid, threads, smem_bytes, ptrs, name)
+        self.current_stream = functools.partial(_torch_stream_getter(), device)
 
     def __call__(self, stream=None):
-        self.launch_on(_torch_stream(self.device) if stream is None else stream)
+        self.launch_on(self.current_stream() if stream is None else stream)
 
 
 def torch_call_key(args):
@@ -98,14 +106,14 @@ def torch_call_key(args):
         return None
     tensor = torch.Tensor
     key = []
-    for a in args:
+    for a in args:              # one flat tuple: 4 entries per tensor, 2 per number
         t = type(a)
         if t is tensor or isinstance(a, tensor):
             if not a.is_cuda:
                 return None
-            key.append((a.data_ptr(), a.shape, a.stride(), a.dtype))
+            key += (a.data_ptr(), a.shape, a.stride(), a.dtype)
         elif t is int or t is float:
-            key.append((t, a))
+            key += (t, a)
         else:
             return None
     return tuple(key)
