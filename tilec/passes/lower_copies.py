@@ -14,13 +14,16 @@ rule at launch) global <-> shared copies become thread copies too.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from ..ir import nodes as ir
-from ..ir.exprs import map_body
+from ..ir.exprs import map_body, walk_expr
 from .check_types import space
 
 NAME = "lower-copies"
+
+# output dtypes the epilogue stages (codegen converts their column pairs together)
+STAGED_DTYPES = ("f16", "bf16", "f32")
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -70,7 +73,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam):
             continue
         width = 128 // t.dtype.size
-        if t.dtype.size not in (2, 4) or acc.shape[1] % width:
+        if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width:
             continue
         later = {n for x in k.body[i + 1:] for n in _names(x)}
         nbytes = acc.elements * t.dtype.size
@@ -86,14 +89,19 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
 
 
 def _names(s) -> set:
-    """Tile names a statement (and what it nests) mentions."""
+    """Tile names a statement (and what it nests) mentions: copy sides, gemm
+    operands, filled and assigned tiles, and tiles subscripted in expressions."""
     out = set()
     for x in ir.walk_stmts((s,)):
-        for r in (getattr(x, "src", None), getattr(x, "dst", None)):
-            if isinstance(r, ir.Region):
-                out.add(r.name)
-        for f in ("a", "b", "acc", "buffer"):
-            v = getattr(x, f, None)
-            if isinstance(v, str):
-                out.add(v)
+        for f in fields(x):
+            v = getattr(x, f.name)
+            for item in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(item, ir.Region):
+                    out.add(item.name)
+                    item = item.starts
+                if f.name in ("a", "b", "acc", "buffer") and isinstance(item, str):
+                    out.add(item)
+                for e in (item if isinstance(item, tuple) else (item,)):
+                    if isinstance(e, ir.Expr):
+                        out |= {y.name for y in walk_expr(e) if isinstance(y, ir.Subscript)}
     return out
