@@ -64,7 +64,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
                 if isinstance(inner, ir.Copy) and space(k, inner.dst.name) == "shared":
                     b = k.buffer(inner.dst.name)
                     if b.layout == "sw128":
-                        rings[b.name] = b.stage_bytes * (s.stages or 1)
+                        rings[b.name] = b.stage_bytes * _ring_stages(k, s)
     new = []
     for i, s in enumerate(k.body):
         if not isinstance(s, ir.Copy):
@@ -86,6 +86,19 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         new.append(tile)
         staged[id(s)] = tile
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
+
+
+def _ring_stages(k: ir.Kernel, s: ir.For) -> int:
+    """The copies insert-barriers will give the loop's tiles: `stages` when the body
+    is TMA loads followed by gemms reading them (its `pipelinable`), else 1."""
+    body = list(s.body)
+    loads = [x for x in body if isinstance(x, ir.Copy) and space(k, x.dst.name) == "shared"
+             and space(k, x.src.name) in ("global", "view")]
+    rest = body[len(loads):]
+    if s.stages is None or not loads or body[:len(loads)] != loads or not rest or \
+            not all(isinstance(x, ir.Gemm) and {x.a, x.b} <= {c.dst.name for c in loads} for x in rest):
+        return 1
+    return s.stages
 
 
 def _names(s) -> set:
