@@ -154,6 +154,32 @@ CONV_LAYERS = (((56, 64, 1), dict(BN=64)), ((28, 128, 1), {}), ((14, 256, 1), di
                ((7, 512, 1), dict(BN=256, STAGES=4)), ((56, 128, 2), {}))
 
 
+def bench_gemm_f8(rows):
+    """e4m3 gemm (examples/gemm_f8.tile) against torch._scaled_mm (cuBLASLt fp8)
+    with unit scales, f16 output, the same [M, K] x [N, K]^T operands, and
+    use_fast_accum: like tilec, it keeps the sums in the tensor cores, whose fp8
+    accumulation on Hopper is narrower than f32 (relative error ~2e-3 at
+    K = 8192); without it cuBLAS adds partial sums in f32 on the side."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/gemm_f8.tile"))
+    one = torch.ones((), device="cuda")
+    for n in (4096, 8192):
+        a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+        bt = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+        c = torch.empty(n, n, device="cuda", dtype=torch.float16)
+        k(a, bt, c)
+        want = a.float() @ bt.float().t()
+        err = ((c.float() - want).norm() / want.norm()).item()
+        assert err < 5e-3, f"gemm_f8 {n}: relative error {err}"
+        t_tilec, t_torch, ratio = compare(
+            lambda: k(a, bt, c),
+            lambda: torch._scaled_mm(a, bt.t(), scale_a=one, scale_b=one, out_dtype=torch.float16,
+                                     use_fast_accum=True))
+        flops = 2 * n ** 3
+        rows.append((f"gemm_f8 e4m3 {n}^3", "torch._scaled_mm", flops / t_tilec / 1e12, flops / t_torch / 1e12,
+                     "TFLOP", ratio))
+
+
 def bench_conv2d(rows):
     """conv2d f16 NHWC, N=128, against F.conv2d on channels-last tensors (cuDNN)."""
     import math
@@ -252,7 +278,8 @@ def bench_compile(rows):
 
 def main():
     rows = []
-    benches = (bench_compile, bench_copy, bench_scale, bench_im2col, bench_gemm, bench_conv2d, bench_host)
+    benches = (bench_compile, bench_copy, bench_scale, bench_im2col, bench_gemm, bench_gemm_f8, bench_conv2d,
+               bench_host)
     wanted = set(sys.argv[1:])
     unknown = wanted - {b.__name__[len("bench_"):] for b in benches}
     if unknown:

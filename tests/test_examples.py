@@ -29,7 +29,7 @@ SUPPORTED = sorted(p.stem for p in EXAMPLES.glob("*.tile"))
 
 
 def test_the_examples_are_there():
-    assert {"copy2d", "scale", "gemm", "conv2d", "im2col", "gemm_128x256"} <= set(SUPPORTED)
+    assert {"copy2d", "scale", "gemm", "conv2d", "im2col", "gemm_128x256", "gemm_f8"} <= set(SUPPORTED)
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
@@ -40,7 +40,7 @@ def test_example_compiles(name):
     assert "cp.async.bulk.tensor" in k.cuda_source
 
 
-@pytest.mark.parametrize("name", ["gemm", "conv2d", "gemm_128x256"])
+@pytest.mark.parametrize("name", ["gemm", "conv2d", "gemm_128x256", "gemm_f8"])
 def test_gemm_examples_use_wgmma(name):
     k = tilec.compile(str(EXAMPLES / f"{name}.tile"), arch="sm_90a")
     assert "wgmma.mma_async.sync.aligned.m64n" in k.ptx

@@ -118,3 +118,21 @@ def test_tuned_gemm_example(dt, mnk):
     kern(a, b, c)
     torch.cuda.synchronize()
     check(c, a, b)
+
+
+@pytest.mark.parametrize("dt", ["f8e4m3", "f8e5m2"])
+@pytest.mark.parametrize("mnk", [(128, 256, 128), (1000, 1000, 1024), (4096, 4096, 4096), (127, 72, 384)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_f8_gemm(dt, mnk):
+    """examples/gemm_f8.tile (e4m3, and the same program in e5m2) against the f32
+    product of the same 8-bit values."""
+    import torch
+    m, n, k = mnk
+    tdt = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}[dt]
+    kern = tilec.compile(open("examples/gemm_f8.tile").read().replace("f8e4m3", dt), fallback=False)
+    a = torch.randn(m, k, device="cuda").to(tdt)
+    bt = torch.randn(n, k, device="cuda").to(tdt)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    kern(a, bt, c)
+    torch.cuda.synchronize()
+    check(c, a, bt.t())

@@ -850,3 +850,22 @@ def test_im2col_tile_spanning_filter_taps(case, body):
     with no_fallback():
         kern(x, y)
     assert same_bits(y, want)
+
+
+@pytest.mark.parametrize("dt, stages", [("f8e4m3", 3), ("f8e5m2", 1)])
+def test_f8_gemm(dt, stages):
+    """8-bit float operands (wgmma k32, both K-major), f32 sums: the example's
+    program with either 8-bit format; exact f32 products of the f8 values."""
+    ml = pytest.importorskip("ml_dtypes")
+    npdt = {"f8e4m3": ml.float8_e4m3fn, "f8e5m2": ml.float8_e5m2}[dt]
+    src = (EXAMPLES / "gemm_f8.tile").read_text().replace("f8e4m3", dt)
+    k = interp(src, STAGES=stages)
+    rng = np.random.default_rng(31)
+    for m, n, kk in [(256, 256, 256), (130, 200, 384), (64, 8, 128)]:
+        a = rng.standard_normal((m, kk)).astype(npdt)
+        b = rng.standard_normal((n, kk)).astype(npdt)
+        c = poisoned((m, n), np.float16)
+        with no_fallback():
+            k(a, b, c)
+        want = a.astype(np.float32) @ b.astype(np.float32).T
+        np.testing.assert_allclose(c.astype(np.float32), want, rtol=2e-3, atol=2e-2 * math.sqrt(kk) / 16)

@@ -276,21 +276,22 @@ class _Printer:
         a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
         m, kdim = a.shape
         n = acc.shape[1]
-        dt = a.dtype.name
+        dt, esize = a.dtype.name, a.dtype.size
+        kstep, chunk_elems = 32 // esize, 128 // esize     # each wgmma reads 32 bytes of K
         self.mma_shapes.add((n, dt, not s.transpose_b))
-        fn = f"wgmma_m64n{n}k16_{dt}_{'bk' if s.transpose_b else 'bn'}"
+        fn = f"wgmma_m64n{n}k{kstep}_{dt}_{'bk' if s.transpose_b else 'bn'}"
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         out = [f"{ind}wgmma_fence();"]
         rows_per_wg = 64 * s.m_tiles
-        for kk in range(kdim // 16):
-            chunk, within = divmod(kk * 16, 64)
+        for kk in range(kdim // kstep):
+            chunk, within = divmod(kk * kstep, chunk_elems)
             if s.transpose_b:
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{chunk * n * 128 + within * 2}, 16, 1024)"
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{chunk * n * 128 + within * esize}, 16, 1024)"
             else:
                 b_desc = f"wgmma_desc({b.name}, {b_stage}{kk * 16 * 128}, {kdim * 128}, 1024)"
             for t in range(s.m_tiles):
-                a_off = f"{chunk * m * 128 + t * 64 * 128 + within * 2}"
+                a_off = f"{chunk * m * 128 + t * 64 * 128 + within * esize}"
                 a_desc = f"wgmma_desc({a.name}, {a_stage}(threadIdx.x / 128) * {rows_per_wg * 128} + {a_off}, 16, 1024)"
                 out.append(f"{ind}{fn}({acc.name} + {t * n // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
@@ -508,7 +509,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     if pr is not None and pr.mma_shapes:
         add("wgmma_common")
         for n, dt, b_n_major in sorted(pr.mma_shapes):
-            add("wgmma_mma", n, dt, b_n_major)
+            ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
+            add("wgmma_mma", n, dt, b_n_major, ptx, 32 // ir.DTYPES[dt].size)
     if pr is not None and pr.uses_sw128:
         add("sw128")
     if pr is not None and pr.pair_stores:

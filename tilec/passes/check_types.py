@@ -37,6 +37,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.tensors:
         for d in p.shape:
             _only_kinds(d, {"symbol"}, "a tensor shape")
+    for b in k.buffers:
+        _fits(b, t)
     for p in k.scalars:
         if p.dtype.name.startswith("f8"):
             raise SemanticError(f"scalar parameter '{p.name}': fp8 scalars are not supported; pass an f32",
@@ -44,6 +46,24 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     views = tuple(_im2col_view(k, name, e) for name, e in k.lets if isinstance(e, ir.Call) and e.func == "im2col")
     k = replace(k, views=views)
     return replace(k, body=_check_body(k, k.body, lanes=None))
+
+
+MAX_SHARED_TILE = 2**24         # bytes: far past the 232448 a block can have (plan-smem says so
+                                # precisely); a bound that keeps later passes from expanding absurd tiles
+MAX_LOCAL_PER_THREAD = 1024     # elements of a local tile per thread (registers, then local memory)
+
+
+def _fits(b: ir.Buffer, threads: int):
+    """A tile far too large is rejected here, at its declaration, before later
+    passes expand it (one TMA load per 128-byte chunk, one register per element);
+    plan-tma and plan-smem give the precise limits for the rest."""
+    if b.scope == "shared" and b.bytes > MAX_SHARED_TILE:
+        raise SemanticError(f"shared tile '{b.name}' is {b.bytes} bytes; a Hopper block has at most "
+                            "232448 bytes of shared memory", b.span)
+    per_thread = -(-b.elements // threads)
+    if b.scope == "local" and per_thread > MAX_LOCAL_PER_THREAD:
+        raise SemanticError(f"local tile '{b.name}' puts {per_thread} elements in each of the {threads} threads; "
+                            f"at most {MAX_LOCAL_PER_THREAD} (a thread has 255 registers)", b.span)
 
 
 _IM2COL_ARGS = ("kernel", "stride", "pad", "dilation")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import fold, substitute, walk_expr
 
@@ -49,6 +50,19 @@ class _State:
         return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
                       self.unfenced | other.unfenced, self.storing | other.storing,
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
+
+
+MAX_TX_BYTES = 2**20 - 1       # an mbarrier's transaction count
+
+
+def _expect_tx(loads) -> int:
+    """The bytes the TMA loads on one barrier bring, which its expect-tx must hold."""
+    total = sum(x.bytes for x in loads)
+    if total > MAX_TX_BYTES:
+        raise SemanticError(f"these TMA loads bring {total} bytes to one mbarrier, whose transaction count "
+                            f"holds at most {MAX_TX_BYTES} (and shared memory far less): use smaller tiles",
+                            loads[0].span)
+    return total
 
 
 def tile_accesses(k, s):
@@ -207,7 +221,7 @@ class _Inserter:
         self.staged.update({t: stages for t in tiles})
         full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full", array=True)
         empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True)
-        total = sum(x.bytes for x in loads) + self.skew
+        total = _expect_tx(loads) + self.skew
         k = ir.Var(s.var, "loop")
         n = s.extent
         S = ir.Int(stages)
@@ -277,7 +291,7 @@ class _Inserter:
         if touched:
             self.sync(st, out, fence=bool(set(tiles) & st.unfenced), span=run[0].span)
         bar = self.new_barrier(tiles, in_loop, run[0].span)
-        total = sum(s.bytes for s in run) + self.skew
+        total = _expect_tx(run) + self.skew
         issued = [ir.ArriveExpectTx(bar.name, total, span=run[0].span)]
         issued += [replace(s, barrier=bar.name) for s in run]
         out.append(ir.OneThread(tuple(issued)))

@@ -2,7 +2,8 @@
 
 The block's threads form warpgroups of 128; warpgroup g owns rows
 [g * 64 * m_tiles, (g + 1) * 64 * m_tiles) of the accumulator, one
-wgmma.mma_async m64nNk16 per m64 row tile and k16 step, N = the tile width.
+wgmma.mma_async m64nNk16 (k32 for 8-bit operands) per m64 row tile and K
+step, N = the tile width.
 The operands are read by wgmma from shared memory through matrix descriptors,
 so `a` and `b` get the 'sw128' layout (128-byte column chunks with TMA's
 128-byte swizzle, written directly by TMA); `acc` gets the 'wgmma' fragment
@@ -17,7 +18,7 @@ from ..ir.exprs import map_body
 
 NAME = "plan-gemm"
 
-MMA_DTYPES = ("f16", "bf16")
+MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -40,8 +41,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             raise SemanticError(f"gemm shapes do not chain: a [{m}, {ka}] @ b {bshape} into acc "
                                 f"{list(acc.shape)}", s.span)
         if a.dtype.name not in MMA_DTYPES or b.dtype != a.dtype:
-            raise SemanticError(f"gemm takes f16 or bf16 operands of one dtype, not {a.dtype.name} and "
-                                f"{b.dtype.name}", s.span)
+            raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, not "
+                                f"{a.dtype.name} and {b.dtype.name}", s.span)
+        if a.dtype.size == 1 and not s.transpose_b:
+            raise SemanticError(f"an {a.dtype.name} gemm reads b K-major (wgmma takes 8-bit operands in no "
+                                "other order): declare b as [N, K] and write gemm(a, b, acc, transpose_b = true)",
+                                s.span)
         if acc.dtype.name != "f32":
             raise SemanticError(f"gemm accumulates in f32; '{acc.name}' is {acc.dtype.name}", s.span)
         if threads % 128:
@@ -53,8 +58,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if n % 64 or n > 256:
             raise SemanticError(f"gemm: the tile width N = {n} must be a multiple of 64 of at most 256 "
                                 "(one wgmma m64nNk16, 128-byte swizzled chunks)", s.span)
-        if ka % 64:
-            raise SemanticError(f"gemm: the K depth {ka} must be a multiple of 64 (128-byte swizzled chunks "
+        chunk = 128 // a.dtype.size
+        if ka % chunk:
+            raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {chunk} (128-byte swizzled chunks "
                                 f"of {a.dtype.name})", s.span)
         for t, lay in ((a, "sw128"), (b, "sw128"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:

@@ -1,0 +1,51 @@
+"""Programs whose tiles cannot fit are rejected with their line, before later
+passes would expand them (found by the fuzz test: a K tile of 2^31 made
+plan-tma build one TMA load per 128-byte chunk, and a barrier's expect-tx over
+2^20 - 1 bytes reached the IR verifier)."""
+import pytest
+
+from tilec import SemanticError
+from tilec.compiler import lower
+from tilec.errors import Source
+
+GEMM = open("examples/gemm.tile").read()
+
+
+def error(text, **consts):
+    with pytest.raises(SemanticError) as e:
+        lower(Source("t.tile", text), consts)
+    return e.value.render()
+
+
+def test_a_shared_tile_larger_than_shared_memory():
+    msg = error(GEMM, BK=2**31)
+    assert msg.startswith("t.tile:7:5: error: shared tile 'a' is 549755813888 bytes; a Hopper block has at most "
+                          "232448 bytes of shared memory")
+
+
+def test_a_local_tile_larger_than_the_registers():
+    text = """
+kernel regs(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    local r: f32[512, 512];
+    fill(r, 0);
+}"""
+    assert error(text).startswith("t.tile:5:5: error: local tile 'r' puts 2048 elements in each of the 128 "
+                                  "threads; at most 1024 (a thread has 255 registers)")
+
+
+def test_loads_on_one_barrier_over_the_transaction_count():
+    tiles = "\n".join(f"    shared s{i}: f32[224, 256];" for i in range(5))
+    loads = "\n".join(f"    copy(A[{224 * i}, 0], s{i});" for i in range(5))
+    stores = "\n".join(f"    copy(s{i}, B[{224 * i}, 0]);" for i in range(5))
+    text = f"""
+kernel big(A: f32[M, N], B: f32[M, N]) {{
+    grid (bx) = (1);
+    threads 128;
+{tiles}
+{loads}
+{stores}
+}}"""
+    assert error(text).startswith("t.tile:10:5: error: these TMA loads bring 1146880 bytes to one mbarrier, "
+                                  "whose transaction count holds at most 1048575")
