@@ -131,42 +131,26 @@ def _plan_im2col(k, s, maps):
         if st > 8:
             raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most 8", v.span)
     n, origins = im2col.row(v, x, m0)
-    if buf.layout == "cols":        # several taps: one load of `chunk` channels each
-        return _plan_im2col_taps(k, s, maps, v, x, buf, n, origins)
-    c0, offsets = im2col.column(v, x, k0)
-    coords = (n, *origins, c0)
-    swizzle = "none"
+    swizzle, width = "none", bk
     if buf.layout == "sw128":       # a gemm operand: one 128-byte swizzled chunk per pixel row
         if bk * esize != 128:
             raise SemanticError(f"an im2col tile read by gemm must be 128 bytes wide ({128 // esize} channels "
                                 f"of {x.dtype.name}), not {bk}", s.span)
         swizzle = "128B"
-    key = (x.name, "im2col", v.name, bm, bk, swizzle)
+    elif buf.layout == "cols":      # several taps: one load of `chunk` channels each
+        width = buf.chunk
+    key = (x.name, "im2col", v.name, bm, width, swizzle)
     if key not in maps:
         maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
-                                 x.name, "im2col", (bm, bk), (1, *v.stride, 1), swizzle, L2_PROMOTION,
+                                 x.name, "im2col", (bm, width), (1, *v.stride, 1), swizzle, L2_PROMOTION,
                                  lower, upper, span=s.span)
     tm = maps[key]
-    return replace(s, coords=coords, offsets=offsets, tensor_map=tm.name, bytes=bm * bk * esize)
-
-
-def _plan_im2col_taps(k, s, maps, v, x, buf, n, origins):
-    bm, bk = buf.shape
-    w = buf.chunk
-    key = (x.name, "im2col", v.name, bm, w, "none")
-    if key not in maps:
-        maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
-                                 x.name, "im2col", (bm, w), (1, *v.stride, 1), "none", L2_PROMOTION,
-                                 tuple(-p for p in v.pad),
-                                 tuple(p - d * (kk - 1) for p, d, kk in zip(v.pad, v.dilation, v.kernel)),
-                                 span=s.span)
-    tm = maps[key]
     loads = []
-    for t in range(bk // w):
-        k0 = fold(ir.BinOp("+", s.origin[1], ir.Int(t * w)))
-        c0, offsets = im2col.column(v, x, k0)
-        loads.append(replace(s, origin=(s.origin[0], k0), coords=(n, *origins, c0), offsets=offsets, tensor_map=tm.name,
-                             bytes=bm * w * x.dtype.size, smem_offset=t * bm * w * x.dtype.size))
+    for t in range(bk // width):
+        kt = k0 if t == 0 else fold(ir.BinOp("+", k0, ir.Int(t * width)))
+        c0, offsets = im2col.column(v, x, kt)
+        loads.append(replace(s, origin=(m0, kt), coords=(n, *origins, c0), offsets=offsets, tensor_map=tm.name,
+                             bytes=bm * width * esize, smem_offset=t * bm * width * esize))
     return loads
 
 
