@@ -308,7 +308,7 @@ class Call:
             for i, p in enumerate(params):
                 ptrs[i] = p.getPtr() if hasattr(p, "getPtr") else ctypes.addressof(p)
             prepared = Prepared(self.kernel_name, loaded, grid, threads, smem_bytes, ptrs, params, dev)
-            driver.launch(loaded, grid, threads, smem_bytes, self.stream or 0, ptrs, self.kernel_name)
+            prepared.launch_on(self.stream or 0)
             if self.debug is not None:
                 self._check_debug_run()
                 return None         # never replayed: each debug launch is checked
