@@ -52,6 +52,21 @@ class _State:
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
 
 
+def loads_then_gemms(body, loaded_tile) -> bool:
+    """Whether `body` is one or more loads (`loaded_tile(s)`: the tile a load
+    fills, None for anything else) followed by one or more gemms that read only
+    loaded tiles: the loop bodies that become a TMA ring (lower-copies asks
+    before copies are lowered, insert-barriers after)."""
+    tiles = []
+    for x in body:
+        tile = loaded_tile(x)
+        if tile is None:
+            break
+        tiles.append(tile)
+    rest = body[len(tiles):]
+    return bool(tiles) and bool(rest) and all(isinstance(g, ir.Gemm) and {g.a, g.b} <= set(tiles) for g in rest)
+
+
 MAX_TX_BYTES = 2**20 - 1       # an mbarrier's transaction count
 
 
@@ -191,16 +206,8 @@ class _Inserter:
         """`for k in pipelined(n, stages = S)` whose body is TMA loads followed by
         gemms that read the loaded tiles (what an S-stage TMA ring can overlap);
         other bodies run as plain loops."""
-        if s.stages is None:
-            return False
-        body = list(s.body)
-        loads = [x for x in body if isinstance(x, ir.TmaLoad)]
-        rest = body[len(loads):]
-        if not loads or body[:len(loads)] != loads or not rest or \
-                not all(isinstance(x, ir.Gemm) for x in rest):
-            return False
-        tiles = {x.buffer for x in loads}
-        return all({g.a, g.b} <= tiles for g in rest)
+        return s.stages is not None and \
+            loads_then_gemms(s.body, lambda x: x.buffer if isinstance(x, ir.TmaLoad) else None)
 
     def pipeline(self, s: ir.For, st, out):
         """An S-stage ring: stage k % S of every loaded tile holds iteration k.

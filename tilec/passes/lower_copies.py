@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr
 from .check_types import space
+from .insert_barriers import loads_then_gemms
 
 NAME = "lower-copies"
 
@@ -89,16 +90,13 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
 
 
 def _ring_stages(k: ir.Kernel, s: ir.For) -> int:
-    """The copies insert-barriers will give the loop's tiles: `stages` when the body
-    is TMA loads followed by gemms reading them (its `pipelinable`), else 1."""
-    body = list(s.body)
-    loads = [x for x in body if isinstance(x, ir.Copy) and space(k, x.dst.name) == "shared"
-             and space(k, x.src.name) in ("global", "view")]
-    rest = body[len(loads):]
-    if s.stages is None or not loads or body[:len(loads)] != loads or not rest or \
-            not all(isinstance(x, ir.Gemm) and {x.a, x.b} <= {c.dst.name for c in loads} for x in rest):
-        return 1
-    return s.stages
+    """The copies insert-barriers will give the loop's tiles: `stages` when it
+    pipelines the loop (TMA loads followed by gemms reading them), else 1."""
+    def loaded_tile(x):
+        if isinstance(x, ir.Copy) and space(k, x.dst.name) == "shared" and space(k, x.src.name) in ("global", "view"):
+            return x.dst.name
+        return None
+    return s.stages if s.stages is not None and loads_then_gemms(s.body, loaded_tile) else 1
 
 
 def _names(s) -> set:
