@@ -173,21 +173,8 @@ def test_scale_equals_torch(shape):
 def test_scale_f16_through_a_local_tile():
     """f16 in, f32 math in registers (a local tile), f16 out."""
     import torch
-    src = """
-    kernel scale16(X: f16[M, N], Y: f16[M, N], alpha: f32) {
-        const BM = 16, BN = 128;
-        grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
-        threads 128;
-        shared s: f16[BM, BN];
-        local r: f32[BM, BN];
-        copy(X[by * BM, bx * BN], s);
-        copy(s, r);
-        parallel (i, j) in (BM, BN) {
-            r[i, j] = r[i, j] * alpha - 2.0;
-        }
-        copy(r, Y[by * BM, bx * BN]);
-    }"""
-    k = tilec.compile(src)
+    from test_interpret import SCALE16
+    k = tilec.compile(SCALE16)
     x = rand((100, 300), "f16")
     y = poisoned_like(x)
     k(x, y, 1.5)
@@ -253,6 +240,17 @@ def test_launch_on_a_side_stream():
     assert torch.equal(a, b)
 
 
+def assert_copies_exactly(k, a):
+    """k(a, b) into a b poisoned with -1 gives b == a; then frees b (gigabytes)."""
+    import torch
+    b = torch.full_like(a, -1.0)
+    k(a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    del b
+    torch.cuda.empty_cache()
+
+
 def test_copy_of_5_gib():
     """Over 4 GiB (1.34e9 f32 elements): TMA coordinates stay small, nothing overflows."""
     import torch
@@ -260,12 +258,7 @@ def test_copy_of_5_gib():
     a = torch.zeros(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
     a.view(-1)[:: 1 << 20].copy_(torch.arange(a.numel() >> 20, device="cuda", dtype=torch.float32))
     a[-1].fill_(7.0)
-    b = torch.full_like(a, -1.0)
-    k(a, b)
-    torch.cuda.synchronize()
-    assert torch.equal(a, b)
-    del a, b
-    torch.cuda.empty_cache()
+    assert_copies_exactly(k, a)
 
 
 def test_tma_copy_over_2_pow_31_elements():
@@ -277,12 +270,7 @@ def test_tma_copy_over_2_pow_31_elements():
     a = torch.zeros(rows, cols, device="cuda", dtype=torch.float16)
     a[:, 0] = (torch.arange(rows, device="cuda") % 2048).half()
     a[-1] = (torch.arange(cols, device="cuda") % 2048).half()
-    b = torch.full_like(a, -1.0)
-    k(a, b)
-    torch.cuda.synchronize()
-    assert torch.equal(a, b)
-    del a, b
-    torch.cuda.empty_cache()
+    assert_copies_exactly(k, a)
 
 
 def test_fallback_copy_over_2_pow_31_elements():

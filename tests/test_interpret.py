@@ -531,8 +531,8 @@ def test_local_tile_accumulates_over_a_loop():
     assert same_bits(b, want)                  # small integers: float sums are exact
 
 
-def test_f16_through_a_local_tile():
-    src = """
+# f16 in, f32 math in registers (a local tile), f16 out (also run on the GPU by test_gpu_copy.py)
+SCALE16 = """
     kernel scale16(X: f16[M, N], Y: f16[M, N], alpha: f32) {
         const BM = 16, BN = 128;
         grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
@@ -546,6 +546,10 @@ def test_f16_through_a_local_tile():
         }
         copy(r, Y[by * BM, bx * BN]);
     }"""
+
+
+def test_f16_through_a_local_tile():
+    src = SCALE16
     x = rand((100, 304), "f16", np.random.default_rng(14))
     y = poisoned(x.shape, np.float16)
     with no_fallback():
