@@ -6,17 +6,14 @@ import time
 
 import numpy as np
 
-from ._resources import resource_dir
+from ._resources import resource
+from .errors import Source
 from .kernel import compile as compile_kernel
 from .runtime.driver import have_gpu
 
 
-def _copy2d_source():
-    return str(resource_dir("examples") / "copy2d.tile")
-
-
 def main(path=None) -> None:
-    src = path or _copy2d_source()
+    src = path or Source("examples/copy2d.tile", (resource("examples") / "copy2d.tile").read_text())
     t0 = time.perf_counter()
     k = compile_kernel(src)
     ms = (time.perf_counter() - t0) * 1e3

@@ -9,7 +9,7 @@ import re
 import jinja2
 
 from .._version import __version__
-from .._resources import resource_dir
+from .._resources import resource
 from ..ir import im2col
 from ..ir import nodes as ir
 from ..ir.exprs import walk_expr
@@ -22,9 +22,14 @@ _FLOAT_FN = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
 _DOUBLE_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt"}
 
 
+def _template(name: str) -> str | None:
+    f = resource("templates") / name
+    return f.read_text() if f.is_file() else None
+
+
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(resource_dir("templates"))),
+    return jinja2.Environment(loader=jinja2.FunctionLoader(_template),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 

@@ -5,7 +5,7 @@ import functools
 
 import lark
 
-from .._resources import resource_dir
+from .._resources import resource
 from ..errors import ParseError, Source, Span
 
 # How an expected terminal is named in an error message.
@@ -28,7 +28,7 @@ _STMT_START = {"CONST", "LET", "REQUIRE", "GRID", "THREADS", "SHARED", "LOCAL", 
 
 @functools.lru_cache(maxsize=1)
 def parser() -> lark.Lark:
-    grammar = (resource_dir("grammar") / "tilec.lark").read_text()
+    grammar = (resource("grammar") / "tilec.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 

@@ -38,18 +38,21 @@ _CODE_IDENTITY = None
 
 
 def code_identity() -> str:
-    """The compiler's own code (sizes and mtimes of its .py, .j2 and .lark files),
-    so an entry written by a different build of tilec is never loaded."""
+    """The compiler's own code (sizes and mtimes of its .py files, the text of its
+    templates and grammar), so an entry written by a different build of tilec is
+    never loaded."""
     global _CODE_IDENTITY
     if _CODE_IDENTITY is None:
-        from .._resources import resource_dir
+        from .._resources import resource
         pkg = Path(__file__).resolve().parent.parent
         h = hashlib.sha256()
-        for root in (pkg, resource_dir("templates"), resource_dir("grammar")):
-            for f in sorted(root.rglob("*")):
-                if f.suffix in (".py", ".j2", ".lark"):
-                    st = f.stat()
-                    h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        for f in sorted(pkg.rglob("*.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(pkg)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        for name in ("templates", "grammar"):
+            for f in sorted(resource(name).iterdir(), key=lambda f: f.name):
+                if f.name.endswith((".j2", ".lark")):
+                    h.update(f"{name}/{f.name}:".encode() + hashlib.sha256(f.read_bytes()).digest())
         _CODE_IDENTITY = h.hexdigest()
     return _CODE_IDENTITY
 
