@@ -1,7 +1,6 @@
 """The disk cache and compile concurrency (CPU: NVRTC needs no GPU)."""
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import tilec
 from tilec.kernel import _CACHE
 from tilec.runtime import cache
+from conftest import python_c
 
 ROOT = Path(__file__).resolve().parent.parent
 COPY2D = (ROOT / "examples/copy2d.tile").read_text()
@@ -71,8 +71,7 @@ def test_concurrent_writer_processes(cache_dir):
     code = ("import tilec, sys; k = tilec.compile(sys.argv[1], BM=2); "
             "print(len(k.cubin))")
     src = ROOT / "examples/copy2d.tile"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(src)], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT))) for _ in range(4)]
+    procs = [subprocess.Popen([*python_c(code), str(src)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and len(set(outs)) == 1
     (entry,) = entries(cache_dir)

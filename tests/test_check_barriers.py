@@ -9,6 +9,7 @@ from tilec.errors import Source
 from tilec.ir import nodes as ir
 from tilec.passes import Options, check_barriers
 from tilec.passes.check_barriers import BarrierBug
+from conftest import ROOT
 
 LOOP = """kernel loop(A: f32[M, N], B: f32[M, N]) {
     grid (bx) = (cdiv(N, 128));
@@ -109,7 +110,7 @@ def rejected(k):
 
 @pytest.mark.parametrize("name", ["copy2d", "scale", "im2col"])
 def test_examples_pass(name):
-    k = lower(f"examples/{name}.tile").stages["insert-barriers"]
+    k = lower(ROOT / f"examples/{name}.tile").stages["insert-barriers"]
     check_barriers.run(k, Options())
 
 
@@ -159,13 +160,13 @@ def test_tile_refilled_while_a_store_reads_it():
 
 
 def test_missing_proxy_fence_before_store():
-    err = rejected(broken(open("examples/scale.tile").read(), lambda s: isinstance(s, ir.ProxyFence)))
+    err = rejected(broken((ROOT / "examples/scale.tile").read_text(), lambda s: isinstance(s, ir.ProxyFence)))
     assert "TMA store of 's', which threads wrote, without fence.proxy.async" in err.message
     assert err.span.line == 11
 
 
 def test_missing_block_barrier_before_store():
-    text = open("examples/scale.tile").read()
+    text = (ROOT / "examples/scale.tile").read_text()
     k = broken(text, lambda s: isinstance(s, ir.SyncThreads) and s.span is not None and s.span.line == 11)
     err = rejected(k)
     assert "TMA store of 's'" in err.message

@@ -1,20 +1,14 @@
 """The `tilec` command line, run as `python -m tilec` in a subprocess."""
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tilec.passes import PASS_NAMES
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, TILEC
 
 
 def tilec(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "tilec", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([*TILEC, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def ok(*args):
@@ -121,7 +115,7 @@ def test_check_gemm_and_conv2d():
 
 def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     bad = tmp_path / "g.tile"
-    bad.write_text(open("examples/gemm.tile").read().replace("threads 256;", "threads 96;"))
+    bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 256;", "threads 96;"))
     err = fails("check", str(bad))
     assert err.startswith(f"{bad}:14:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 

@@ -1,8 +1,8 @@
 """LLVM lit-style tests: every tests/filecheck/*.tile holds `// RUN: <command>`
 lines and FileCheck directives. For each RUN line, `%s` becomes the file,
-`tilec` the compiler (`python -m tilec`) and `filecheck` the FileCheck port;
-the pipeline runs from the repository root and must exit 0."""
-import os
+`tilec` the compiler (`python -m tilec`, the tilec these tests import) and
+`filecheck` the FileCheck port; the pipeline runs from the repository root and
+must exit 0."""
 import re
 import shlex
 import shutil
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, TILEC
 FILES = sorted((ROOT / "tests" / "filecheck").glob("*.tile"))
 RUN = re.compile(r"^\s*//\s*RUN:\s*(.*?)\s*$")
 TOOL = re.compile(r"(^|[|;&]\s*)(tilec|filecheck)(?=\s|$)")
@@ -33,7 +33,7 @@ def run_lines(path):
 
 
 def expand(command, path):
-    tools = {"tilec": f"{shlex.quote(sys.executable)} -m tilec", "filecheck": shlex.quote(FILECHECK or "filecheck")}
+    tools = {"tilec": shlex.join(TILEC), "filecheck": shlex.quote(FILECHECK or "filecheck")}
     command = TOOL.sub(lambda m: m.group(1) + tools[m.group(2)], command)
     return command.replace("%s", shlex.quote(str(path.relative_to(ROOT))))
 
@@ -47,11 +47,10 @@ def test_there_are_filecheck_files():
 @pytest.mark.skipif(FILECHECK is None, reason="the `filecheck` command (pip install filecheck) is not installed")
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_filecheck(path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for line in run_lines(path):
         command = expand(line, path)
         # pipefail: a tilec that fails in front of filecheck fails the RUN line
         proc = subprocess.run("set -o pipefail; " + command, shell=True, executable="/bin/bash", cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, (f"RUN: {line}\n$ {command}\nexit {proc.returncode}\n"
                                       f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")

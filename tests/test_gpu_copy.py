@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tilec
+from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +62,7 @@ def test_copy2d_equals_input(dt, shape):
 
 def test_copy2d_example_file():
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((777, 1000), "f32")
     b = poisoned_like(a)
     k(a, b)
@@ -105,7 +106,7 @@ def test_copy_of_rank(rank):
 def test_copy_of_a_strided_view():
     """A sliced torch view: 16-byte aligned start and row stride, not contiguous."""
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     big = rand((1200, 1040), "f32")
     a = big[100:1100, 16:1016]
     assert not a.is_contiguous()
@@ -119,7 +120,7 @@ def test_copy_of_a_strided_view():
 
 def test_illegal_stride_raises_named_error_before_launch():
     import torch
-    k = tilec.compile("examples/copy2d.tile", fallback=False)
+    k = tilec.compile(ROOT / "examples/copy2d.tile", fallback=False)
     a = rand((64, 130), "f32")[:, :7]     # row stride 520 bytes
     b = torch.zeros(64, 7, device="cuda")
     with pytest.raises(tilec.LaunchError, match=r"argument A: row stride 520 bytes is not a multiple of 16"):
@@ -130,7 +131,7 @@ def test_illegal_stride_raises_named_error_before_launch():
 
 def test_illegal_stride_falls_back_with_a_warning():
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((300, 130), "f32")[:, :7]
     b = torch.zeros(300, 7, device="cuda")
     with pytest.warns(tilec.errors.TmaFallbackWarning, match="row stride 520 bytes"):
@@ -141,7 +142,7 @@ def test_illegal_stride_falls_back_with_a_warning():
 
 def test_launch_errors_name_the_argument():
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((64, 128), "f32")
     with pytest.raises(tilec.LaunchError, match=r"argument B: dtype f16 does not match the declared f32"):
         k(a, a.half())
@@ -152,7 +153,7 @@ def test_launch_errors_name_the_argument():
 
 
 def test_numpy_arguments_are_copied_in_and_out():
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = np.random.default_rng(1).standard_normal((300, 500), dtype=np.float32)
     b = np.zeros_like(a)
     k(a, b)
@@ -162,7 +163,7 @@ def test_numpy_arguments_are_copied_in_and_out():
 @pytest.mark.parametrize("shape", [(1, 1), (333, 1000), (64, 256), (1000, 4096)])
 def test_scale_equals_torch(shape):
     import torch
-    k = tilec.compile("examples/scale.tile")
+    k = tilec.compile(ROOT / "examples/scale.tile")
     x = rand(shape, "f32")
     y = poisoned_like(x)
     k(x, y, 0.75)
@@ -210,7 +211,7 @@ def test_replayed_launch_follows_new_data_and_new_pointers():
     """The second call with the same tensors replays the prepared launch; new
     tensors (new pointers or shapes) get their own."""
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     for shape in [(100, 256), (100, 256), (64, 128), (100, 256)]:
         a = rand(shape, "f32")
         b = poisoned_like(a)
@@ -229,7 +230,7 @@ def test_replayed_launch_follows_new_data_and_new_pointers():
 
 def test_launch_on_a_side_stream():
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((2048, 2048), "f32")
     b = poisoned_like(a)
     s = torch.cuda.Stream()
@@ -254,7 +255,7 @@ def assert_copies_exactly(k, a):
 def test_copy_of_5_gib():
     """Over 4 GiB (1.34e9 f32 elements): TMA coordinates stay small, nothing overflows."""
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = torch.zeros(40960, 32768, device="cuda")           # 5 GiB of f32, 1.34e9 elements
     a.view(-1)[:: 1 << 20].copy_(torch.arange(a.numel() >> 20, device="cuda", dtype=torch.float32))
     a[-1].fill_(7.0)
@@ -265,7 +266,7 @@ def test_tma_copy_over_2_pow_31_elements():
     """2.15e9 f16 elements (4.3 GB) through TMA: the host's element counts and
     byte strides are 64-bit, coordinates stay in int32."""
     import torch
-    k = tilec.compile(open("examples/copy2d.tile").read().replace("f32", "f16"), fallback=False)
+    k = tilec.compile((ROOT / "examples/copy2d.tile").read_text().replace("f32", "f16"), fallback=False)
     rows, cols = (1 << 16) + 64, 32768                     # 2^31 + 2^21 elements
     a = torch.zeros(rows, cols, device="cuda", dtype=torch.float16)
     a[:, 0] = (torch.arange(rows, device="cuda") % 2048).half()
@@ -276,7 +277,7 @@ def test_tma_copy_over_2_pow_31_elements():
 def test_fallback_copy_over_2_pow_31_elements():
     """The thread-copy variant indexes with 64-bit math (rows not 16-byte aligned)."""
     import torch
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     rows, cols = (1 << 16) + 3, 32771                      # 2.15e9 elements, 8.6 GB each
     a = torch.zeros(rows, cols, device="cuda")
     a[:, 0] = torch.arange(rows, device="cuda", dtype=torch.float32)
@@ -295,7 +296,7 @@ def test_fallback_copy_over_2_pow_31_elements():
 def test_cupy_arguments():
     """cupy arrays through __cuda_array_interface__ / DLPack (cuda.core's StridedMemoryView)."""
     cp = pytest.importorskip("cupy")
-    k = tilec.compile("examples/copy2d.tile")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = cp.random.standard_normal((300, 520), dtype=cp.float32)
     b = cp.full_like(a, cp.nan)
     k(a, b)

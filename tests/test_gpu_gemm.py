@@ -2,6 +2,7 @@
 import pytest
 
 import tilec
+from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ SIZES = [(64, 64, 64), (127, 128, 1000), (128, 127, 64), (1000, 1000, 1000), (25
 def test_gemm_example_equals_matmul(dt, mnk):
     import torch
     m, n, k = mnk
-    src = open("examples/gemm.tile").read().replace("f16", dt)
+    src = (ROOT / "examples/gemm.tile").read_text().replace("f16", dt)
     kern = tilec.compile(src)
     a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
     b = torch.randn(k, n, device="cuda").to(torch_dt(dt))
@@ -80,7 +81,7 @@ def test_pipelined_stages(stages, mnk):
     """Trip counts below, at and above the stage count; ragged K tails."""
     import torch
     m, n, k = mnk
-    kern = tilec.compile("examples/gemm.tile", STAGES=stages)
+    kern = tilec.compile(ROOT / "examples/gemm.tile", STAGES=stages)
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(k, n, device="cuda").half()
     c = torch.full((m, n), float("nan"), device="cuda").half()
@@ -93,7 +94,7 @@ def test_pipelined_stages(stages, mnk):
 @pytest.mark.parametrize("size", [64, 127, 128, 1000, 4096])
 def test_gemm_square_sizes(dt, size):
     import torch
-    kern = tilec.compile(open("examples/gemm.tile").read().replace("f16", dt))
+    kern = tilec.compile((ROOT / "examples/gemm.tile").read_text().replace("f16", dt))
     a = torch.randn(size, size, device="cuda").to(torch_dt(dt))
     b = torch.randn(size, size, device="cuda").to(torch_dt(dt))
     c = torch.full((size, size), float("nan"), device="cuda").to(torch_dt(dt))
@@ -111,7 +112,7 @@ def test_gemm_square_sizes(dt, size):
 def test_tuned_gemm_example(dt, mnk):
     import torch
     m, n, k = mnk
-    kern = tilec.compile(open("examples/gemm_128x256.tile").read().replace("f16", dt))
+    kern = tilec.compile((ROOT / "examples/gemm_128x256.tile").read_text().replace("f16", dt))
     a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
     b = torch.randn(k, n, device="cuda").to(torch_dt(dt))
     c = torch.full((m, n), float("nan"), device="cuda").to(torch_dt(dt))
@@ -129,7 +130,7 @@ def test_f8_gemm(dt, mnk):
     import torch
     m, n, k = mnk
     tdt = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}[dt]
-    kern = tilec.compile(open("examples/gemm_f8.tile").read().replace("f8e4m3", dt), fallback=False)
+    kern = tilec.compile((ROOT / "examples/gemm_f8.tile").read_text().replace("f8e4m3", dt), fallback=False)
     a = torch.randn(m, k, device="cuda").to(tdt)
     bt = torch.randn(n, k, device="cuda").to(tdt)
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)

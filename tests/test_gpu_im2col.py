@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tilec
+from conftest import ROOT
 from test_interpret import DOUBLE, TAP_CASES, im2col_reference, im2col_source, tap_case_id
 
 pytestmark = pytest.mark.gpu
@@ -128,7 +129,7 @@ def test_im2col_channels_error_without_fallback():
 
 def test_im2col_example_file():
     import torch
-    kern = tilec.compile("examples/im2col.tile")
+    kern = tilec.compile(ROOT / "examples/im2col.tile")
     x = torch.randn(2, 14, 14, 64, device="cuda").half()
     want = reference(x.cpu().numpy(), (3, 3), 1, 1, 1)
     y = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.float16)

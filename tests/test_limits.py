@@ -7,8 +7,9 @@ import pytest
 from tilec import SemanticError
 from tilec.compiler import lower
 from tilec.errors import Source
+from conftest import ROOT
 
-GEMM = open("examples/gemm.tile").read()
+GEMM = (ROOT / "examples/gemm.tile").read_text()
 
 
 def error(text, **consts):
