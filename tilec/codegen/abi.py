@@ -19,14 +19,20 @@ class Param:
 
 
 def thread_copied_tensors(k: ir.Kernel) -> list:
-    """Tensors that threads read or write element by element (need a pointer)."""
+    """Tensors that threads read or write element by element (need a pointer):
+    thread copies' global sides and the tensors of store tails."""
     names = []
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.ThreadCopy):
-            for r in (s.src, s.dst):
-                name = k.view(r.name).tensor if k.view(r.name) else r.name
-                if isinstance(k.param(name), ir.TensorParam) and name not in names:
-                    names.append(name)
+            regions = (s.src.name, s.dst.name)
+        elif isinstance(s, ir.StoreTail):
+            regions = (s.tensor,)
+        else:
+            continue
+        for r in regions:
+            name = k.view(r).tensor if k.view(r) else r
+            if isinstance(k.param(name), ir.TensorParam) and name not in names:
+                names.append(name)
     return names
 
 

@@ -272,6 +272,8 @@ class _Printer:
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
         if isinstance(s, ir.ThreadCopy):
             return self.comment(s, ind) + self.thread_copy(s, ind)
+        if isinstance(s, ir.StoreTail):
+            return self.comment(s, ind) + self.store_tail(s, ind)
         raise TypeError(f"cannot print {type(s).__name__}")
 
     def gemm(self, s: ir.Gemm, ind) -> list:
@@ -361,6 +363,36 @@ class _Printer:
             fence = self.fence_fragments(ind, [acc]) if dst_b is acc else []
             return self.fragment_loop(acc, names, lines, ind) + fence
         return self.thread_loop(s.shape, names, lines, ind)
+
+    def store_tail(self, s: ir.StoreTail, ind) -> list:
+        """The columns of the store's tile from the tensor's last whole 16-byte
+        granule to the row's end (fewer than a granule): the TMA store's map stops
+        before them, because TMA stores write whole granules. Only blocks whose tile
+        crosses that point run it (a block-uniform test), between block barriers."""
+        t, b = self.k.param(s.tensor), self.k.buffer(s.buffer)
+        per, width = ir.granule_elements(t.dtype), s.shape[-1]
+        inner = f"tl_{t.name}_dim{len(t.shape) - 1}"
+        names = [f"tl_i{d}" for d in range(len(s.shape))]
+        rows = [(n, f"tl_e / {per * math.prod(s.shape[d + 1:-1])}" + (f" % {s.shape[d]}" if d else ""))
+                for d, n in enumerate(names[:-1])]
+        ptr, cond = self.global_element(ir.Region(t.name, s.coords, ()), names, "dst")
+        value = self.element(b, [ir.Var(n) for n in names])
+        i = ind
+        return [f"{i}{{  // {t.name}'s columns past its last whole 16-byte granule, written by threads",
+                f"{i}  const long long tl_x0 = {self.expr(s.coords[-1])};",
+                f"{i}  const long long tl_tail = {inner} / {per} * {per};  // where the TMA store's map ends",
+                f"{i}  if (tl_tail < {inner} && tl_x0 < {inner} && tl_tail < tl_x0 + {width}) {{",
+                f"{i}    const int tl_first = static_cast<int>((tl_x0 > tl_tail ? tl_x0 : tl_tail) - tl_x0);",
+                f"{i}    __syncthreads();  // the tile is complete and visible to every thread",
+                f"{i}    for (int tl_e = threadIdx.x; tl_e < {math.prod(s.shape[:-1]) * per}; "
+                f"tl_e += {self.threads}) {{"]  + \
+               [f"{i}      const int {n} = {e};" for n, e in rows] + \
+               [f"{i}      const int {names[-1]} = tl_first + tl_e % {per};",
+                f"{i}      if ({names[-1]} < {width} && {cond}) {ptr} = {value};",
+                f"{i}    }}",
+                f"{i}    __syncthreads();  // read before anything overwrites the tile",
+                f"{i}  }}",
+                f"{i}}}"]
 
     def fragment_pairs(self, acc: ir.Buffer, dst: ir.Buffer, ind) -> list:
         """copy(acc, shared tile): registers r and r + 1 of a thread are columns

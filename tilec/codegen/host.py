@@ -78,8 +78,10 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
                         f'{t.upper_corner}, {t.element_strides}, "{t.swizzle}", "{t.l2_promotion}"),  # {t.name}')
         elif p.kind == "tensor_map":
             t = k.tensor_map(p.name)
+            rounded = ", inner_rounded=True" if t.inner_rounded else ""
+            note = f": ends at {t.tensor}'s last whole 16-byte granule" if t.inner_rounded else ""
             maps.append(f'call.tensor_map(arg_{t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
-                        f'"{t.l2_promotion}"),  # {t.name}')
+                        f'"{t.l2_promotion}"{rounded}),  # {t.name}{note}')
         elif p.kind == "debug_record":
             params.append("call.debug_record(),")
         elif p.kind == "pointer":

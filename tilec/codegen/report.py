@@ -9,7 +9,7 @@ from ..ir.printer import expr
 def tma_table(k: ir.Kernel) -> str:
     rows = [("line", "kind", "tensor", "tile", "box", "swizzle", "smem offset", "bytes", "barrier", "expect-tx")]
     expect = {}
-    im2col_notes = []
+    notes = []
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.ArriveExpectTx):
             expect[s.barrier] = s.bytes
@@ -26,7 +26,7 @@ def tma_table(k: ir.Kernel) -> str:
                 rows.append((str(s.span.line if s.span else "?"), "load.im2col", f"{s.view}[{origin}]", buf.name,
                              box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(s.bytes), s.barrier,
                              str(expect.get(s.barrier, "?"))))
-                im2col_notes.append(
+                notes.append(
                     f"line {s.span.line if s.span else '?'}: {s.view} = im2col({t.name}) map {tm.name}: corners "
                     f"[{', '.join(map(str, tm.lower_corner))}] .. [{', '.join(map(str, tm.upper_corner))}], "
                     f"element strides [{', '.join(map(str, tm.element_strides))}]\n"
@@ -39,8 +39,12 @@ def tma_table(k: ir.Kernel) -> str:
             else:
                 rows.append((str(s.span.line if s.span else "?"), "store.tile", f"{t.name}[{coords}]", buf.name,
                              box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(tm.box_bytes(t.dtype)), "bulk_group", "-"))
+                note = (f"line {s.span.line if s.span else '?'}: map {tm.name} ends at {t.name}'s last whole 16-byte "
+                        "granule (TMA stores write whole granules); threads store the rest of each row")
+                if tm.inner_rounded and note not in notes:
+                    notes.append(note)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    notes = "".join(f"{n}\n" for n in im2col_notes)
+    text = "".join(f"{n}\n" for n in notes)
     return f"TMA copies of kernel {k.name} (box outermost first; expect-tx is the barrier's total)\n" + \
-        "\n".join(lines) + "\n" + notes
+        "\n".join(lines) + "\n" + text

@@ -212,6 +212,8 @@ class TensorMap:
     l2_promotion: str       # none | 64B | 128B | 256B
     lower_corner: tuple = ()    # im2col: per spatial dim
     upper_corner: tuple = ()
+    inner_rounded: bool = False  # a store map: the innermost globalDim is the tensor's rounded
+                                 # down to whole 16-byte granules (TMA stores clip at granules)
     span: Optional[Span] = SPAN
 
     def box_bytes(self, dtype: DType) -> int:
@@ -343,6 +345,20 @@ class TmaStore(Stmt):
 
 
 @dataclass(frozen=True)
+class StoreTail(Stmt):
+    """The partner of a TMA store into a tensor whose rows may end inside a 16-byte
+    granule: TMA stores clip at granules, not elements, so the store's map stops at
+    the last whole granule, and here the threads of a block whose tile crosses it
+    write the columns from there to the row's end (a block barrier before and after,
+    in those blocks only). `coords` and `shape` are the whole store's."""
+    buffer: str
+    tensor: str
+    coords: tuple
+    shape: tuple            # of int: the tile's shape
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
 class ThreadCopy(Stmt):
     """An element-wise copy done by all threads of the block; global sides are
     bounds-checked (outside reads give zero, outside writes are dropped)."""
@@ -426,6 +442,19 @@ class OneThread(Stmt):
     """A block executed by thread 0 only (TMA issue, expect-tx, store commit)."""
     body: tuple
     span: Optional[Span] = SPAN
+
+
+def granule_elements(dt: DType) -> int:
+    """Elements in one 16-byte granule, the unit a TMA store writes per row."""
+    return max(1, 16 // dt.size)
+
+
+def rows_in_whole_granules(t: TensorParam) -> bool:
+    """Whether every row of `t` ends on a 16-byte granule for any argument: its
+    innermost extent is a literal multiple of the granule. Else its TMA stores
+    need a rounded map and a StoreTail."""
+    inner = t.shape[-1]
+    return isinstance(inner, Int) and inner.value % granule_elements(t.dtype) == 0
 
 
 # ---------------------------------------------------------------- the kernel

@@ -103,6 +103,11 @@ def stmt(s, ind: str) -> list:
         coords = ", ".join(expr(c) for c in s.coords)
         src = s.buffer + (f"+{s.smem_offset}" if s.smem_offset else "")
         return [f"{ind}tma.store.tile {s.tensor}[{coords}] <- {src}{via}{L}"]
+    if isinstance(s, ir.StoreTail):
+        coords = ", ".join(expr(c) for c in s.coords)
+        shape = "x".join(map(str, s.shape))
+        return [f"{ind}store.tail {s.tensor}[{coords}] <- {s.buffer} tile {shape} "
+                f"(threads: the columns past the last whole 16-byte granule){L}"]
     if isinstance(s, ir.ThreadCopy):
         shape = "x".join(map(str, s.shape))
         return [f"{ind}thread.copy {region(s.src)} -> {region(s.dst)} tile {shape}{L}"]
@@ -182,7 +187,8 @@ def kernel(k: ir.Kernel) -> str:
             shape = f"box [{', '.join(map(str, t.box))}]"
         out.append(f"  tensormap {t.name}: {t.kind} {t.tensor} {shape}"
                    f" element_strides [{', '.join(map(str, t.element_strides))}]"
-                   f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}")
+                   f" swizzle {t.swizzle} l2_promotion {t.l2_promotion}"
+                   f"{' inner_dim rounded_to_16B' if t.inner_rounded else ''}")
     for b in k.barriers:
         count = f"[{b.count}]" if b.array else ""
         out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop and not b.array else ''}")

@@ -146,6 +146,12 @@ class _Checker:
                     cur = self.run(s.body, cur, classes)
                 out += cur
             return out
+        if isinstance(s, ir.StoreTail):
+            # in blocks whose tile crosses the last whole granule: barrier, reads, barrier
+            tail = copy.deepcopy(st)
+            for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
+                self.step(x, tail, classes)
+            return [tail, st]
         if isinstance(s, ir.If):
             cond = evaluate(s.cond, st.env)
             if cond is not None:
@@ -223,7 +229,7 @@ class _Checker:
             st.storing.add(t)
         elif isinstance(s, ir.BulkWait):
             st.storing.clear()
-        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill)):
+        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill, ir.StoreTail)):
             self.thread_access(s, st, classes)
 
     def bar_name(self, st, name, index, s):

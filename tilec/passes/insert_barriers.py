@@ -13,7 +13,8 @@ around every shared tile.
 - Threads that wrote a tile fence (`fence.proxy.async.shared::cta`) and meet
   at a block barrier before TMA reads it or overwrites it; a TMA store is
   followed by `commit_group`, and by `wait_group.read 0` before its tile is
-  written again and before the kernel exits.
+  written again and before the kernel exits. Its StoreTail (the columns past
+  the tensor's last whole 16-byte granule) brings its own block barriers.
 """
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def tile_accesses(k, s):
     if isinstance(s, ir.ThreadCopy):
         reads.add(s.src.name)
         writes.add(s.dst.name)
+    elif isinstance(s, ir.StoreTail):
+        reads.add(s.buffer)
     elif isinstance(s, ir.Fill):
         writes.add(s.buffer)
     elif isinstance(s, ir.Gemm):
@@ -169,6 +172,11 @@ class _Inserter:
                 self.loads(run, st, out, in_loop)
             elif isinstance(s, ir.TmaStore):
                 self.store(s, st, out)
+            elif isinstance(s, ir.StoreTail):
+                # It meets at a block barrier before its reads (so what thread 0 waited
+                # for, or threads wrote, is visible) and after them (so no later write
+                # can overtake them), in the blocks that run it: it needs nothing here.
+                out.append(s)
             elif isinstance(s, ir.For) and self.pipelinable(s):
                 self.flush(st, out, s.span)
                 self.pipeline(s, st, out)

@@ -2,7 +2,8 @@
 
     global -> shared   TmaLoad   (cp.async.bulk.tensor .tile, completes on an mbarrier)
     im2col -> shared   TmaLoad with `view` set (cp.async.bulk.tensor .im2col)
-    shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group)
+    shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group), and a StoreTail
+                       when the tensor's rows may end inside a 16-byte granule
     anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
 
 A gemm accumulator's copy to global memory (the epilogue) goes through shared
@@ -42,14 +43,23 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if (src, dst) == ("global", "shared") and opts.tma:
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma:
-            return ir.TmaStore(s.src.name, s.dst.name, s.dst.starts, span=s.span)
+            return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
         if id(s) in staged:
             tile = staged[id(s)]
             return [ir.ThreadCopy(s.src, ir.Region(tile.name, (), (), span=s.span), tile.shape, span=s.span),
-                    ir.TmaStore(tile.name, s.dst.name, s.dst.starts, span=s.span)]
+                    *tma_store(k, tile, s.dst, s.span)]
         tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
         return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)
     return replace(k, body=map_body(k.body, lower))
+
+
+def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span) -> list:
+    """A TMA store of `tile` at region `dst`, and its StoreTail when the tensor's rows
+    may end inside a 16-byte granule (TMA stores clip at granules, not elements)."""
+    out = [ir.TmaStore(tile.name, dst.name, dst.starts, span=span)]
+    if not ir.rows_in_whole_granules(k.param(dst.name)):
+        out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), span=span))
+    return out
 
 
 def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:

@@ -45,12 +45,15 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         box = (1,) * (rank - len(shape)) + shape
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
-        key = (tensor.name, "tiled", box, swizzle)
+        # A store map ends at the tensor's last whole 16-byte granule (TMA stores clip
+        # at granules, not elements); its StoreTail writes the rest of each row.
+        rounded = isinstance(s, ir.TmaStore) and not ir.rows_in_whole_granules(tensor)
+        key = (tensor.name, "tiled", box, swizzle, rounded)
         if key not in maps:
             n = sum(1 for t, kind, *_ in maps if t == tensor.name and kind == "tiled")
             name = f"tmap_{tensor.name}" + (f"_{n}" if n else "")
             maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, swizzle, L2_PROMOTION,
-                                     span=s.span)
+                                     inner_rounded=rounded, span=s.span)
         tm = maps[key]
         copies = []
         for c in range(chunks):

@@ -11,7 +11,7 @@ from ..errors import DeviceError, LaunchError
 from ..ir.nodes import DTYPES
 from . import driver
 from .driver import check
-from .tensormap import TmaRuleError, encode_im2col, encode_tiled
+from .tensormap import TmaRuleError, encode_im2col, encode_tiled, whole_granules
 
 __all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value"]
 _WARNED = set()
@@ -239,11 +239,13 @@ class Call:
         return value
 
     # ------------------------------------------------------------ kernel parameters
-    def tensor_map(self, arg, box, element_strides, swizzle, l2_promotion):
+    def tensor_map(self, arg, box, element_strides, swizzle, l2_promotion, inner_rounded=False):
+        """inner_rounded: a store map, whose innermost dim ends at the tensor's last
+        whole 16-byte granule (TMA stores write whole granules; threads write the rest)."""
         if 0 in arg.shape:
             raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
                               "a TMA tensor map cannot describe an empty tensor")
-        m = encode_tiled(arg, box, element_strides, swizzle, l2_promotion)
+        m = encode_tiled(whole_granules(arg) if inner_rounded else arg, box, element_strides, swizzle, l2_promotion)
         self.keep.append(m)
         return m
 

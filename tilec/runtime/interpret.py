@@ -45,7 +45,7 @@ from ..ir.exprs import free_names, walk_expr
 from ..ir.printer import expr as tile_expr
 from ..passes import PASS_NAMES
 from . import host
-from .tensormap import TmaRuleError, check_im2col, check_tiled
+from .tensormap import TmaRuleError, check_im2col, check_tiled, whole_granules
 
 
 class InterpretError(DeviceError):
@@ -407,7 +407,8 @@ class InterpretedKernel:
                     check_im2col(arg.tma_arg(), tm.box[0], tm.box[1], tm.lower_corner, tm.upper_corner,
                                  tm.element_strides)
                 else:
-                    check_tiled(arg.tma_arg(), tm.box, tm.element_strides, tm.swizzle)
+                    tma_arg = whole_granules(arg.tma_arg()) if tm.inner_rounded else arg.tma_arg()
+                    check_tiled(tma_arg, tm.box, tm.element_strides, tm.swizzle)
         except TmaRuleError as err:
             return call.fall_back(err, fallback, *args)
         if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
@@ -423,9 +424,10 @@ class InterpretedKernel:
         return None
 
 
-def run(k: ir.Kernel, args, grid):
-    """Run lowered kernel IR `k` on `args` over `grid` (x, y, z) with no launch
-    checks: for IR built by hand, as tests do."""
+def run(k: ir.Kernel, args, grid=None):
+    """Run lowered kernel IR `k` on `args` over `grid` (x, y, z; by default the
+    kernel's grid for these arguments) with no launch checks: for IR built by
+    hand, and for numpy views taken as they are (strided, offset), as tests do."""
     tensors, env = {}, {}
     for p, a in zip(k.params, args):
         if isinstance(p, ir.TensorParam):
@@ -435,6 +437,9 @@ def run(k: ir.Kernel, args, grid):
                     env.setdefault(e.name, np.int64(tensors[p.name].shape[d]))
         else:
             env[p.name] = _scalar_value(a, p.dtype)
+    if grid is None:
+        host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.int64)}
+        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
     with np.errstate(all="ignore"):
         _Blocks(k, tensors, env).run(grid)
 
@@ -811,7 +816,33 @@ class _Blocks:
         address = b.smem_offset + s.smem_offset
         self._smem_span(b, address, nbytes, tm.swizzle, s, f"TMA store from '{b.name}'")
         data = self._from_smem(address, nbytes, tm.swizzle).view(st).reshape(tm.box)
-        write_box(tensor.array, coords, tm.box, data)
+        # The hardware writes every 16-byte granule of a row that the box touches
+        # inside the map (tma-reference.md §6): past a map that ends mid-granule.
+        width = tensor.array.shape[-1]
+        per = ir.granule_elements(ir.DTYPES[tensor.dtype])
+        inner = width // per * per if tm.inner_rounded else width
+        reach = -(-inner // per) * per
+        lo, hi = max(coords[-1], 0), min(coords[-1] + tm.box[-1], reach)
+        if hi > width and lo < hi and _box_slices(tensor.array.shape[:-1], coords[:-1], tm.box[:-1]) is not None:
+            raise InterpretError(f"TMA store into '{tensor.name}' writes columns {max(lo, width)} .. {hi - 1}, past "
+                                 f"its rows of {width} elements: TMA stores write whole 16-byte granules, so the "
+                                 f"store map {tm.name} must end at the last whole granule", s.span)
+        write_box(tensor.array[..., :inner], coords, tm.box, data)
+
+    def store_tail(self, s, env):
+        """codegen's store_tail: in a block whose tile crosses the tensor's last
+        whole 16-byte granule, the tile's columns from there to the row's end."""
+        t, b = self.tensors[s.tensor], self.buffers[s.buffer]
+        width = t.array.shape[-1]
+        per = ir.granule_elements(ir.DTYPES[t.dtype])
+        coords = [_int(self.ev(c, env)) for c in s.coords]
+        x0, tail, tile_w = coords[-1], width // per * per, s.shape[-1]
+        if not (tail < width and x0 < width and tail < x0 + tile_w):
+            return
+        first = max(x0, tail) - x0
+        box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
+        cols = self.tile(b).reshape(box)[..., first:first + per]
+        write_box(t.array, coords[:-1] + [x0 + first], box[:-1] + (cols.shape[-1],), cols)
 
     # ------------------------------------------------------------ thread-level statements
     def fill(self, s, env):
@@ -1118,7 +1149,7 @@ _STMT = {
     ir.OneThread: _Blocks.one_thread, ir.For: _Blocks.for_, ir.If: _Blocks.if_,
     ir.MbarrierInit: _Blocks.mbarrier_init, ir.ArriveExpectTx: _Blocks.arrive_expect_tx,
     ir.MbarrierWait: _Blocks.mbarrier_wait, ir.FlipPhase: _Blocks.flip_phase,
-    ir.TmaLoad: _Blocks.tma_load, ir.TmaStore: _Blocks.tma_store,
+    ir.TmaLoad: _Blocks.tma_load, ir.TmaStore: _Blocks.tma_store, ir.StoreTail: _Blocks.store_tail,
     ir.ProxyFence: _Blocks.nothing, ir.SyncThreads: _Blocks.nothing, ir.BulkCommit: _Blocks.nothing,
     ir.BulkWait: _Blocks.nothing,
     ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,

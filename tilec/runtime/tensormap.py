@@ -123,6 +123,21 @@ def check_tiled(arg, box, element_strides, swizzle):
         raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
 
 
+def whole_granules(arg):
+    """`arg` as a TMA store map sees it: its innermost dim rounded down to whole
+    16-byte granules. A tiled TMA store writes every granule its box touches
+    inside the map, so a map ending mid-granule would write past the tensor
+    (tma-reference.md §6); the store's StoreTail writes the columns past it."""
+    per = max(1, 16 // DTYPES[arg.dtype].size)
+    inner = arg.shape[-1] // per * per
+    if inner == arg.shape[-1]:
+        return arg
+    if inner == 0:
+        raise TmaRuleError(f"argument {arg.name}: its rows are {arg.shape[-1]} x {DTYPES[arg.dtype].size} bytes, "
+                           "less than the 16-byte granule a TMA store writes")
+    return type(arg)(arg.name, arg.ptr, arg.shape[:-1] + (inner,), arg.strides, arg.dtype, arg.device)
+
+
 def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     """The tensor map of tensor argument `arg` (a runtime.host.TensorArg)."""
     key = (arg.dtype, arg.ptr, arg.shape, arg.strides, box, element_strides, swizzle, l2_promotion)
