@@ -1,9 +1,17 @@
 """tilec: a small compiler from a tile language to CUDA C++ with Hopper TMA."""
 from ._version import __version__
-from .errors import (CompileError, DeviceError, LaunchError, ParseError, SemanticError, TilecError,
+from .errors import (CaptureError, CompileError, DeviceError, LaunchError, ParseError, SemanticError, TilecError,
                      TmaFallbackWarning, UnsupportedError)
 from .runtime.tensormap import TmaRuleError
 from .kernel import Kernel, compile
 
 __all__ = ["__version__", "compile", "Kernel", "TilecError", "ParseError", "SemanticError",
-           "UnsupportedError", "LaunchError", "TmaRuleError", "CompileError", "DeviceError", "TmaFallbackWarning"]
+           "UnsupportedError", "LaunchError", "TmaRuleError", "CaptureError", "CompileError", "DeviceError",
+           "TmaFallbackWarning"]
+
+
+def __getattr__(name):
+    if name == "torch":       # tilec.torch (kernels as torch operators) imports torch: only when asked for
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'tilec' has no attribute {name!r}")

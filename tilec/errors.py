@@ -69,6 +69,10 @@ class LaunchError(TilecError):
     """A call's arguments break a rule (shape, dtype, device, TMA legality)."""
 
 
+class CaptureError(LaunchError):
+    """A call during CUDA graph capture that is not the replay of an earlier call."""
+
+
 class CompileError(TilecError):
     """NVRTC rejected the generated CUDA: a tilec bug, reported with both lines."""
 

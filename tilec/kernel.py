@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import builtins
 import os
+import sys
 import threading
 
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
 from .compiler import load_source, lower
-from .errors import TilecError
+from .errors import CaptureError, TilecError
 from .passes import PASS_NAMES
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
@@ -116,6 +117,8 @@ class Kernel:
             if prepared is not None:          # the same arguments again: replay the launch
                 prepared()
                 return None
+        if _capturing():
+            raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None
         prepared = self._launch(self._module, *args, stream=stream, fallback=fb)
         if key is not None and prepared is not None:
@@ -124,9 +127,32 @@ class Kernel:
             self._prepared[key] = prepared
         return None
 
+    def _capture_error(self):
+        head = f"kernel {self.name} was called during CUDA graph capture"
+        if self.debug:
+            return CaptureError(f"{head}: a debug build synchronizes after every launch and is never replayed, "
+                                "so it cannot be captured; compile it without debug=True / TILEC_DEBUG=1")
+        return CaptureError(
+            f"{head} with arguments it has not been called with before: only the replay of an earlier call "
+            "(the same torch tensors, pointers, shapes, strides and scalars, no stream=) can be captured, since "
+            "a first call may compile and load the kernel, encode tensor maps or copy arrays. Call the kernel "
+            "once with the same arguments before the capture (a warm-up call), then capture")
+
+    def as_torch_op(self, mutates=None):
+        """This kernel as a torch operator (tilec.torch.op): torch.compile traces
+        it as one node, CUDA graphs capture it after a warm-up call."""
+        from . import torch as tilec_torch
+        return tilec_torch.op(self, mutates)
+
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
         return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
+
+
+def _capturing() -> bool:
+    """True while torch captures a CUDA graph on the current stream."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,

@@ -1,0 +1,163 @@
+"""tilec kernels as torch operators, for torch.compile and CUDA graphs.
+
+    op = k.as_torch_op()        # or tilec.torch.op(k, mutates=("C",))
+    op(a, b)                    # eager: the kernel's own (replayed) launch
+    torch.compile(f, fullgraph=True)    # f calls op: one node, torch.ops.tilec.<name>.default
+
+The kernel is registered through torch.library as the operator
+`tilec::<kernel>_<digest>`: a schema from its signature (tensors it writes are
+mutated arguments, `Tensor(a!)`; float scalars `float`, integer scalars
+`SymInt`; no outputs), a fake implementation that checks dtypes, ranks and
+shape symbols without running anything, and, for CUDA (and CPU, to raise
+tilec's error), the kernel itself.
+
+Calling the TorchOp calls the operator, except in eager mode with the same
+CUDA tensors and scalars as an earlier call: then it replays that call's
+launch itself, as `k(...)` does, without the dispatcher's ~1 us of Python and
+C++ (benchmarks/bench.py). Under tracing (torch.compile, make_fx, fake
+tensors, any dispatch mode) it is always the operator, the graph's node.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import torch
+
+from .codegen.host import py_expr, written_tensors
+from .errors import LaunchError, TilecError
+from .ir import nodes as ir
+from .ir.printer import expr as tile_expr
+from .kernel import Kernel
+from .runtime import host as rt
+
+__all__ = ["TorchOp", "op"]
+
+_LIB = None             # torch.library.Library("tilec", "FRAGMENT"), made by the first op
+_OPS = {}               # operator name -> TorchOp
+_LOCK = threading.Lock()
+_is_compiling = torch.compiler.is_compiling             # constant True while dynamo traces
+_dispatch_modes = torch._C._len_torch_dispatch_stack     # fake tensors, make_fx, ... (~40 ns)
+_call_key = rt.torch_call_key
+_TORCH_DTYPES = {tilec_name: getattr(torch, name) for name, tilec_name in rt._TORCH_NAMES.items()}
+
+
+class TorchOp:
+    """A tilec kernel registered as a torch operator. Call it like the kernel;
+    `op` is the registered OpOverload (torch.ops.tilec.<name>.default), `name`
+    its qualified name, `mutates` the tensor parameters it writes."""
+    __slots__ = ("kernel", "op", "name", "mutates")
+
+    def __call__(self, *args):
+        if not (_is_compiling() or _dispatch_modes()):
+            # eager, the same CUDA tensors and scalars as an earlier call: replay
+            # its launch as Kernel.__call__ does, without the dispatcher's ~1 us
+            prepared = self.kernel._prepared.get(_call_key(args))
+            if prepared is not None:
+                prepared()
+                return None
+        return self.op(*args)            # traced, a first call, meta or CPU tensors: the operator
+
+    def __repr__(self):
+        return f"<tilec.TorchOp {self.op._schema}>"
+
+
+def op(kernel: Kernel, mutates=None) -> TorchOp:
+    """Register `kernel` as a torch operator (once per kernel and `mutates`).
+
+    mutates: names of the tensor parameters the kernel writes; by default the
+    tensors its TMA stores and thread copies write (codegen.host.written_tensors)."""
+    if not isinstance(kernel, Kernel):
+        raise TilecError(f"tilec.torch.op takes a kernel from tilec.compile (backend 'cuda'), "
+                         f"not a {type(kernel).__name__}")
+    k = kernel.kernel_ir
+    tensors = [p.name for p in k.tensors]
+    mutates = written_tensors(k) if mutates is None else tuple(mutates)
+    unknown = [m for m in mutates if m not in tensors]
+    if unknown:
+        raise TilecError(f"mutates names {', '.join(map(repr, unknown))}, not a tensor parameter of kernel "
+                         f"{kernel.name} ({', '.join(tensors)})")
+    identity = repr((kernel.source.text, sorted(kernel._overrides.items()), kernel.arch, kernel._fallback_allowed,
+                     kernel.debug, sorted(mutates)))
+    name = f"{kernel.name}_{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    with _LOCK:
+        entry = _OPS.get(name)
+        if entry is not None:           # the same program compiled again: the newest kernel runs it
+            entry.kernel = kernel
+            return entry
+        global _LIB
+        if _LIB is None:
+            _LIB = torch.library.Library("tilec", "FRAGMENT")
+        entry = TorchOp()
+        entry.kernel, entry.name, entry.mutates = kernel, f"tilec::{name}", tuple(p for p in tensors if p in mutates)
+        _LIB.define(name + schema(k, entry.mutates))
+
+        def run(*args):
+            entry.kernel(*args)
+        _LIB.impl(name, run, "CUDA")
+        _LIB.impl(name, run, "CPU")     # the kernel's own error: a CPU tensor where a GPU tensor is required
+        torch.library.register_fake(entry.name, fake_impl(k), lib=_LIB)
+        entry.op = getattr(torch.ops.tilec, name).default
+        _OPS[name] = entry
+        return entry
+
+
+def schema(k: ir.Kernel, mutates) -> str:
+    """The operator's schema, e.g. `(Tensor X, Tensor(a!) Y, float alpha) -> ()`."""
+    args, alias = [], 0
+    for p in k.params:
+        if isinstance(p, ir.TensorParam) and p.name in mutates:
+            args.append(f"Tensor(a{alias}!) {p.name}")
+            alias += 1
+        elif isinstance(p, ir.TensorParam):
+            args.append(f"Tensor {p.name}")
+        else:
+            args.append(f"{'float' if p.dtype.is_float else 'SymInt'} {p.name}")
+    return f"({', '.join(args)}) -> ()"
+
+
+def fake_impl(k: ir.Kernel):
+    """What tracing runs instead of the kernel: the launch's checks of dtypes,
+    ranks, devices and shape symbols (as the host wrapper makes them), on
+    tensors without data. Symbolic sizes become torch._check assertions."""
+    params = k.params
+
+    def fake(*args):
+        shapes = {}
+        for p, a in zip(params, args):
+            if not isinstance(p, ir.TensorParam):
+                continue
+            want = _TORCH_DTYPES.get(p.dtype.name)
+            if a.dtype != want:
+                raise LaunchError(f"argument {p.name}: dtype {a.dtype} does not match the declared "
+                                  f"{p.dtype.name}")
+            if a.dim() != len(p.shape):
+                raise LaunchError(f"argument {p.name}: rank {a.dim()} does not match the declared rank "
+                                  f"{len(p.shape)}")
+            if a.device.type not in ("cuda", "meta"):
+                raise LaunchError(f"argument {p.name}: a tensor on the {a.device.type.upper()} was passed where "
+                                  "a GPU tensor is required")
+            shapes[p.name] = a.shape
+        symbols, bound_from = {}, {}
+        for t in k.tensors:             # a symbol is bound by its first bare appearance
+            for d, e in enumerate(t.shape):
+                if isinstance(e, ir.Var) and e.name not in symbols:
+                    symbols[e.name], bound_from[e.name] = shapes[t.name][d], f"{t.name} dim {d}"
+        for t in k.tensors:
+            for d, e in enumerate(t.shape):
+                got = shapes[t.name][d]
+                if isinstance(e, ir.Var):
+                    if bound_from[e.name] == f"{t.name} dim {d}":
+                        continue
+                    want = symbols[e.name]
+                    text = f"argument {t.name}: dim {d} is {got} but {e.name} = {want} (from {bound_from[e.name]})"
+                else:
+                    want = eval(py_expr(e), {"rt": rt}, dict(symbols))
+                    text = f"argument {t.name}: dim {d} is {got} but the declaration says {tile_expr(e)} = {want}"
+                if isinstance(got, int) and isinstance(want, int):
+                    if got != want:
+                        raise LaunchError(text)
+                else:
+                    torch._check(got == want, lambda text=text: text)
+        return None
+    return fake
