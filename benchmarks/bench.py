@@ -220,6 +220,13 @@ def bench_host(rows):
     us_tilec = host_time_per_call(lambda: k(a, b))
     us_torch = host_time_per_call(lambda: b.copy_(a))
     rows.append(("host time per call, copy2d 64x128", "torch copy_", us_tilec, us_torch, "us", us_torch / us_tilec))
+    # the same kernel as a torch operator: the TorchOp (an eager replay, no dispatcher), and the
+    # registered operator through torch's dispatcher (what a torch.compile'd graph calls)
+    op = k.as_torch_op()
+    for name, fn in (("torch op", lambda: op(a, b)), ("torch.ops dispatcher", lambda: op.op(a, b))):
+        us = host_time_per_call(fn)
+        rows.append((f"host per call: {name} ({us - us_tilec:+.2f} us)", "plain k(a, b)", us, us_tilec, "us",
+                     us_tilec / us))
     # a raw cuLaunchKernel of the same cubin with the same (already encoded) parameters
     from cuda.bindings import driver as cu
     from tilec.runtime import host
