@@ -1,4 +1,5 @@
-"""The `tilec` command: emit any stage of a kernel, check a program, run the demo."""
+"""The `tilec` command: emit any stage of a kernel, check a program, export a kernel
+for use without Python, run the demo."""
 from __future__ import annotations
 
 import argparse
@@ -44,6 +45,12 @@ def _cmd_check(args):
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
 
 
+def _cmd_export(args):
+    from .codegen.export import export
+    for path in export(args.file, args.output, arch=args.arch, fallback=args.fallback, **_consts(args.define)):
+        print(path)
+
+
 def _cmd_demo(args):
     from .demo import main as demo
     demo(args.file)
@@ -62,6 +69,15 @@ def main(argv=None) -> int:
     c.add_argument("file")
     c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
     c.set_defaults(run=_cmd_check)
+    x = sub.add_parser("export", help="write the kernel as a cubin, a C header and a C++ launcher (no Python "
+                                      "needed to run it)")
+    x.add_argument("file")
+    x.add_argument("-o", dest="output", required=True, metavar="DIR", help="the directory to write into")
+    x.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
+    x.add_argument("--arch", default="sm_90a", help="the cubin's architecture (default sm_90a)")
+    x.add_argument("--no-fallback", dest="fallback", action="store_false",
+                   help="leave out the thread-copy variant: an argument that breaks a TMA rule is an error")
+    x.set_defaults(run=_cmd_export)
     d = sub.add_parser("demo", help="compile an example, print its CUDA, and on a GPU run and check it")
     d.add_argument("file", nargs="?", default=None)
     d.set_defaults(run=_cmd_demo)

@@ -1,0 +1,396 @@
+"""Ahead-of-time export (`tilec export`): a compiled kernel as a cubin, a C header
+and a C++ source (templates/export.h.j2, export.cc.j2) whose one function checks
+what the Python host wrapper checks (codegen/host.py: shape symbols, declared
+dims, requires, the grid; runtime/tensormap.py: every TMA rule of every map),
+encodes the tensor maps and launches, with cuda.h and libcuda alone.
+
+This module decides every line; the templates print them. The kernel's
+parameters come from abi.kernel_params, the maps from Kernel.tensor_maps, as for
+the Python wrapper, so the two cannot disagree on what the kernel receives."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._version import __version__
+from ..errors import TilecError
+from ..ir import nodes as ir
+from ..ir.exprs import free_names
+from ..ir.printer import expr as tile_expr
+from ..runtime import tensormap
+from .abi import kernel_params
+from .cuda import _env
+
+# Scalar parameters by value: the kernel's own parameter type, bit for bit
+# (16- and 8-bit floats travel as their bits, as the Python wrapper packs them).
+SCALAR_CTYPES = {"f32": "float", "f64": "double", "i8": "int8_t", "u8": "uint8_t", "i16": "int16_t",
+                 "u16": "uint16_t", "i32": "int32_t", "u32": "uint32_t", "i64": "int64_t", "u64": "uint64_t",
+                 "f16": "uint16_t", "bf16": "uint16_t", "f8e4m3": "uint8_t", "f8e5m2": "uint8_t"}
+BITS_NOTE = {"f16": "IEEE half bits", "bf16": "bfloat16 bits", "f8e4m3": "e4m3 bits", "f8e5m2": "e5m2 bits"}
+
+_C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
+           "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+SWIZZLE_ENUM = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
+                "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}
+L2_ENUM = {"none": "CU_TENSOR_MAP_L2_PROMOTION_NONE", "64B": "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+           "128B": "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "256B": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+class _HostExpr:
+    """Host expressions (shapes, requires, the grid) as C++ over `long long`.
+    Integer `/` and `%` floor like the Python wrapper's `//` and `%`: printed as
+    C's operators where both sides are never negative (then they agree), else
+    through floordiv / floormod. Records the helpers and names it used."""
+
+    def __init__(self, k: ir.Kernel):
+        self.k = k
+        self.helpers = set()
+        self.names = set()
+
+    def nonneg(self, e) -> bool:
+        if isinstance(e, ir.Int):
+            return e.value >= 0
+        if isinstance(e, ir.Var):
+            p = self.k.param(e.name)
+            return e.kind == "symbol" or (isinstance(p, ir.ScalarParam) and p.dtype.name.startswith("u"))
+        if isinstance(e, ir.BinOp) and e.op in "+*/%":
+            return self.nonneg(e.lhs) and self.nonneg(e.rhs)
+        if isinstance(e, ir.Call) and e.func in ("cdiv", "min", "max"):
+            return all(self.nonneg(a) for a in e.args)
+        return isinstance(e, ir.Call) and e.func == "abs"
+
+    def is_float(self, e) -> bool:
+        if isinstance(e, ir.Float):
+            return True
+        if isinstance(e, ir.Var):
+            p = self.k.param(e.name)
+            return isinstance(p, ir.ScalarParam) and p.dtype.is_float
+        if isinstance(e, ir.BinOp):
+            return self.is_float(e.lhs) or self.is_float(e.rhs)
+        return isinstance(e, ir.UnaryOp) and self.is_float(e.operand)
+
+    def divisors(self, e) -> list:
+        """The divisors of `e` that are not literals (each checked for zero first)."""
+        out = []
+        if isinstance(e, ir.BinOp):
+            out = self.divisors(e.lhs) + self.divisors(e.rhs)
+            if e.op in "/%" and not isinstance(e.rhs, (ir.Int, ir.Float)) and not self.is_float(e):
+                out.append(e.rhs)
+        elif isinstance(e, ir.UnaryOp):
+            out = self.divisors(e.operand)
+        elif isinstance(e, ir.Call):
+            out = [d for a in e.args for d in self.divisors(a)]
+            if e.func == "cdiv" and not isinstance(e.args[1], ir.Int):
+                out.append(e.args[1])
+        return out
+
+    def __call__(self, e, prec=0) -> str:
+        if isinstance(e, ir.Int):
+            return str(e.value) if -2**31 <= e.value < 2**31 else f"{e.value}LL"
+        if isinstance(e, ir.Float):
+            return repr(e.value)
+        if isinstance(e, ir.Var):
+            self.names.add(e.name)
+            return e.name
+        if isinstance(e, ir.BinOp):
+            if e.op in "/%" and not self.is_float(e) and not (self.nonneg(e.lhs) and self.nonneg(e.rhs)):
+                fn = "floordiv" if e.op == "/" else "floormod"
+                self.helpers.add(fn)
+                return f"{fn}({self(e.lhs)}, {self(e.rhs)})"
+            p = _C_PREC[e.op]
+            text = f"{self(e.lhs, p)} {e.op} {self(e.rhs, p + 1)}"
+            return f"({text})" if p < prec else text
+        if isinstance(e, ir.UnaryOp):
+            return f"{e.op}{self(e.operand, 7)}"
+        if isinstance(e, ir.Call) and e.func in ("min", "max"):
+            return f"std::{e.func}<long long>({self(e.args[0])}, {self(e.args[1])})"
+        if isinstance(e, ir.Call) and e.func == "abs":
+            return f"std::llabs({self(e.args[0])})"
+        if isinstance(e, ir.Call) and e.func == "cdiv":
+            self.helpers.add("cdiv")
+            return f"cdiv({self(e.args[0])}, {self(e.args[1])})"
+        raise TilecError(f"cannot export the host expression {tile_expr(e)}", getattr(e, "span", None))
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _message(*parts) -> list:
+    """fail()'s arguments after the code: text pieces (joined, quoted) and values
+    (("v", C++ expression))."""
+    out, text = [], ""
+    for p in parts:
+        if isinstance(p, tuple):
+            if text:
+                out.append(_c_string(text))
+            out.append(p[1])
+            text = ""
+        else:
+            text += p
+    return out + ([_c_string(text)] if text else [])
+
+
+def _wrap(head: str, items: list, tail: str, width: int = 112) -> list:
+    """`head` + items joined by ", " + `tail`, over lines of at most `width`
+    characters where it can, continued under the first item."""
+    lines, cur = [], head
+    pad = " " * len(head)
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else tail)
+        if cur not in (head, pad) and len(cur) + 1 + len(piece) > width:
+            lines.append(cur)
+            cur = pad
+        cur += ("" if cur in (head, pad) else " ") + piece
+    return lines + [cur]
+
+
+def _source_comment(span, ind="  ") -> list:
+    if span is None:
+        return []
+    return [f"{ind}// {span.source.name}:{span.line}: {span.source.line(span.line).strip()}"]
+
+
+def _static_problems(t: ir.TensorMap, dtype: ir.DType) -> list:
+    """The rules a map breaks whatever the argument (box, swizzle, element strides,
+    corners, channels, pixels): tensormap's checks on a legal stand-in tensor."""
+    per16 = max(1, 16 // dtype.size)
+    rank = len(t.element_strides)
+    if t.kind == "im2col":
+        spatial = tuple(max(1, 1 + lo - hi) for lo, hi in zip(t.lower_corner, t.upper_corner))
+        shape = (1, *spatial, t.box[1])
+    else:
+        shape = tuple(max(b, per16) if d == rank - 1 else b for d, b in enumerate(t.box))
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= -(-n // per16) * per16
+    strides = tuple(reversed(strides))
+    if t.kind == "im2col":
+        return tensormap.im2col_problems(dtype.size, 0, shape, strides, t.lower_corner, t.upper_corner, t.box[1],
+                                         t.box[0], t.element_strides)
+    return tensormap.tiled_problems(dtype.size, 0, shape, strides, t.box, t.element_strides, t.swizzle)
+
+
+@dataclass
+class _MapDecl:
+    """One map's constant description in the generated source."""
+    name: str
+    kind: str
+    comment: list
+    fields: list        # (C++ initializer text, comment)
+
+
+def _map_decl(k: ir.Kernel, t: ir.TensorMap) -> _MapDecl:
+    p = k.param(t.tensor)
+    problems = _static_problems(t, p.dtype)
+    if problems:
+        raise TilecError(f"tensor map {t.name} of {t.tensor} breaks TMA rules whatever the arguments: "
+                         + "; ".join(problems), t.span)
+    es = "{" + ", ".join(map(str, t.element_strides)) + "}"
+    head = [(_c_string(t.name), "the map"), (_c_string(t.tensor), "the tensor argument it describes"),
+            (f"CU_TENSOR_MAP_DATA_TYPE_{p.dtype.tmap}, {p.dtype.size}", f"{p.dtype.name}: data type, bytes"),
+            (str(len(p.shape)), "rank")]
+    tail = [(SWIZZLE_ENUM[t.swizzle], "swizzle"), (L2_ENUM[t.l2_promotion], "L2 promotion")]
+    if t.kind == "im2col":
+        body = [(str(t.box[0]), "pixels per column (rows of the tile)"),
+                (str(t.box[1]), "channels per pixel (columns of the tile)"),
+                ("{" + ", ".join(map(str, t.lower_corner)) + "}", "pixel box lower corner, per spatial dim"),
+                ("{" + ", ".join(map(str, t.upper_corner)) + "}", "pixel box upper corner, per spatial dim"),
+                (es, "element strides (the convolution strides)")]
+    else:
+        body = [("{" + ", ".join(map(str, t.box)) + "}", "box"), (es, "element strides")]
+    fields = head + body + tail
+    if t.kind == "tiled":
+        fields.append(("true" if t.inner_rounded else "false",
+                       "inner_rounded: a store map ending at the last whole 16-byte granule"))
+    return _MapDecl(t.name, t.kind, _source_comment(t.span, ""), fields)
+
+
+def _param_refs(k: ir.Kernel, maps: set) -> list:
+    """The kernel's parameters (abi.kernel_params, its order) as the addresses
+    cuLaunchKernel reads them from."""
+    refs = []
+    for p in kernel_params(k):
+        if p.kind == "tensor_map":
+            refs.append(f"&{p.name}")
+            maps.add(p.name)
+        elif p.kind == "pointer":
+            refs.append(f"param(&{p.tensor})")
+        elif p.kind == "dim":
+            refs.append(f"param(&{p.tensor}_shape[{p.index}])")
+        elif p.kind == "stride":
+            refs.append(f"param(&{p.tensor}_strides[{p.index}])")
+        elif p.kind in ("symbol", "scalar"):
+            refs.append(f"param(&{p.name})")
+        else:
+            raise TilecError(f"cannot export a kernel parameter of kind {p.kind}")
+    return refs
+
+
+@dataclass
+class Export:
+    name: str                   # the kernel
+    files: dict                 # file name -> bytes or str
+
+    def write(self, out_dir) -> list:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for fname, data in self.files.items():
+            path = out / fname
+            path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+            written.append(path)
+        return written
+
+
+def generate(kernel, fallback: bool = True) -> Export:
+    """The export of `kernel` (a tilec.kernel.Kernel built with tma on and debug off).
+    fallback: also export the thread-copy variant (kernel.fallback) and run it when
+    an argument breaks a TMA rule, as the Python wrapper does; else that is an error."""
+    k: ir.Kernel = kernel.kernel_ir
+    source_name = kernel.source.name
+    ex = _HostExpr(k)
+    lines = []
+
+    def fail(code, *parts):
+        return "\n".join(_wrap("    return fail(", ["err", "err_len", code, *_message(*parts)], ");"))
+
+    def zero_checks(e, what):
+        for d in ex.divisors(e):
+            lines.append(f"  if ({ex(d)} == 0)")
+            lines.append(fail("TILEC_EARG", f"{what}: division by {tile_expr(d)} = 0"))
+
+    # Shape symbols: bound by their first bare appearance, checked everywhere else
+    # (codegen/host.py's rule). Bindings are printed for the names used below.
+    bound, binding = {}, {}
+    checks = []
+    for t in k.tensors:
+        for d, e in enumerate(t.shape):
+            got = f"{t.name}_shape[{d}]"
+            if isinstance(e, ir.Var) and e.name not in bound:
+                bound[e.name] = f"{t.name} dim {d}"
+                binding[e.name] = f"  const long long {e.name} = {got};  // {t.name} dim {d}"
+            elif isinstance(e, ir.Var):
+                checks.append(f"  if ({got} != {ex(e)})")
+                checks.append(fail("TILEC_EARG", f"argument {t.name}: dim {d} is ", ("v", got), f" but {e.name} = ",
+                                   ("v", e.name), f" (from {bound[e.name]})"))
+            else:
+                value = ex(e)
+                checks.append(f"  if ({got} != {value})")
+                checks.append(fail("TILEC_EARG", f"argument {t.name}: dim {d} is ", ("v", got),
+                                   f" but the declaration says {tile_expr(e)} = ", ("v", value)))
+    if checks:
+        lines.append("  // every other appearance of a symbol, and the dims declared as expressions")
+        lines += checks
+    for r in k.requires:
+        lines += _source_comment(r.span)
+        zero_checks(r.cond, f"require {r.text}")
+        shown = []
+        for i, n in enumerate(sorted(free_names(r.cond))):
+            shown += [("" if i == 0 else ", ") + f"{n} = ", ("v", n)]
+            ex.names.add(n)
+        lines.append(f"  if (!({ex(r.cond)}))")
+        lines.append(fail("TILEC_EARG", f"require {r.text} failed (", *shown, ")"))
+    grid = [ex(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
+    lines += _source_comment(k.grid[0].span if k.grid and k.grid[0].span else None)
+    for g in k.grid:
+        zero_checks(g, "grid")
+    lines.append(f"  const long long grid[3] = {{{', '.join(grid)}}};")
+    lines.append("  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)")
+    lines.append("    return succeed(err, err_len, \"\");  // an empty grid: no block to run")
+    lines.append(f"  if (grid[0] > {GRID_LIMITS[0]} || grid[1] > {GRID_LIMITS[1]} || grid[2] > {GRID_LIMITS[2]})")
+    lines.append(fail("TILEC_EARG", "grid [", ("v", "grid[0]"), ", ", ("v", "grid[1]"), ", ", ("v", "grid[2]"),
+                      "] is over CUDA's limits (2^31-1, 65535, 65535)"))
+
+    maps_used = set()
+    params = _param_refs(k, maps_used)
+    fb = None
+    if k.tensor_maps and fallback:
+        fb = kernel.fallback
+        fk = fb.kernel_ir
+        if fk.tensor_maps or fk.grid != k.grid or fk.requires != k.requires:
+            raise TilecError(f"kernel {k.name}: its thread-copy variant does not launch like it; "
+                             "export it with fallback off")
+    decls = [_map_decl(k, t) for t in k.tensor_maps]
+    if k.tensor_maps:
+        lines.append("  // The tensor maps: every TMA rule checked before its map is encoded.")
+        lines.append("  std::string why;  // the rule an argument breaks")
+        lines.append(f"  CUtensorMap {', '.join(t.name for t in k.tensor_maps)};")
+        for i, t in enumerate(k.tensor_maps):
+            call = (f"encode_{t.kind}({t.name}, {t.name}_rule, {t.tensor}, {t.tensor}_shape, "
+                    f"{t.tensor}_strides, why);")
+            lines.append(f"  int rc = {call}" if i == 0 else f"  if (rc == TILEC_OK) rc = {call}")
+        if fb is not None:
+            fb_params = _param_refs(fb.kernel_ir, set())
+            lines.append("  if (rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
+            lines += _wrap("    void* thread_copy_params[] = {", fb_params or ["nullptr"], "};")
+            lines.append(f"    return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,")
+            lines.append(f"                  why + \": TMA cannot copy it, so kernel {k.name} ran its thread-copy "
+                         "variant (correct, slower)\");")
+            lines.append("  }")
+        lines.append("  if (rc != TILEC_OK)")
+        lines.append("    return fail(err, err_len, rc, why);")
+    lines += _wrap("  void* params[] = {", params or ["nullptr"], "};")
+    lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, err, "
+                 "err_len, \"\");")
+
+    names = ex.names | {p[len("param(&"):-1] for p in params + (fb_params if fb else []) if p.startswith("param(&")}
+    bindings = [binding[n] for n in bound if n in names]
+    if bindings:
+        bindings.insert(0, "  // shape symbols, bound by their first appearance")
+    entry = ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]
+    for t in k.tensors:
+        entry.append(f"  if (int rc = check_tensor({_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
+                     "err, err_len))")
+        entry.append("    return rc;")
+    lines = entry + bindings + lines
+
+    doc, args = [], []
+    for p in k.params:
+        if isinstance(p, ir.TensorParam):
+            rank = len(p.shape)
+            decl = f"{p.name}: {p.dtype.name}[{', '.join(tile_expr(d) for d in p.shape)}]"
+            args.append(f"CUdeviceptr {p.name}, const int64_t {p.name}_shape[{rank}], "
+                        f"const int64_t {p.name}_strides[{rank}]")
+            doc.append(f"{decl}: device pointer, shape[{rank}], strides[{rank}] in elements")
+        else:
+            args.append(f"{SCALAR_CTYPES[p.dtype.name]} {p.name}")
+            note = f" ({BITS_NOTE[p.dtype.name]})" if p.dtype.name in BITS_NOTE else ""
+            doc.append(f"{p.name}: {p.dtype.name}{note}")
+    args = ["CUstream stream"] + args + ["char* err", "size_t err_len"]
+    function = f"tilec_{k.name}"
+    consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
+    kinds = {t.kind for t in k.tensor_maps}
+    variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{k.name}.cubin", kernel.cubin, k.smem_bytes,
+                 "the TMA variant" if k.tensor_maps else "the kernel")]
+    if fb is not None:
+        variants.append(("thread_copy_variant", f"{k.name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
+                         "the thread-copy variant, for arguments TMA cannot describe"))
+    common = dict(version=__version__, source_name=source_name, kernel_name=k.name, function=function,
+                  consts=consts, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
+                  has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H")
+    header = _env().get_template("export.h.j2").render(**common)
+    helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
+    source = _env().get_template("export.cc.j2").render(
+        **common, threads=k.threads.value, lines=lines, maps=decls, tiled="tiled" in kinds,
+        im2col="im2col" in kinds, rounded=any(t.inner_rounded for t in k.tensor_maps),
+        helpers=sorted(helpers),
+        variants=[dict(var=v, file=f, size=len(c), smem=s, what=w, rows=_byte_rows(c))
+                  for v, f, c, s, w in variants])
+    files = {f"{k.name}.h": header, f"{k.name}.cc": source}
+    files.update({f: c for _, f, c, _, _ in variants})
+    return Export(k.name, files)
+
+
+def _byte_rows(data: bytes, per_line: int = 16) -> list:
+    return [", ".join(f"0x{b:02x}" for b in data[i:i + per_line]) for i in range(0, len(data), per_line)]
+
+
+def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, **consts) -> list:
+    """Compile `src` (a path or the program text) with `consts` for `arch` and write
+    its export to `out_dir`; the paths written."""
+    from ..kernel import compile as compile_kernel
+    kernel = compile_kernel(src, arch=arch, fallback=fallback, debug=False, **consts)
+    return generate(kernel, fallback).write(out_dir)
