@@ -1,4 +1,6 @@
-"""GPU: copies and elementwise kernels against torch (marked gpu; run with a timeout)."""
+"""GPU: copies and elementwise kernels against torch (marked gpu; run with a timeout).
+Every output is a view inside a sentinel-filled buffer (tests/guard.py) whose
+padding must be intact after the run."""
 import warnings
 
 import numpy as np
@@ -6,6 +8,7 @@ import pytest
 
 import tilec
 from conftest import ROOT
+from guard import guarded
 
 pytestmark = pytest.mark.gpu
 
@@ -39,35 +42,35 @@ def rand(shape, dt):
     return torch.randn(*shape, device="cuda").to(torch_dtype(dt))
 
 
-def poisoned_like(a):
-    import torch
-    out = torch.empty_like(a)
-    out.view(torch.uint8).fill_(0xA5) if out.numel() else None
-    return out
-
-
+@pytest.mark.parametrize("layout", ["contiguous", "padded"])
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_copy2d_equals_input(dt, shape):
+def test_copy2d_equals_input(dt, shape, layout):
+    """A contiguous A whose rows are not 16-byte aligned runs the thread-copy
+    variant; a padded A (a view with aligned rows) lets TMA copy ragged rows too."""
     import torch
     k = tilec.compile(COPY2D.format(dt=dt, bn=BN[dt]))
     a = rand(shape, dt)
-    b = poisoned_like(a)
+    if layout == "padded":
+        a = guarded(shape, dt, fill=a).view
+    b = guarded(shape, dt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.errors.TmaFallbackWarning)
-        k(a, b)
+        k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def test_copy2d_example_file():
     import torch
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((777, 1000), "f32")
-    b = poisoned_like(a)
-    k(a, b)
+    b = guarded(a.shape, a.dtype)
+    k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 RANKED = {
@@ -97,10 +100,11 @@ def test_copy_of_rank(rank):
     k = tilec.compile(src)
     dt = params.split(":")[1].split("[")[0].strip()
     a = rand(shape, dt)
-    b = poisoned_like(a)
-    k(a, b)
+    b = guarded(shape, dt)
+    k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def test_copy_of_a_strided_view():
@@ -110,34 +114,35 @@ def test_copy_of_a_strided_view():
     big = rand((1200, 1040), "f32")
     a = big[100:1100, 16:1016]
     assert not a.is_contiguous()
-    out_big = torch.zeros(1100, 1100, device="cuda")
-    b = out_big[50:1050, 32:1032]
-    k(a, b)
+    b = guarded(a.shape, "f32", pad=[50, (32, 68)], fill=0)     # [50:1050, 32:1032] of a [1100, 1100] buffer
+    k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
-    assert out_big[:50].abs().sum() == 0 and out_big[:, :32].abs().sum() == 0
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def test_illegal_stride_raises_named_error_before_launch():
     import torch
     k = tilec.compile(ROOT / "examples/copy2d.tile", fallback=False)
     a = rand((64, 130), "f32")[:, :7]     # row stride 520 bytes
-    b = torch.zeros(64, 7, device="cuda")
+    b = guarded((64, 7), "f32", fill=0)
     with pytest.raises(tilec.LaunchError, match=r"argument A: row stride 520 bytes is not a multiple of 16"):
-        k(a, b)
+        k(a, b.view)
     torch.cuda.synchronize()
-    assert b.abs().sum() == 0
+    assert b.view.abs().sum() == 0
+    b.check()
 
 
 def test_illegal_stride_falls_back_with_a_warning():
     import torch
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((300, 130), "f32")[:, :7]
-    b = torch.zeros(300, 7, device="cuda")
+    b = guarded((300, 7), "f32", align=False, fill=0)     # B is no TMA tensor either: its start is unaligned
     with pytest.warns(tilec.errors.TmaFallbackWarning, match="row stride 520 bytes"):
-        k(a, b)
+        k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def test_launch_errors_name_the_argument():
@@ -155,9 +160,10 @@ def test_launch_errors_name_the_argument():
 def test_numpy_arguments_are_copied_in_and_out():
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = np.random.default_rng(1).standard_normal((300, 500), dtype=np.float32)
-    b = np.zeros_like(a)
-    k(a, b)
-    assert np.array_equal(a, b)
+    b = guarded(a.shape, a.dtype, like="numpy", fill=0)
+    k(a, b.view)
+    assert np.array_equal(a, b.view)
+    b.check()
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (333, 1000), (64, 256), (1000, 4096)])
@@ -165,10 +171,11 @@ def test_scale_equals_torch(shape):
     import torch
     k = tilec.compile(ROOT / "examples/scale.tile")
     x = rand(shape, "f32")
-    y = poisoned_like(x)
-    k(x, y, 0.75)
+    y = guarded(shape, "f32")
+    k(x, y.view, 0.75)
     torch.cuda.synchronize()
-    torch.testing.assert_close(y, x * 0.75 + 1.0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y.view, x * 0.75 + 1.0, rtol=1e-6, atol=1e-6)
+    y.check()
 
 
 def test_scale_f16_through_a_local_tile():
@@ -177,10 +184,11 @@ def test_scale_f16_through_a_local_tile():
     from test_interpret import SCALE16
     k = tilec.compile(SCALE16)
     x = rand((100, 300), "f16")
-    y = poisoned_like(x)
-    k(x, y, 1.5)
+    y = guarded(x.shape, x.dtype)
+    k(x, y.view, 1.5)
     torch.cuda.synchronize()
-    torch.testing.assert_close(y, (x.float() * 1.5 - 2.0).half(), rtol=0, atol=0)
+    torch.testing.assert_close(y.view, (x.float() * 1.5 - 2.0).half(), rtol=0, atol=0)
+    y.check()
 
 
 def test_copy_in_a_loop_reuses_one_barrier():
@@ -201,10 +209,11 @@ def test_copy_in_a_loop_reuses_one_barrier():
     }"""
     k = tilec.compile(src)
     a = rand((1000, 300), "f32")
-    b = poisoned_like(a)
-    k(a, b)
+    b = guarded(a.shape, a.dtype)
+    k(a, b.view)
     torch.cuda.synchronize()
-    torch.testing.assert_close(b, a + 1)
+    torch.testing.assert_close(b.view, a + 1)
+    b.check()
 
 
 def test_replayed_launch_follows_new_data_and_new_pointers():
@@ -214,40 +223,46 @@ def test_replayed_launch_follows_new_data_and_new_pointers():
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     for shape in [(100, 256), (100, 256), (64, 128), (100, 256)]:
         a = rand(shape, "f32")
-        b = poisoned_like(a)
-        k(a, b)
-        k(a, b)
+        b = guarded(shape, "f32")
+        k(a, b.view)
+        k(a, b.view)
         torch.cuda.synchronize()
-        assert torch.equal(a, b)
+        assert torch.equal(a, b.view)
+        b.check()
     a = rand((100, 256), "f32")
-    b = poisoned_like(a)
-    k(a, b)
+    b = guarded(a.shape, a.dtype)
+    k(a, b.view)
     a.add_(1.0)
-    k(a, b)                       # same pointers, new contents
+    k(a, b.view)                  # same pointers, new contents
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def test_launch_on_a_side_stream():
     import torch
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = rand((2048, 2048), "f32")
-    b = poisoned_like(a)
+    b = guarded(a.shape, a.dtype)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())     # a and b's sentinel are written on the default stream
     with torch.cuda.stream(s):
-        k(a, b)
-        k(a, b)
+        k(a, b.view)
+        k(a, b.view)
     s.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
 
 
 def assert_copies_exactly(k, a):
-    """k(a, b) into a b poisoned with -1 gives b == a; then frees b (gigabytes)."""
+    """k(a, b) into a guarded b poisoned with -1 gives b == a and nothing written
+    around b; then frees b (gigabytes)."""
     import torch
-    b = torch.full_like(a, -1.0)
-    k(a, b)
+    b = guarded(a.shape, a.dtype, fill=-1.0)
+    k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a, b)
+    assert torch.equal(a, b.view)
+    b.check()
     del b
     torch.cuda.empty_cache()
 
@@ -282,13 +297,14 @@ def test_fallback_copy_over_2_pow_31_elements():
     a = torch.zeros(rows, cols, device="cuda")
     a[:, 0] = torch.arange(rows, device="cuda", dtype=torch.float32)
     a[-1] = torch.arange(cols, device="cuda", dtype=torch.float32)
-    b = torch.full_like(a, -1.0)
+    b = guarded(a.shape, a.dtype, fill=-1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.errors.TmaFallbackWarning)
-        k(a, b)
+        k(a, b.view)
     torch.cuda.synchronize()
-    assert torch.equal(a[:, 0], b[:, 0]) and torch.equal(a[-1], b[-1])
-    assert torch.equal(a, b)
+    assert torch.equal(a[:, 0], b.view[:, 0]) and torch.equal(a[-1], b.view[-1])
+    assert torch.equal(a, b.view)
+    b.check()
     del a, b
     torch.cuda.empty_cache()
 
@@ -298,11 +314,13 @@ def test_cupy_arguments():
     cp = pytest.importorskip("cupy")
     k = tilec.compile(ROOT / "examples/copy2d.tile")
     a = cp.random.standard_normal((300, 520), dtype=cp.float32)
-    b = cp.full_like(a, cp.nan)
-    k(a, b)
+    b = guarded(a.shape, "f32", like="cupy", fill=float("nan"))
+    k(a, b.view)
     cp.cuda.get_current_stream().synchronize()
-    assert bool((a == b).all())
-    sliced = cp.zeros((300, 600), dtype=cp.float32)[:, 16:536]
-    k(a, sliced)
+    assert bool((a == b.view).all())
+    b.check()
+    sliced = guarded(a.shape, "f32", like="cupy", pad=[1, (16, 64)], fill=0)     # [1:301, 16:536] of [302, 600]
+    k(a, sliced.view)
     cp.cuda.get_current_stream().synchronize()
-    assert bool((a == sliced).all())
+    assert bool((a == sliced.view).all())
+    sliced.check()
