@@ -54,7 +54,8 @@ def test_installed_wheel_emits_cuda(wheel, tmp_path):
     # tilec's dependencies: those of the environment running these tests
     deps = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
     Path(site, "deps.pth").write_text("".join(f"{d}\n" for d in deps))
-    run(sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", wheel)
+    # --ignore-installed: a tilec among those deps is neither kept nor uninstalled
+    run(sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--ignore-installed", wheel)
 
     where = run(py, "-c", "import tilec; print(tilec.__file__)", cwd=tmp_path)
     assert where.startswith(site), where
