@@ -1,8 +1,10 @@
-"""GPU: gemm on wgmma equals torch.matmul (marked gpu)."""
+"""GPU: gemm on wgmma equals torch.matmul (marked gpu). C is a view inside a
+sentinel-filled buffer (tests/guard.py): nothing around it may be written."""
 import pytest
 
 import tilec
 from conftest import ROOT
+from guard import guarded
 
 pytestmark = pytest.mark.gpu
 
@@ -31,11 +33,15 @@ def torch_dt(dt):
 
 
 def check(c, a, b_kn):
+    """c (a guarded output) holds a @ b_kn within the dtype's tolerance, and
+    nothing around it was written."""
     import torch
     want = (a.float() @ b_kn.float())
-    err = (c.float() - want).norm() / want.norm().clamp_min(1e-6)
-    assert torch.isfinite(c.float()).all()
-    assert err < (2e-3 if c.dtype == torch.float16 else 1e-2), f"relative error {err:.2e}"
+    got = c.view.float()
+    err = (got - want).norm() / want.norm().clamp_min(1e-6)
+    assert torch.isfinite(got).all()
+    assert err < (2e-3 if c.view.dtype == torch.float16 else 1e-2), f"relative error {err:.2e}"
+    c.check()
 
 
 SIZES = [(64, 64, 64), (127, 128, 1000), (128, 127, 64), (1000, 1000, 1000), (256, 384, 4096), (64, 1000, 127),
@@ -51,10 +57,10 @@ def test_gemm_example_equals_matmul(dt, mnk):
     kern = tilec.compile(src)
     a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
     b = torch.randn(k, n, device="cuda").to(torch_dt(dt))
-    c = torch.full((m, n), float("nan"), device="cuda").to(torch_dt(dt))
+    c = guarded((m, n), dt, fill=float("nan"))
     if (k * 2) % 16 or (n * 2) % 16:
         pytest.skip("rows not 16-byte aligned: the thread-copy variant has its own test")
-    kern(a, b, c)
+    kern(a, b, c.view)
     torch.cuda.synchronize()
     check(c, a, b)
 
@@ -68,8 +74,8 @@ def test_gemm_transposed_b(dt, mnk):
     kern = tilec.compile(GEMM_T.format(dt=dt))
     a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
     bt = torch.randn(n, k, device="cuda").to(torch_dt(dt))
-    c = torch.full((m, n), float("nan"), device="cuda").to(torch_dt(dt))
-    kern(a, bt, c)
+    c = guarded((m, n), dt, fill=float("nan"))
+    kern(a, bt, c.view)
     torch.cuda.synchronize()
     check(c, a, bt.t())
 
@@ -84,8 +90,8 @@ def test_pipelined_stages(stages, mnk):
     kern = tilec.compile(ROOT / "examples/gemm.tile", STAGES=stages)
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(k, n, device="cuda").half()
-    c = torch.full((m, n), float("nan"), device="cuda").half()
-    kern(a, b, c)
+    c = guarded((m, n), "f16", fill=float("nan"))
+    kern(a, b, c.view)
     torch.cuda.synchronize()
     check(c, a, b)
 
@@ -97,11 +103,11 @@ def test_gemm_square_sizes(dt, size):
     kern = tilec.compile((ROOT / "examples/gemm.tile").read_text().replace("f16", dt))
     a = torch.randn(size, size, device="cuda").to(torch_dt(dt))
     b = torch.randn(size, size, device="cuda").to(torch_dt(dt))
-    c = torch.full((size, size), float("nan"), device="cuda").to(torch_dt(dt))
+    c = guarded((size, size), dt, fill=float("nan"))
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.TmaFallbackWarning)   # 127: rows not 16-byte aligned
-        kern(a, b, c)
+        kern(a, b, c.view)
     torch.cuda.synchronize()
     check(c, a, b)
 
@@ -115,8 +121,8 @@ def test_tuned_gemm_example(dt, mnk):
     kern = tilec.compile((ROOT / "examples/gemm_128x256.tile").read_text().replace("f16", dt))
     a = torch.randn(m, k, device="cuda").to(torch_dt(dt))
     b = torch.randn(k, n, device="cuda").to(torch_dt(dt))
-    c = torch.full((m, n), float("nan"), device="cuda").to(torch_dt(dt))
-    kern(a, b, c)
+    c = guarded((m, n), dt, fill=float("nan"))
+    kern(a, b, c.view)
     torch.cuda.synchronize()
     check(c, a, b)
 
@@ -133,7 +139,7 @@ def test_f8_gemm(dt, mnk):
     kern = tilec.compile((ROOT / "examples/gemm_f8.tile").read_text().replace("f8e4m3", dt), fallback=False)
     a = torch.randn(m, k, device="cuda").to(tdt)
     bt = torch.randn(n, k, device="cuda").to(tdt)
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    kern(a, bt, c)
+    c = guarded((m, n), "f16", fill=float("nan"))
+    kern(a, bt, c.view)
     torch.cuda.synchronize()
     check(c, a, bt.t())
