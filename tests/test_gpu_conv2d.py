@@ -1,9 +1,12 @@
 """GPU: the conv2d example (implicit GEMM over a TMA im2col view, wgmma) equals
-torch.nn.functional.conv2d on channels-last inputs (marked gpu)."""
+torch.nn.functional.conv2d on channels-last inputs (marked gpu). The output is a
+view inside a sentinel-filled buffer (tests/guard.py): nothing around it may be
+written."""
 import pytest
 
 import tilec
 from conftest import ROOT
+from guard import guarded
 
 pytestmark = pytest.mark.gpu
 
@@ -17,9 +20,11 @@ def run(n, h, w, c, f, k=3, s=1, p=1, d=1, stages=3):
     wt = weight.permute(2, 3, 1, 0).reshape(k * k * c, f).contiguous()      # rows (kh, kw, c)
     oh = (h + 2 * p - d * (k - 1) - 1) // s + 1
     ow = (w + 2 * p - d * (k - 1) - 1) // s + 1
-    y = torch.full((n * oh * ow, f), float("nan"), device="cuda").half()
+    out = guarded((n * oh * ow, f), "f16", fill=float("nan"))
+    y = out.view
     kern(x, wt, y)
     torch.cuda.synchronize()
+    out.check()
     want = F.conv2d(x.permute(0, 3, 1, 2).float(), weight.float(), stride=s, padding=p, dilation=d)
     want = want.permute(0, 2, 3, 1).reshape(-1, f)
     err = ((y.float() - want).norm() / want.norm()).item()

@@ -1,4 +1,6 @@
-"""GPU: TMA im2col loads materialise the implicit-GEMM matrix exactly (marked gpu)."""
+"""GPU: TMA im2col loads materialise the implicit-GEMM matrix exactly (marked gpu).
+Every output is a view inside a sentinel-filled buffer (tests/guard.py) whose
+padding must be intact after the run."""
 import itertools
 import math
 import random
@@ -9,6 +11,7 @@ import pytest
 
 import tilec
 from conftest import ROOT
+from guard import guarded
 from test_interpret import DOUBLE, TAP_CASES, im2col_reference, im2col_source, tap_case_id
 
 pytestmark = pytest.mark.gpu
@@ -61,13 +64,15 @@ def run_case(spatial, dt, n, size, c, k, s, p, d, bm=128):
     kern = tilec.compile(source(spatial, dt), **consts)
     x = torch.randn(n, *sp, c, device="cuda").to(torch_dt)
     want = reference(x.cpu().numpy(), K, s, p, d)
-    y = torch.full(want.shape, float("nan"), device="cuda", dtype=torch_dt)
-    if y.numel() == 0 and want.shape[0] == 0:
-        kern(x, y)        # an empty output launches nothing
+    y = guarded(want.shape, dt, fill=float("nan"))
+    if y.view.numel() == 0 and want.shape[0] == 0:
+        kern(x, y.view)   # an empty output launches nothing
+        y.check()
         return
-    kern(x, y)
+    kern(x, y.view)
     torch.cuda.synchronize()
-    got = y.cpu().numpy()
+    y.check()
+    got = y.view.cpu().numpy()
     assert got.shape == want.shape
     bad = np.argwhere(~(got == want))
     assert bad.size == 0, f"{len(bad)} wrong elements, first at {bad[:3].tolist()}"
@@ -111,11 +116,12 @@ def test_im2col_channels_not_16_byte_aligned_falls_back():
     kern = tilec.compile(source(2, "f16"), BK=8)
     x = torch.randn(2, 9, 9, 3, device="cuda").half()
     want = reference(x.cpu().numpy(), (3, 3), 1, 1, 1)
-    y = torch.zeros(want.shape, device="cuda", dtype=torch.float16)
+    y = guarded(want.shape, "f16", align=False, fill=0)     # 27 f16 (54-byte) rows: Y is no TMA tensor either
     with pytest.warns(tilec.errors.TmaFallbackWarning, match="C|channels"):
-        kern(x, y)
+        kern(x, y.view)
     torch.cuda.synchronize()
-    assert np.array_equal(y.cpu().numpy(), want)
+    assert np.array_equal(y.view.cpu().numpy(), want)
+    y.check()
 
 
 def test_im2col_channels_error_without_fallback():
@@ -132,12 +138,13 @@ def test_im2col_example_file():
     kern = tilec.compile(ROOT / "examples/im2col.tile")
     x = torch.randn(2, 14, 14, 64, device="cuda").half()
     want = reference(x.cpu().numpy(), (3, 3), 1, 1, 1)
-    y = torch.full(want.shape, float("nan"), device="cuda", dtype=torch.float16)
+    y = guarded(want.shape, "f16", fill=float("nan"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        kern(x, y)
+        kern(x, y.view)
     torch.cuda.synchronize()
-    assert np.array_equal(y.cpu().numpy(), want)
+    assert np.array_equal(y.view.cpu().numpy(), want)
+    y.check()
 
 
 @pytest.mark.parametrize("case", TAP_CASES, ids=tap_case_id)
@@ -155,8 +162,9 @@ def test_im2col_tile_spanning_filter_taps(case, body):
     want = im2col_reference(x.float().cpu().numpy(), k, s, p, d)
     if body:
         want = want * 2 + np.arange(want.shape[1]) % bk
-    y = torch.full(want.shape, float("nan"), device="cuda", dtype=torch_dt)
-    kern(x, y)
+    y = guarded(want.shape, dt, fill=float("nan"))
+    kern(x, y.view)
     torch.cuda.synchronize()
     expect = torch.from_numpy(np.ascontiguousarray(want, np.float32)).to(torch_dt)
-    assert torch.equal(y.cpu(), expect)
+    assert torch.equal(y.view.cpu(), expect)
+    y.check()
