@@ -1,5 +1,6 @@
 """GPU: the CPU interpreter and the CUDA kernel agree bit for bit on the same
-inputs, outputs poisoned alike (marked gpu). Data movement, integer math and
+inputs, outputs poisoned alike: guarded views (tests/guard.py) on the GPU and on
+the CPU, whose padding neither may write (marked gpu). Data movement, integer math and
 float math up to the fused multiply-adds NVRTC contracts are exact; gemm sums
 (wgmma's order of accumulation) are compared with a tolerance."""
 import math
@@ -7,6 +8,7 @@ import math
 import pytest
 
 import tilec
+from guard import guarded
 from test_interpret import (ELSIZE, EXAMPLES, LOOP_IF, SHIFT, copy_shape, copy_source, im2col_cases,
                             im2col_source, SPATIAL)
 
@@ -27,28 +29,23 @@ def tensor(shape, dt, seed):
     return torch.randn(*shape, generator=g).to(getattr(torch, TORCH_DT[dt]))
 
 
-def poisoned(shape, dtype, device):
-    import torch
-    out = torch.empty(shape, dtype=dtype, device=device)
-    if out.numel():
-        out.view(torch.uint8).fill_(0xA5)
-    return out
-
-
 def run_both(src, inputs, outputs, scalars=(), fallback_variant=False, **consts):
-    """`inputs`: CPU torch tensors; `outputs`: (shape, torch dtype). Returns
+    """`inputs`: CPU torch tensors; `outputs`: (shape, torch dtype), guarded views
+    on either side. Checks that neither run wrote around its outputs and returns
     [(gpu result, interpreter result)] for every output, both on the CPU."""
     import torch
     gpu = tilec.compile(src, **consts)
     cpu = tilec.compile(src, backend="interpret", **consts)
     if fallback_variant:
         gpu, cpu = gpu.fallback, cpu.fallback
-    g_out = [poisoned(s, d, "cuda") for s, d in outputs]
-    c_out = [poisoned(s, d, "cpu") for s, d in outputs]
-    gpu(*[x.cuda() for x in inputs], *g_out, *scalars)
+    g_out = [guarded(s, d, device="cuda") for s, d in outputs]
+    c_out = [guarded(s, d, device="cpu") for s, d in outputs]
+    gpu(*[x.cuda() for x in inputs], *[g.view for g in g_out], *scalars)
     torch.cuda.synchronize()
-    cpu(*[x.clone() for x in inputs], *c_out, *scalars)
-    return [(g.cpu(), c) for g, c in zip(g_out, c_out)]
+    cpu(*[x.clone() for x in inputs], *[c.view for c in c_out], *scalars)
+    for out in g_out + c_out:
+        out.check()
+    return [(g.view.cpu(), c.view) for g, c in zip(g_out, c_out)]
 
 
 def assert_same_bits(pairs):
@@ -169,13 +166,15 @@ def test_float_and_integer_element_math():
     outs = [((40, 200), torch.float16), ((40, 200), torch.bfloat16), ((40, 200), torch.int32)]
     gpu = tilec.compile(src)
     cpu = tilec.compile(src, backend="interpret")
-    xg, xc = x.cuda(), x.clone()
-    g_out = [poisoned(s, d, "cuda") for s, d in outs]
-    c_out = [poisoned(s, d, "cpu") for s, d in outs]
-    gpu(xg, *g_out, 0.3)
+    xg, xc = guarded(x.shape, x.dtype, device="cuda", fill=x), guarded(x.shape, x.dtype, device="cpu", fill=x)
+    g_out = [guarded(s, d, device="cuda") for s, d in outs]
+    c_out = [guarded(s, d, device="cpu") for s, d in outs]
+    gpu(xg.view, *[g.view for g in g_out], 0.3)
     torch.cuda.synchronize()
-    cpu(xc, *c_out, 0.3)
-    assert_same_bits([(g.cpu(), c) for g, c in zip(g_out, c_out)] + [(xg.cpu(), xc)])
+    cpu(xc.view, *[c.view for c in c_out], 0.3)
+    for out in [xg, xc, *g_out, *c_out]:
+        out.check()
+    assert_same_bits([(g.view.cpu(), c.view) for g, c in zip(g_out + [xg], c_out + [xc])])
 
 
 def test_thread_copies_with_conversions():
