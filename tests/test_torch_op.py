@@ -3,7 +3,7 @@ and fake implementation from the signature, torch.compile(fullgraph=True)
 tracing on meta tensors, and clear errors, on the CPU; on the GPU (marked gpu)
 compiled graphs against plain calls, CUDA graph capture and replay, a side
 stream and 8 threads. Every GPU output is a view inside a sentinel-filled
-buffer whose padding is checked."""
+buffer whose padding is checked (tests/guard.py)."""
 import contextlib
 import re
 import threading
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tilec
+from guard import guarded
 
 torch = pytest.importorskip("torch")
 import tilec.torch  # noqa: E402  (imports torch)
@@ -21,7 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 COPY2D = str(ROOT / "examples/copy2d.tile")
 SCALE = str(ROOT / "examples/scale.tile")
 GEMM = str(ROOT / "examples/gemm.tile")
-SENTINEL = -7.0
 
 # an integer scalar, and a shape that is an expression of a symbol
 ADD_N = """
@@ -188,20 +188,6 @@ def test_readme_snippet(monkeypatch):
 
 # ------------------------------------------------------------------ GPU
 
-def padded(rows, cols, dtype=torch.float32):
-    """A [rows, cols] view inside a SENTINEL-filled buffer: one row above and
-    below, 16 bytes left and right (so the view's rows stay 16-byte aligned)."""
-    p = 16 // torch.empty((), dtype=dtype).element_size()
-    buf = torch.full((rows + 2, cols + 2 * p), SENTINEL, device="cuda", dtype=dtype)
-    return buf, buf[1:-1, p:-p]
-
-
-def assert_padding_intact(buf, view):
-    p = (buf.shape[1] - view.shape[1]) // 2
-    for edge in (buf[0], buf[-1], buf[:, :p], buf[:, -p:]):
-        assert bool((edge == SENTINEL).all()), "the kernel wrote outside its output"
-
-
 def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, device="cuda").to(dtype)
 
@@ -214,24 +200,25 @@ def no_fallback():
         yield
 
 
-# name, program, inputs -> (args with the output last, the expected output)
+# a case: its program, its guarded output, the tensor arguments (the output's view last), the
+# scalars, and a function that gives the expected output
 def copy2d_case():
     x = rand(200, 300)
-    buf, y = padded(200, 300)
-    return COPY2D, buf, (x, y), (), lambda: x
+    y = guarded((200, 300), "f32")
+    return COPY2D, y, (x, y.view), (), lambda: x
 
 
 def scale_case():
     x = rand(100, 500)
-    buf, y = padded(100, 500)
-    return SCALE, buf, (x, y), (0.5,), lambda: x * 0.5 + 1.0
+    y = guarded((100, 500), "f32")
+    return SCALE, y, (x, y.view), (0.5,), lambda: x * 0.5 + 1.0
 
 
 def gemm_case():
     a = rand(256, 192, dtype=torch.float16)
     b = rand(192, 384, dtype=torch.float16)
-    buf, c = padded(256, 384, dtype=torch.float16)
-    return GEMM, buf, (a, b, c), (), lambda: (a.float() @ b.float()).half()
+    c = guarded((256, 384), "f16")
+    return GEMM, c, (a, b, c.view), (), lambda: (a.float() @ b.float()).half()
 
 
 CASES = {"copy2d": copy2d_case, "scale": scale_case, "gemm": gemm_case}
@@ -257,10 +244,11 @@ def _backends():
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fullgraph_compile_matches_the_plain_call(case, backend):
     torch._dynamo.reset()        # f is one code object for every case: no recompile limit to reach
-    src, buf, (*ins, out), scalars, want = CASES[case]()
+    src, guard, (*ins, out), scalars, want = CASES[case]()
     k = tilec.compile(src)
     op = k.as_torch_op()
-    ref_buf, ref = padded(*out.shape, dtype=out.dtype)
+    ref_guard = guarded(out.shape, out.dtype)
+    ref = ref_guard.view
 
     def f(*args):
         op(*args)
@@ -273,14 +261,14 @@ def test_fullgraph_compile_matches_the_plain_call(case, backend):
     assert torch.equal(out, ref)                 # the same kernel: the same bits
     assert torch.equal(doubled, ref * 2)
     assert_output(case, out, want())
-    assert_padding_intact(buf, out)
-    assert_padding_intact(ref_buf, ref)
+    guard.check()
+    ref_guard.check()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_operator_through_the_dispatcher_matches_the_plain_call(case):
-    src, buf, (*ins, out), scalars, want = CASES[case]()
+    src, guard, (*ins, out), scalars, want = CASES[case]()
     op = tilec.compile(src).as_torch_op()
     with no_fallback():
         op.op(*ins, out, *scalars)                # a first call: the operator's CUDA kernel
@@ -290,13 +278,13 @@ def test_the_operator_through_the_dispatcher_matches_the_plain_call(case):
         op(*ins, out, *scalars)                   # the replay
     torch.cuda.synchronize()
     assert_output(case, out, want())
-    assert_padding_intact(buf, out)
+    guard.check()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_cuda_graph_capture_and_replay_with_new_inputs(case):
-    src, buf, (*ins, out), scalars, want = CASES[case]()
+    src, guard, (*ins, out), scalars, want = CASES[case]()
     op = tilec.compile(src).as_torch_op()
     args = (*ins, out, *scalars)
     side = torch.cuda.Stream()
@@ -314,7 +302,7 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(case):
         graph.replay()
         torch.cuda.synchronize()
         assert_output(case, out, want())
-        assert_padding_intact(buf, out)
+        guard.check()
 
 
 @pytest.mark.gpu
@@ -323,15 +311,16 @@ def test_a_call_not_warmed_up_raises_inside_a_capture():
     k = tilec.compile(COPY2D, BM=16, BN=32)
     op = k.as_torch_op()
     x = rand(48, 72)
-    buf, y = padded(48, 72)
+    guard = guarded((48, 72), "f32")
+    y = guard.view
     for call in (op, k):
         with pytest.raises(tilec.CaptureError, match="Call the kernel once with the same arguments before the "
                                                      "capture"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 call(x, y)
     torch.cuda.synchronize()
-    assert_padding_intact(buf, y)
-    assert bool((y == SENTINEL).all()), "nothing ran"
+    guard.check()
+    assert bool((y == guard.sentinel).all()), "nothing ran"
     op(x, y)                                      # the warm-up; now the capture holds the replay
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -340,7 +329,7 @@ def test_a_call_not_warmed_up_raises_inside_a_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, x)
-    assert_padding_intact(buf, y)
+    guard.check()
 
 
 @pytest.mark.gpu
@@ -350,8 +339,9 @@ def test_runs_on_the_current_side_stream():
     Twice: the first call and the replay."""
     op = tilec.compile(SCALE).as_torch_op()
     x = rand(300, 700)
-    buf, y = padded(300, 700)
-    op(x, padded(300, 700)[1], 2.0)               # compiled and loaded before the timed part
+    guard = guarded((300, 700), "f32")
+    y = guard.view
+    op(x, guarded((300, 700), "f32").view, 2.0)   # compiled and loaded before the timed part
     side = torch.cuda.Stream()
     for _ in range(2):
         y.fill_(3.0)
@@ -363,7 +353,7 @@ def test_runs_on_the_current_side_stream():
         assert bool((y == 3.0).all()), "the op did not run on the side stream"
         side.synchronize()
         torch.testing.assert_close(y, x * 2.0 + 1.0)
-        assert_padding_intact(buf, y)
+        guard.check()
 
 
 @pytest.mark.gpu
@@ -372,7 +362,7 @@ def test_eight_threads_at_once():
     the operator through the dispatcher."""
     op = tilec.compile(SCALE).as_torch_op()
     xs = [rand(128 + 32 * i, 256) for i in range(8)]
-    outs = [padded(128 + 32 * i, 256) for i in range(8)]
+    outs = [guarded((128 + 32 * i, 256), "f32") for i in range(8)]
     streams = [torch.cuda.Stream() for _ in range(8)]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
@@ -384,7 +374,7 @@ def test_eight_threads_at_once():
             start.wait()
             with torch.cuda.stream(streams[i]):
                 for r in range(20):
-                    call(xs[i], outs[i][1], float(r % 3))
+                    call(xs[i], outs[i].view, float(r % 3))
             streams[i].synchronize()
         except Exception as e:  # re-raised below, in the test's thread
             errors.append(e)
@@ -395,9 +385,9 @@ def test_eight_threads_at_once():
     for t in threads:
         t.join()
     assert not errors, errors
-    for x, (buf, y) in zip(xs, outs):
-        torch.testing.assert_close(y, x * 1.0 + 1.0)     # the last call's alpha: 19 % 3
-        assert_padding_intact(buf, y)
+    for x, y in zip(xs, outs):
+        torch.testing.assert_close(y.view, x * 1.0 + 1.0)     # the last call's alpha: 19 % 3
+        y.check()
 
 
 @pytest.mark.gpu
@@ -405,8 +395,8 @@ def test_readme_snippet_on_the_gpu(monkeypatch):
     pytest.importorskip("triton", reason="the snippet's torch.compile (inductor) needs triton on CUDA")
     monkeypatch.chdir(ROOT)
     x = rand(100, 300)
-    buf, y = padded(100, 300)
-    exec(readme_snippet(), {"tilec": tilec, "torch": torch, "x": x, "y": y})
+    y = guarded((100, 300), "f32")
+    exec(readme_snippet(), {"tilec": tilec, "torch": torch, "x": x, "y": y.view})
     torch.cuda.synchronize()
-    torch.testing.assert_close(y, 2 * x + 1)
-    assert_padding_intact(buf, y)
+    torch.testing.assert_close(y.view, 2 * x + 1)
+    y.check()
