@@ -71,6 +71,7 @@ def test_mutates_names_the_written_tensors():
     assert op.mutates == ("A", "C")              # in the signature's order
     assert str(op.op._schema).endswith("(Tensor(a0!) A, Tensor B, Tensor(a1!) C) -> ()")
     assert op is not k.as_torch_op()             # its own operator
+    assert k.as_torch_op(mutates="C") is k.as_torch_op()
     with pytest.raises(tilec.TilecError, match=r"mutates names 'D', not a tensor parameter of kernel gemm "
                                                r"\(A, B, C\)"):
         k.as_torch_op(mutates=("D",))

@@ -14,11 +14,13 @@ tilec's error), the kernel itself.
 Calling the TorchOp calls the operator, except in eager mode with the same
 CUDA tensors and scalars as an earlier call: then it replays that call's
 launch itself, as `k(...)` does, without the dispatcher's ~1 us of Python and
-C++ (benchmarks/bench.py). Under tracing (torch.compile, make_fx, fake
+C++ (benchmarks/torch_op_overhead.py on the CPU, `benchmarks/bench.py host`
+on the GPU). Under tracing (torch.compile, make_fx, fake
 tensors, any dispatch mode) it is always the operator, the graph's node.
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
 import threading
 
@@ -72,7 +74,9 @@ def op(kernel: Kernel, mutates=None) -> TorchOp:
                          f"not a {type(kernel).__name__}")
     k = kernel.kernel_ir
     tensors = [p.name for p in k.tensors]
-    mutates = written_tensors(k) if mutates is None else tuple(mutates)
+    if mutates is None:
+        mutates = written_tensors(k)
+    mutates = (mutates,) if isinstance(mutates, str) else tuple(mutates)
     unknown = [m for m in mutates if m not in tensors]
     if unknown:
         raise TilecError(f"mutates names {', '.join(map(repr, unknown))}, not a tensor parameter of kernel "
@@ -118,8 +122,21 @@ def schema(k: ir.Kernel, mutates) -> str:
 
 def fake_impl(k: ir.Kernel):
     """What tracing runs instead of the kernel: the launch's checks of dtypes,
-    ranks, devices and shape symbols (as the host wrapper makes them), on
-    tensors without data. Symbolic sizes become torch._check assertions."""
+    ranks, devices and shape symbols, on tensors without data. A symbol is
+    bound by its first bare appearance and checked everywhere else, as in the
+    host wrapper (codegen.host.generate); a check on a symbolic size becomes a
+    torch._check assertion. The `require`s are left to the launch."""
+    binds, checks, bound_from = [], [], {}
+    for t in k.tensors:
+        for d, e in enumerate(t.shape):
+            if isinstance(e, ir.Var) and e.name not in bound_from:
+                bound_from[e.name] = f"{t.name} dim {d}"
+                binds.append((e.name, t.name, d))
+            elif isinstance(e, ir.Var):
+                checks.append((t.name, d, e.name, f"{e.name} = {{}} (from {bound_from[e.name]})"))
+            else:
+                checks.append((t.name, d, py_expr(e), f"the declaration says {tile_expr(e)} = {{}}"))
+    checks = [(t, d, builtins.compile(code, "<shape>", "eval"), text) for t, d, code, text in checks]
     params = k.params
 
     def fake(*args):
@@ -127,8 +144,7 @@ def fake_impl(k: ir.Kernel):
         for p, a in zip(params, args):
             if not isinstance(p, ir.TensorParam):
                 continue
-            want = _TORCH_DTYPES.get(p.dtype.name)
-            if a.dtype != want:
+            if a.dtype != _TORCH_DTYPES.get(p.dtype.name):
                 raise LaunchError(f"argument {p.name}: dtype {a.dtype} does not match the declared "
                                   f"{p.dtype.name}")
             if a.dim() != len(p.shape):
@@ -138,26 +154,14 @@ def fake_impl(k: ir.Kernel):
                 raise LaunchError(f"argument {p.name}: a tensor on the {a.device.type.upper()} was passed where "
                                   "a GPU tensor is required")
             shapes[p.name] = a.shape
-        symbols, bound_from = {}, {}
-        for t in k.tensors:             # a symbol is bound by its first bare appearance
-            for d, e in enumerate(t.shape):
-                if isinstance(e, ir.Var) and e.name not in symbols:
-                    symbols[e.name], bound_from[e.name] = shapes[t.name][d], f"{t.name} dim {d}"
-        for t in k.tensors:
-            for d, e in enumerate(t.shape):
-                got = shapes[t.name][d]
-                if isinstance(e, ir.Var):
-                    if bound_from[e.name] == f"{t.name} dim {d}":
-                        continue
-                    want = symbols[e.name]
-                    text = f"argument {t.name}: dim {d} is {got} but {e.name} = {want} (from {bound_from[e.name]})"
-                else:
-                    want = eval(py_expr(e), {"rt": rt}, dict(symbols))
-                    text = f"argument {t.name}: dim {d} is {got} but the declaration says {tile_expr(e)} = {want}"
-                if isinstance(got, int) and isinstance(want, int):
-                    if got != want:
-                        raise LaunchError(text)
-                else:
-                    torch._check(got == want, lambda text=text: text)
+        symbols = {name: shapes[t][d] for name, t, d in binds}
+        for t, d, code, text in checks:
+            got, want = shapes[t][d], eval(code, {"rt": rt}, symbols)
+            message = f"argument {t}: dim {d} is {got} but {text.format(want)}"
+            if isinstance(got, int) and isinstance(want, int):
+                if got != want:
+                    raise LaunchError(message)
+            else:
+                torch._check(got == want, lambda message=message: message)
         return None
     return fake
