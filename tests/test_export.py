@@ -1,0 +1,1117 @@
+"""`tilec export`: a kernel as a cubin, a C header and a C++ launcher that needs
+cuda.h and libcuda only.
+
+On the CPU: the files, FileCheck over the generated C++, a syntax check of the
+C++ (and of the header as C) with the system compiler, and the launcher run
+against a stand-in libcuda (STUB below) that prints every driver call it gets:
+for good arguments its cuTensorMapEncode* calls must be, argument for argument,
+what the Python wrapper passes to the driver for the same tensors (the real
+runtime.host code, with a stand-in cuda.bindings that records its calls), and
+its launch the kernel's parameters in abi.kernel_params' order; for bad ones
+its error code and message must be the Python wrapper's (the interpreter's
+launch checks, which are the wrapper's) word for word.
+
+On the GPU (marked gpu): the launcher built with -lcuda and a C++ main, run on
+data the test writes, against the Python launch of the same kernel, bit for bit,
+with every output a view inside a sentinel-filled buffer whose padding must
+stay intact."""
+import ctypes
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.codegen import export as tilec_export
+from tilec.codegen.abi import kernel_params
+from tilec.errors import LaunchError
+from tilec.ir import nodes as ir
+from tilec.runtime import host as rt
+from tilec.runtime import tensormap
+from conftest import ROOT, TILEC
+from test_filecheck import FILECHECK
+from test_interpret import im2col_reference
+
+EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d"]
+CXX = shutil.which("g++") or shutil.which("c++")
+CC = shutil.which("gcc") or shutil.which("cc")
+
+
+def cuda_include_dirs() -> list:
+    """Directories holding the driver API's cuda.h: CUDA_HOME / CUDA_PATH, nvcc's
+    toolkit, /usr/local/cuda, and NVIDIA's wheels."""
+    candidates = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for site in sys.path:
+        candidates += sorted(Path(site).glob("nvidia/*/include")) if site and Path(site).is_dir() else []
+    found = []
+    for d in candidates:
+        h = d / "cuda.h"
+        if h.is_file() and "cuTensorMapEncodeTiled" in h.read_text(errors="replace") and d not in found:
+            found.append(d)
+    return found
+
+
+CUDA_INCLUDE = next(iter(cuda_include_dirs()), None)
+needs_cxx = pytest.mark.skipif(CXX is None or CUDA_INCLUDE is None,
+                               reason="needs a C++ compiler (g++) and the CUDA driver API's cuda.h (a CUDA toolkit, "
+                                      "CUDA_HOME, or an NVIDIA wheel's include dir); none found")
+
+
+def compile_kernel(name, **consts):
+    return tilec.compile(str(ROOT / "examples" / f"{name}.tile"), arch="sm_90a", debug=False, **consts)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (directory, tilec.Kernel) of each example's export (with its
+    thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict."""
+    out = {}
+    for name in EXAMPLES:
+        d = tmp_path_factory.mktemp(name)
+        k = compile_kernel(name)
+        tilec_export.generate(k).write(d)
+        out[name] = (d, k)
+    d = tmp_path_factory.mktemp("copy2d_strict")
+    k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch="sm_90a", debug=False, fallback=False)
+    tilec_export.generate(k, fallback=False).write(d)
+    out["copy2d_strict"] = (d, k)
+    return out
+
+
+# ---------------------------------------------------------------- the files
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_export_writes_the_files(exported, name):
+    d, k = exported[name]
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [f"{name}.h", f"{name}.cc", f"{name}.cubin", f"{name}.thread_copy.cubin"])
+    assert (d / f"{name}.cubin").read_bytes() == k.cubin
+    assert (d / f"{name}.thread_copy.cubin").read_bytes() == k.fallback.cubin
+    assert (d / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
+    source = (d / f"{name}.cc").read_text()
+    assert f'extern "C" int tilec_{name}(' in source
+    # the cubins are embedded byte for byte
+    first = ", ".join(f"0x{b:02x}" for b in k.cubin[:16])
+    assert f"tma_variant_cubin[{len(k.cubin)}] = {{\n    {first}," in source
+
+
+def test_no_fallback_export_has_one_cubin(exported):
+    d, k = exported["copy2d_strict"]
+    assert sorted(p.name for p in d.iterdir()) == ["copy2d.cc", "copy2d.cubin", "copy2d.h"]
+    source = (d / "copy2d.cc").read_text()
+    assert "thread_copy" not in source
+    assert "TILEC_ETMA    an argument breaks a TMA rule" in (d / "copy2d.h").read_text()
+
+
+def test_cli_export(tmp_path):
+    p = subprocess.run([*TILEC, "export", "examples/scale.tile", "-o", str(tmp_path), "-D", "BN=128"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert sorted(Path(line).name for line in p.stdout.split()) == [
+        "scale.cc", "scale.cubin", "scale.h", "scale.thread_copy.cubin"]
+    assert "// consts: BM = 32, BN = 128" in (tmp_path / "scale.cc").read_text()
+
+
+def test_cli_export_errors_cleanly(tmp_path):
+    p = subprocess.run([*TILEC, "export", "examples/gemm.tile", "-o", str(tmp_path), "-D", "BN=96"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "examples/gemm.tile:14:9: error: gemm: the tile width N = 96" in p.stderr
+
+
+# ---------------------------------------------------------------- FileCheck over the C++
+
+CHECKS = {
+    "copy2d": """
+CHECK:      extern "C" int tilec_copy2d(
+CHECK-NEXT:     CUstream stream,
+CHECK-NEXT:     CUdeviceptr A, const int64_t A_shape[2], const int64_t A_strides[2],
+CHECK-NEXT:     CUdeviceptr B, const int64_t B_shape[2], const int64_t B_strides[2],
+CHECK-NEXT:     char* err,
+CHECK-NEXT:     size_t err_len) {
+CHECK:        const long long M = A_shape[0];  // A dim 0
+CHECK-NEXT:   const long long N = A_shape[1];  // A dim 1
+CHECK:        if (B_shape[0] != M)
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "argument B: dim 0 is ", B_shape[0], " but M = ", M,
+CHECK-NEXT:                 " (from A dim 0)");
+CHECK:        // {{.*}}examples/copy2d.tile:4: grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+CHECK-NEXT:   const long long grid[3] = {cdiv(N, 128), cdiv(M, 64), 1};
+CHECK:        if (grid[0] > 2147483647 || grid[1] > 65535 || grid[2] > 65535)
+CHECK:        CUtensorMap tmap_A, tmap_B;
+CHECK-NEXT:   int rc = encode_tiled(tmap_A, tmap_A_rule, A, A_shape, A_strides, why);
+CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_B, tmap_B_rule, B, B_shape, B_strides, why);
+CHECK-NEXT:   if (rc == TILEC_ETMA) {
+CHECK-NEXT:     void* thread_copy_params[] = {param(&A), param(&A_shape[0]), param(&A_shape[1])
+CHECK:          return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,
+CHECK:        if (rc != TILEC_OK)
+CHECK-NEXT:     return fail(err, err_len, rc, why);
+CHECK-NEXT:   void* params[] = {&tmap_A, &tmap_B, param(&B), param(&B_shape[0]), param(&B_shape[1]), param(&B_strides[0]),
+CHECK-NEXT:                     param(&B_strides[1])};
+CHECK-NEXT:   return launch(tma_variant, grid, params, stream, err, err_len, "");
+""",
+    "copy2d.rules": """
+CHECK:      void tiled_problems(
+CHECK:        if (address % 16) {
+CHECK:          p.add("base address ", hex, " is not 16-byte aligned (TMA requires 16-byte aligned tensors)");
+CHECK:        p.add("dim ", d, " is ", shape[d], "; TMA dims are 1 .. 2^32");
+CHECK:        p.add("innermost dim ", rank - 1, " has stride ", strides[rank - 1],
+CHECK:              " bytes is not a multiple of 16 (TMA requires 16-byte aligned strides)");
+CHECK:          p.add("dim ", d, " stride ", b, " bytes is outside TMA's 0 .. 2^40");
+CHECK:      int encode_tiled(
+CHECK:        if (m.inner_rounded) {
+CHECK:          dims[m.rank - 1] = shape[m.rank - 1] / per * per;
+CHECK:                          " bytes, less than the 16-byte granule a TMA store writes");
+CHECK:        tma_strides(m.rank, m.elsize, dims, strides, tma);
+CHECK:        tiled_problems(p, m.elsize, address, m.rank, dims, tma);
+CHECK:        const CUresult r = cuTensorMapEncodeTiled(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
+CHECK-NOT:  cuTensorMapEncodeIm2col
+CHECK:      // {{.*}}examples/copy2d.tile:8: copy(A[by * BM, bx * BN], s);
+CHECK-NEXT: const TiledMap tmap_A_rule = {
+CHECK-NEXT:     "tmap_A",  // the map
+CHECK-NEXT:     "A",  // the tensor argument it describes
+CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,  // f32: data type, bytes
+CHECK-NEXT:     2,  // rank
+CHECK-NEXT:     {64, 128},  // box
+CHECK-NEXT:     {1, 1},  // element strides
+CHECK-NEXT:     CU_TENSOR_MAP_SWIZZLE_NONE,  // swizzle
+CHECK-NEXT:     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,  // L2 promotion
+CHECK-NEXT:     false  // inner_rounded
+CHECK:      const TiledMap tmap_B_rule = {
+CHECK:          true  // inner_rounded
+CHECK:      Variant tma_variant(tma_variant_cubin, 32768);  // the TMA variant
+CHECK-NEXT: Variant thread_copy_variant(thread_copy_variant_cubin, 32768);
+""",
+    "im2col": """
+CHECK:      int encode_im2col(
+CHECK:        if (channels % m.channels_per_pixel)
+CHECK:          p.add(channels, " channels is not a multiple of the K tile width ", m.channels_per_pixel,
+CHECK:        tiled_problems(p, m.elsize, address, m.rank, shape, tma);
+CHECK:            p.add("spatial dim ", d + 1, ": the pixel box ", shape[d + 1], " - (", m.lower_corner[d], ") + (",
+CHECK:        const CUresult r = cuTensorMapEncodeIm2col(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
+CHECK:      const Im2colMap tmap_Xc_rule = {
+CHECK-NEXT:     "tmap_Xc",  // the map
+CHECK-NEXT:     "X",  // the tensor argument it describes
+CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,  // f16: data type, bytes
+CHECK-NEXT:     4,  // rank
+CHECK-NEXT:     128,  // pixels per column (rows of the tile)
+CHECK-NEXT:     64,  // channels per pixel (columns of the tile)
+CHECK-NEXT:     {-1, -1},  // pixel box lower corner, per spatial dim
+CHECK-NEXT:     {-1, -1},  // pixel box upper corner, per spatial dim
+CHECK-NEXT:     {1, 1, 1, 1},  // element strides (the convolution strides)
+CHECK:      extern "C" int tilec_im2col(
+CHECK:        if (Y_shape[1] != 9 * C)
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "argument Y: dim 1 is ", Y_shape[1],
+CHECK-NEXT:                 " but the declaration says 9 * C = ", 9 * C);
+CHECK-NEXT:   // {{.*}}examples/im2col.tile:8: require NP == N * OH * OW;
+CHECK-NEXT:   if (!(NP == N * H * W))
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "require NP == N * OH * OW failed (H = ", H, ", N = ", N, ", NP = ",
+CHECK-NEXT:                 NP, ", W = ", W, ")");
+CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
+CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Y, tmap_Y_rule, Y, Y_shape, Y_strides, why);
+CHECK:        void* params[] = {&tmap_Xc, &tmap_Y, param(&Y), param(&Y_shape[0]), param(&Y_shape[1]), param(&Y_strides[0]),
+CHECK-NEXT:                     param(&Y_strides[1]), param(&H), param(&W), param(&C)};
+""",
+    "gemm": """
+CHECK:      const TiledMap tmap_A_rule = {
+CHECK:          {128, 64},  // box
+CHECK:          CU_TENSOR_MAP_SWIZZLE_128B,  // swizzle
+CHECK:      Variant tma_variant(tma_variant_cubin, 99328);  // the TMA variant
+CHECK:        (v.smem_bytes > 48 * 1024 &&  // over 48 KiB of dynamic shared memory must be asked for
+CHECK-NEXT:    driver_failed(cuFuncSetAttribute(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+CHECK:        params[] = {&tmap_A, &tmap_B, &tmap_C, param(&C), param(&C_shape[0]), param(&C_shape[1]),
+CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&K)};
+""",
+    "conv2d": """
+CHECK:      const Im2colMap tmap_Xc_rule = {
+CHECK:      const TiledMap tmap_Wt_rule = {
+CHECK:      const TiledMap tmap_Y_rule = {
+CHECK:        if (Wt_shape[0] != 9 * C)
+CHECK:        if (Y_shape[1] != F)
+CHECK:        // {{.*}}examples/conv2d.tile:8: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM));
+CHECK-NEXT:   const long long grid[3] = {cdiv(F, 128), cdiv(N * H * W, 128), 1};
+CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
+CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Wt, tmap_Wt_rule, Wt, Wt_shape, Wt_strides, why);
+CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Y, tmap_Y_rule, Y, Y_shape, Y_strides, why);
+""",
+    "scale": """
+CHECK:          CUdeviceptr Y, const int64_t Y_shape[2], const int64_t Y_strides[2],
+CHECK-NEXT:     float alpha,
+CHECK-NEXT:     char* err,
+CHECK:        void* params[] = {&tmap_X, &tmap_Y, param(&Y), param(&Y_shape[0]), param(&Y_shape[1]), param(&Y_strides[0]),
+CHECK-NEXT:                     param(&Y_strides[1]), param(&alpha)};
+CHECK-NOT:  floordiv
+""",
+}
+
+
+@pytest.mark.skipif(FILECHECK is None, reason="the `filecheck` command (pip install filecheck) is not installed")
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_filecheck_generated_cpp(exported, tmp_path, check):
+    name = check.split(".")[0]
+    d, _ = exported[name]
+    checks = tmp_path / "checks.txt"
+    checks.write_text(CHECKS[check])
+    p = subprocess.run([FILECHECK, str(checks), "--input-file", str(d / f"{name}.cc")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_templates_print_no_unused_helper(exported):
+    """No dead code: the im2col encoder only where a kernel has an im2col map,
+    the granule rounding only where a map is rounded, floordiv nowhere here."""
+    for name in EXAMPLES:
+        source = (exported[name][0] / f"{name}.cc").read_text()
+        assert ("int encode_im2col(" in source) == (name in ("im2col", "conv2d")), name
+        assert "floordiv" not in source and "floormod" not in source
+
+
+# ---------------------------------------------------------------- the C++ compiles
+
+@needs_cxx
+@pytest.mark.parametrize("name", EXAMPLES + ["copy2d_strict"])
+def test_generated_cpp_compiles(exported, name):
+    d, k = exported[name]
+    cc = d / f"{k.name}.cc"
+    p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
+                        str(cc)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    if CC is not None:      # the header is C
+        p = subprocess.run([CC, "-x", "c", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
+                            str(d / f"{k.name}.h")], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+
+
+# ---------------------------------------------------------------- a stand-in libcuda
+
+STUB = r"""
+// A stand-in for libcuda: prints each call the exported launcher makes; device
+// memory is host memory. STUB_* environment variables choose failures.
+#include <cuda.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+size_t image_size(const void* image) {  // the ELF's extent, from its header
+  const unsigned char* e = static_cast<const unsigned char*>(image);
+  unsigned long long phoff, shoff;
+  unsigned short phentsize, phnum, shentsize, shnum;
+  memcpy(&phoff, e + 0x20, 8); memcpy(&shoff, e + 0x28, 8);
+  memcpy(&phentsize, e + 0x36, 2); memcpy(&phnum, e + 0x38, 2);
+  memcpy(&shentsize, e + 0x3a, 2); memcpy(&shnum, e + 0x3c, 2);
+  const size_t a = shoff + size_t(shnum) * shentsize, b = phoff + size_t(phnum) * phentsize;
+  return a > b ? a : b;
+}
+CUresult env_result(const char* name) {
+  const char* v = getenv(name);
+  return v ? CUresult(atoi(v)) : CUDA_SUCCESS;
+}
+template <class T> std::string list(const T* v, unsigned n) {
+  std::string s;
+  for (unsigned i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+const char* dtype_name(CUtensorMapDataType t) {
+  switch (t) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8: return "UINT8";
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16: return "UINT16";
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32: return "UINT32";
+    case CU_TENSOR_MAP_DATA_TYPE_INT32: return "INT32";
+    case CU_TENSOR_MAP_DATA_TYPE_UINT64: return "UINT64";
+    case CU_TENSOR_MAP_DATA_TYPE_INT64: return "INT64";
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16: return "FLOAT16";
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32: return "FLOAT32";
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT64: return "FLOAT64";
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: return "BFLOAT16";
+    default: return "?";
+  }
+}
+const char* swizzle_name(CUtensorMapSwizzle s) {
+  switch (s) {
+    case CU_TENSOR_MAP_SWIZZLE_NONE: return "NONE";
+    case CU_TENSOR_MAP_SWIZZLE_32B: return "32B";
+    case CU_TENSOR_MAP_SWIZZLE_64B: return "64B";
+    case CU_TENSOR_MAP_SWIZZLE_128B: return "128B";
+    default: return "?";
+  }
+}
+const char* l2_name(CUtensorMapL2promotion p) {
+  switch (p) {
+    case CU_TENSOR_MAP_L2_PROMOTION_NONE: return "NONE";
+    case CU_TENSOR_MAP_L2_PROMOTION_L2_64B: return "L2_64B";
+    case CU_TENSOR_MAP_L2_PROMOTION_L2_128B: return "L2_128B";
+    case CU_TENSOR_MAP_L2_PROMOTION_L2_256B: return "L2_256B";
+    default: return "?";
+  }
+}
+const char* tail_names(CUtensorMapInterleave i, CUtensorMapFloatOOBfill o) {
+  return i == CU_TENSOR_MAP_INTERLEAVE_NONE && o == CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE ? "NONE NONE" : "?";
+}
+const void* maps[8];
+int map_count = 0;
+int map_index(const void* m) {
+  for (int i = 0; i < map_count; ++i) if (maps[i] == m) return i;
+  maps[map_count] = m;
+  return map_count++;
+}
+}  // namespace
+
+extern "C" {
+CUresult cuGetErrorName(CUresult error, const char** name) {
+  switch (error) {
+    case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: *name = "CUDA_ERROR_NO_BINARY_FOR_GPU"; return CUDA_SUCCESS;
+    case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+CUresult cuInit(unsigned) { return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) { *c = reinterpret_cast<CUcontext>(0x1000); return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
+CUresult cuCtxGetCurrent(CUcontext* c) {
+  *c = getenv("STUB_NO_CONTEXT") ? nullptr : reinterpret_cast<CUcontext>(0x1000);
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; return CUDA_SUCCESS; }
+CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute, CUdevice) {
+  *value = getenv("STUB_MAJOR") ? atoi(getenv("STUB_MAJOR")) : 9;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamCreate(CUstream* s, unsigned) { *s = reinterpret_cast<CUstream>(0x2000); return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream) { return CUDA_SUCCESS; }
+CUresult cuMemAlloc(CUdeviceptr* p, size_t n) { *p = reinterpret_cast<CUdeviceptr>(malloc(n)); return CUDA_SUCCESS; }
+CUresult cuMemFree(CUdeviceptr p) { free(reinterpret_cast<void*>(p)); return CUDA_SUCCESS; }
+CUresult cuMemcpyHtoD(CUdeviceptr d, const void* s, size_t n) { memcpy(reinterpret_cast<void*>(d), s, n); return CUDA_SUCCESS; }
+CUresult cuMemcpyDtoH(void* d, CUdeviceptr s, size_t n) { memcpy(d, reinterpret_cast<void*>(s), n); return CUDA_SUCCESS; }
+CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  printf("load %zu\n", image_size(image));
+  *module = reinterpret_cast<CUmodule>(const_cast<void*>(image));
+  return env_result("STUB_LOAD_RESULT");
+}
+CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
+  printf("function %s\n", name);
+  *f = reinterpret_cast<CUfunction>(module);
+  return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction, CUfunction_attribute attribute, int value) {
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) printf("max dynamic smem %d\n", value);
+  return CUDA_SUCCESS;
+}
+CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
+                                const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  printf("encode tiled map#%d dtype=%s rank=%u address=%#llx dims=%s strides=%s box=%s es=%s swizzle=%s l2=%s "
+         "tail=%s\n", map_index(map), dtype_name(dtype), rank, (unsigned long long)address, list(dims, rank).c_str(),
+         list(strides, rank - 1 ? rank - 1 : 1).c_str(), list(box, rank).c_str(),
+         list(element_strides, rank).c_str(), swizzle_name(swizzle), l2_name(l2), tail_names(interleave, oob));
+  return env_result("STUB_ENCODE_RESULT");
+}
+CUresult cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
+                                 const cuuint64_t* dims, const cuuint64_t* strides, const int* lower,
+                                 const int* upper, cuuint32_t channels, cuuint32_t pixels,
+                                 const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  printf("encode im2col map#%d dtype=%s rank=%u address=%#llx dims=%s strides=%s lower=%s upper=%s channels=%u "
+         "pixels=%u es=%s swizzle=%s l2=%s tail=%s\n", map_index(map), dtype_name(dtype), rank,
+         (unsigned long long)address, list(dims, rank).c_str(), list(strides, rank - 1).c_str(),
+         list(lower, rank - 2).c_str(), list(upper, rank - 2).c_str(), channels, pixels,
+         list(element_strides, rank).c_str(), swizzle_name(swizzle), l2_name(l2), tail_names(interleave, oob));
+  return env_result("STUB_ENCODE_RESULT");
+}
+// STUB_PARAMS: "<image size>=<param sizes, comma-separated>;..." says how to print each variant's parameters.
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, CUstream stream, void** params, void** extra) {
+  const size_t image = image_size(f);
+  printf("launch %zu grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%#llx extra=%s\n", image, gx, gy, gz, bx, by, bz,
+         smem, (unsigned long long)stream, extra ? "yes" : "none");
+  std::string spec = getenv("STUB_PARAMS") ? getenv("STUB_PARAMS") : "";
+  const std::string key = std::to_string(image) + "=";
+  size_t at = spec.find(key);
+  if (at != std::string::npos) {
+    std::string sizes = spec.substr(at + key.size(), spec.find(';', at) - at - key.size());
+    int i = 0;
+    for (size_t p = 0; p < sizes.size(); ++i) {
+      size_t q = sizes.find(',', p);
+      if (q == std::string::npos) q = sizes.size();
+      const int n = atoi(sizes.substr(p, q - p).c_str());
+      p = q + 1;
+      if (n == 128) { printf("param map#%d\n", map_index(params[i])); continue; }
+      unsigned long long v = 0;
+      memcpy(&v, params[i], n);
+      if (n == 8) printf("param %lld\n", (long long)v); else printf("param %#llx\n", v);
+    }
+  }
+  return env_result("STUB_LAUNCH_RESULT");
+}
+}  // extern "C"
+"""
+
+
+def _scalar_arg(dt: ir.DType) -> str:
+    """How the test main reads a scalar argument from argv."""
+    if dt.name == "f32":
+        return "strtof({}, nullptr)"
+    if dt.name == "f64":
+        return "strtod({}, nullptr)"
+    return f"static_cast<{tilec_export.SCALAR_CTYPES[dt.name]}>(strtoull({{}}, nullptr, 0))"
+
+
+def main_source(k: ir.Kernel, gpu: bool) -> str:
+    """A C++ main that calls tilec_<kernel> with the arguments of its command line:
+    per tensor `pointer d0.. s0..` (gpu: `file offset_bytes d0.. s0..`: the whole
+    buffer is read from the file onto the device, the tensor starts offset bytes
+    into it, and after the kernel the buffer is written to file.out), per scalar
+    its value, then err_len. Prints rc= and err= lines."""
+    lines = ['#include "%s.h"' % k.name, "#include <cstdio>", "#include <cstdlib>", "#include <fstream>",
+             "#include <iterator>", "#include <string>", "#include <vector>", "",
+             "static void check(CUresult r, const char* what) {",
+             "  if (r == CUDA_SUCCESS) return;",
+             "  const char* name = \"?\";",
+             "  cuGetErrorName(r, &name);",
+             "  fprintf(stderr, \"%s failed: %s\\n\", what, name);",
+             "  exit(2);",
+             "}", "",
+             "int main(int argc, char** argv) {",
+             "  int i = 1;",
+             "  (void)argc;"]
+    if gpu:
+        lines += ["  check(cuInit(0), \"cuInit\");",
+                  "  CUdevice device;",
+                  "  check(cuDeviceGet(&device, 0), \"cuDeviceGet\");",
+                  "  CUcontext ctx;",
+                  "  check(cuDevicePrimaryCtxRetain(&ctx, device), \"cuDevicePrimaryCtxRetain\");",
+                  "  check(cuCtxSetCurrent(ctx), \"cuCtxSetCurrent\");",
+                  "  CUstream stream;",
+                  "  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), \"cuStreamCreate\");"]
+    else:
+        lines += ["  CUstream stream = reinterpret_cast<CUstream>(0x2000);"]
+    call = []
+    for p in k.params:
+        if isinstance(p, ir.TensorParam):
+            r = len(p.shape)
+            n = p.name
+            if gpu:
+                lines += [f"  const std::string {n}_file = argv[i++];",
+                          f"  const long long {n}_offset = strtoll(argv[i++], nullptr, 0);",
+                          f"  std::ifstream {n}_in({n}_file, std::ios::binary);",
+                          f"  std::vector<char> {n}_host((std::istreambuf_iterator<char>({n}_in)), "
+                          "std::istreambuf_iterator<char>());",
+                          f"  CUdeviceptr {n}_buffer;",
+                          f"  check(cuMemAlloc(&{n}_buffer, {n}_host.size()), \"cuMemAlloc\");",
+                          f"  check(cuMemcpyHtoD({n}_buffer, {n}_host.data(), {n}_host.size()), \"cuMemcpyHtoD\");",
+                          f"  const CUdeviceptr {n} = {n}_buffer + {n}_offset;"]
+            else:
+                lines += [f"  const CUdeviceptr {n} = strtoull(argv[i++], nullptr, 0);"]
+            lines += [f"  int64_t {n}_shape[{r}], {n}_strides[{r}];",
+                      f"  for (int d = 0; d < {r}; ++d) {n}_shape[d] = strtoll(argv[i++], nullptr, 0);",
+                      f"  for (int d = 0; d < {r}; ++d) {n}_strides[d] = strtoll(argv[i++], nullptr, 0);"]
+            call += [n, f"{n}_shape", f"{n}_strides"]
+        else:
+            lines += [f"  const auto {p.name} = {_scalar_arg(p.dtype).format('argv[i++]')};"]
+            call.append(p.name)
+    lines += ["  const size_t err_len = strtoull(argv[i++], nullptr, 0);",
+              "  std::vector<char> err(err_len + 1, 'X');",
+              f"  const int rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);",
+              "  printf(\"rc=%d\\nerr=%s\\n\", rc, err_len ? err.data() : \"(null)\");"]
+    if gpu:
+        lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
+        for p in k.tensors:
+            n = p.name
+            lines += [f"  check(cuMemcpyDtoH({n}_host.data(), {n}_buffer, {n}_host.size()), \"cuMemcpyDtoH\");",
+                      f"  std::ofstream({n}_file + \".out\", std::ios::binary).write({n}_host.data(), "
+                      f"{n}_host.size());"]
+    lines += ["  return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def stub_programs(exported, tmp_path_factory):
+    """name -> the test main + export + STUB, built (on demand, once)."""
+    built = {}
+    work = tmp_path_factory.mktemp("stub")
+    (work / "stub.cc").write_text(STUB)
+
+    def program(name):
+        if name not in built:
+            d, k = exported[name]
+            main = work / f"{name}_main.cc"
+            main.write_text(main_source(k.kernel_ir, gpu=False))
+            exe = work / f"{name}_stub"
+            p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
+                                str(d / f"{k.name}.cc"), str(work / "stub.cc"), "-o", str(exe)],
+                               capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, p.stderr
+            built[name] = exe
+        return built[name]
+    return program
+
+
+def param_sizes(k: ir.Kernel) -> str:
+    sizes = []
+    for p in kernel_params(k):
+        sizes.append(128 if p.kind == "tensor_map" else p.dtype.size if p.kind == "scalar" else 8)
+    return ",".join(map(str, sizes))
+
+
+def run_stub(exported, stub_programs, name, args, err_len=4096, **env):
+    d, k = exported[name]
+    variants = [(k.cubin, k.kernel_ir)] + ([(k.fallback.cubin, k.fallback.kernel_ir)]
+                                           if name != "copy2d_strict" else [])
+    spec = ";".join(f"{len(c)}={param_sizes(ir_)}" for c, ir_ in variants)
+    argv = []
+    for p, a in zip(k.kernel_ir.params, args):
+        if isinstance(p, ir.TensorParam):
+            ptr, shape, strides = a
+            argv += [hex(ptr), *map(str, shape), *map(str, strides)]
+        else:
+            argv.append(str(a))
+    argv.append(str(err_len))
+    full_env = dict(os.environ, STUB_PARAMS=spec, **env)
+    p = subprocess.run([str(stub_programs(name)), *argv], capture_output=True, text=True, timeout=60, env=full_env)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.splitlines()
+    rc = int(next(line for line in out if line.startswith("rc="))[3:])
+    err = next(line for line in out if line.startswith("err="))[4:]
+    return rc, err, [line for line in out if not line.startswith(("rc=", "err="))]
+
+
+# ---- what Python does with the same arguments
+
+class _Enum:
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def __getattr__(self, name):
+        return name[len(self.prefix):]
+
+
+@pytest.fixture
+def python_driver(monkeypatch):
+    """A stand-in cuda.bindings.driver that records the runtime's encode calls, in
+    the stub's words; the list of those lines."""
+    calls = []
+    cu = types.ModuleType("cuda.bindings.driver")
+    cu.CUtensorMapDataType = _Enum("CU_TENSOR_MAP_DATA_TYPE_")
+    cu.CUtensorMapInterleave = _Enum("CU_TENSOR_MAP_INTERLEAVE_")
+    cu.CUtensorMapSwizzle = _Enum("CU_TENSOR_MAP_SWIZZLE_")
+    cu.CUtensorMapL2promotion = _Enum("CU_TENSOR_MAP_L2_PROMOTION_")
+    cu.CUtensorMapFloatOOBfill = _Enum("CU_TENSOR_MAP_FLOAT_OOB_FILL_")
+    cu.cuuint64_t = cu.cuuint32_t = int
+    j = ",".join
+
+    def tiled(dtype, rank, address, dims, strides, box, es, interleave, swizzle, l2, oob):
+        calls.append(f"encode tiled map#{len(calls)} dtype={dtype} rank={rank} address={address:#x} "
+                     f"dims={j(map(str, dims))} strides={j(map(str, strides))} box={j(map(str, box))} "
+                     f"es={j(map(str, es))} swizzle={swizzle} l2={l2} tail={interleave} {oob}")
+        return 0, _Map(len(calls) - 1)
+
+    def im2col(dtype, rank, address, dims, strides, lower, upper, channels, pixels, es, interleave, swizzle, l2,
+               oob):
+        calls.append(f"encode im2col map#{len(calls)} dtype={dtype} rank={rank} address={address:#x} "
+                     f"dims={j(map(str, dims))} strides={j(map(str, strides))} lower={j(map(str, lower))} "
+                     f"upper={j(map(str, upper))} channels={channels} pixels={pixels} es={j(map(str, es))} "
+                     f"swizzle={swizzle} l2={l2} tail={interleave} {oob}")
+        return 0, _Map(len(calls) - 1)
+
+    cu.cuTensorMapEncodeTiled, cu.cuTensorMapEncodeIm2col = tiled, im2col
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = cu
+    package = types.ModuleType("cuda")
+    package.bindings = bindings
+    monkeypatch.setitem(sys.modules, "cuda", package)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", cu)
+    return calls
+
+
+class _Launched(Exception):
+    pass
+
+
+_REAL_LAUNCH = rt.Call.launch
+
+
+class _Map:
+    """A tensor map the stand-in cuda.bindings encoded: the index the stub gives it."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+def python_launch(kernel, args, calls, monkeypatch, fallback=False):
+    """Run `kernel`'s generated Python host wrapper (kernel.host_source) on `args`
+    ((pointer, shape, strides) per tensor, numbers for scalars), everything real
+    but reading the arguments (stood in: TensorArgs as given) and the driver (the
+    python_driver fixture's, recording encodes in the stub's words; the launch
+    stops at loading the module). Returns ("error", message) or
+    ("launch", cubin, lines: the encodes, then the stub's launch and param lines).
+    fallback: pass the thread-copy variant's wrapper, as tilec.compile does."""
+    def tensor(self, obj, name, dtype, rank):
+        arg = rt.TensorArg(name, obj[0], tuple(obj[1]), tuple(obj[2]), dtype, 0)
+        self.args.append(arg)
+        return arg
+
+    def launch(self, grid, threads, smem_bytes, params):
+        def loaded(device):
+            raise _Launched(grid, threads, smem_bytes, params)
+        self.loaded = loaded
+        try:
+            _REAL_LAUNCH(self, grid, threads, smem_bytes, params)
+        except _Launched as stop:
+            return stop.args
+        raise AssertionError("the wrapper's launch did not load the kernel")
+
+    monkeypatch.setattr(rt.Call, "tensor", tensor)
+    monkeypatch.setattr(rt.Call, "launch", launch)
+
+    def wrapper(k):
+        namespace = {}
+        exec(compile(k.host_source, f"<{k.name} host wrapper>", "exec"), namespace)
+        return namespace["launch"]
+
+    variants = {}
+
+    def run_fallback(*a, stream=None):
+        variants["ran"] = kernel.fallback
+        return wrapper(kernel.fallback)(None, *a, stream=stream, fallback=None)
+
+    del calls[:]
+    monkeypatch.setattr(tensormap, "CACHE", tensormap.TensorMapCache())     # every map encoded afresh
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+            launched = wrapper(kernel)(None, *args, fallback=run_fallback if fallback else None)
+    except LaunchError as err:
+        return "error", err.message
+    ran = variants.get("ran", kernel)
+    lines = list(calls)
+    if launched is None:
+        return "launch", None, lines
+    grid, threads, smem_bytes, params = launched
+    lines.append(f"launch {len(ran.cubin)} grid={','.join(map(str, grid))} block={threads},1,1 smem={smem_bytes} "
+                 "stream=0x2000 extra=none")
+    for value in params:
+        if isinstance(value, _Map):
+            lines.append(f"param map#{value.index}")
+        elif ctypes.sizeof(value) == 8 and not isinstance(value, ctypes.c_double):
+            lines.append(f"param {ctypes.c_longlong.from_buffer_copy(value).value}")
+        else:
+            raw = bytes(value) + bytes(8 - ctypes.sizeof(value))
+            lines.append(f"param {struct.unpack('<Q', raw)[0]:#x}")
+    return "launch", ran.cubin, lines
+
+
+def contiguous(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+def t(ptr, shape, strides=None):
+    return (ptr, tuple(shape), tuple(strides) if strides is not None else contiguous(shape))
+
+
+# Good arguments per example (strided views included).
+GOOD = {
+    "copy2d": [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 1000), (1004, 1))],
+    "scale": [t(0x7f0000000000, (33, 300)), t(0x7f0000100000, (33, 300), (304, 1)), 2.5],
+    "im2col": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (180, 576))],
+    "gemm": [t(0x7f0000000000, (300, 264)), t(0x7f0000100000, (264, 196), (200, 1)),
+             t(0x7f0000200000, (300, 196), (200, 1))],
+    "conv2d": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)), t(0x7f0000200000, (180, 128))],
+}
+
+
+def stub_expectation(k, cubin, launch_lines):
+    """The stub's lines for a launch the Python wrapper made: the encodes, then
+    the module loaded (on the first launch), then the launch."""
+    encodes = [line for line in launch_lines if line.startswith("encode")]
+    rest = launch_lines[len(encodes):]
+    loads = [f"load {len(cubin)}", f"function {k.name}"]
+    smem = int(re.search(r"smem=(\d+)", rest[0]).group(1))
+    if smem > 48 * 1024:
+        loads.append(f"max dynamic smem {smem}")
+    return encodes + loads + rest
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_stub_good_arguments_encode_and_launch_as_python(exported, stub_programs, python_driver, monkeypatch,
+                                                        name):
+    d, k = exported[name]
+    args = GOOD[name]
+    kind, cubin, lines = python_launch(k, args, python_driver, monkeypatch)
+    assert kind == "launch" and cubin == k.cubin
+    assert len([x for x in lines if x.startswith("encode")]) == len(k.kernel_ir.tensor_maps)
+    rc, err, calls = run_stub(exported, stub_programs, name, args)
+    assert (rc, err) == (0, "")
+    assert calls == stub_expectation(k, cubin, lines)
+
+
+# Bad arguments: (example, arguments, the error code, a piece of the message).
+# The whole message must be the Python wrapper's.
+BAD = {
+    "bind": ("copy2d", [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 999))], 1,
+             "argument B: dim 1 is 999 but N = 1000 (from A dim 1)"),
+    "declared expression": ("im2col", [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (180, 575))], 1,
+                            "argument Y: dim 1 is 575 but the declaration says 9 * C = 576"),
+    "require": ("im2col", [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (179, 576))], 1,
+                "require NP == N * OH * OW failed (H = 9, N = 2, NP = 179, W = 10)"),
+    "require conv2d": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)),
+                                  t(0x7f0000200000, (181, 128))], 1, "require NP == N * OH * OW failed"),
+    "grid": ("copy2d", [t(0x7f0000000000, (65535 * 64 + 1, 4)), t(0x7f0000100000, (65535 * 64 + 1, 4))], 1,
+             "grid [1, 65536, 1] is over CUDA's limits (2^31-1, 65535, 65535)"),
+    "empty tensor": ("gemm", [t(0, (300, 0)), t(0, (0, 196)), t(0x7f0000200000, (300, 196), (200, 1))], 1,
+                     "argument A: it is empty (shape [300, 0]); a TMA tensor map cannot describe an empty tensor"),
+    "row stride": ("copy2d", [t(0x7f0000000000, (100, 1000), (1001, 1)), t(0x7f0000100000, (100, 1000))], 2,
+                   "argument A: row stride 4004 bytes is not a multiple of 16 (TMA requires 16-byte aligned "
+                   "strides)"),
+    "base address": ("gemm", [t(0x7f0000000000, (300, 264)), t(0x7f0000100008, (264, 200)),
+                              t(0x7f0000200000, (300, 200))], 2,
+                     "argument B: base address 0x7f0000100008 is not 16-byte aligned"),
+    "inner stride": ("copy2d", [t(0x7f0000000000, (100, 1000), (2000, 2)), t(0x7f0000100000, (100, 1000))], 2,
+                     "argument A: innermost dim 1 has stride 2 elements; TMA needs it contiguous (stride 1)"),
+    "several rules": ("copy2d", [t(0x7f0000000004, (100, 1000), (1001, 1)), t(0x7f0000100000, (100, 1000))], 2,
+                      "is not 16-byte aligned (TMA requires 16-byte aligned tensors); row stride 4004 bytes"),
+    "huge dim": ("copy2d", [t(0x7f0000000000, (3, 2**32 + 4), (2**32 + 8, 1)), t(0x7f0000100000, (3, 2**32 + 4),
+                                                                                (2**32 + 8, 1))], 2,
+                 "argument A: dim 1 is 4294967300; TMA dims are 1 .. 2^32"),
+    "huge stride": ("copy2d", [t(0x7f0000000000, (3, 64), (2**38, 1)), t(0x7f0000100000, (3, 64))], 2,
+                    "argument A: dim 0 stride 1099511627776 bytes is outside TMA's 0 .. 2^40"),
+    "granule": ("copy2d", [t(0x7f0000000000, (100, 2), (4, 1)), t(0x7f0000100000, (100, 2), (4, 1))], 2,
+                "argument B: its rows are 2 x 4 bytes, less than the 16-byte granule a TMA store writes"),
+    "im2col channels": ("im2col", [t(0x7f0000000000, (2, 9, 10, 32)), t(0x7f0000100000, (180, 288))], 2,
+                        "argument X: 32 channels is not a multiple of the K tile width 64"),
+    "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
+                                   t(0x7f0000200000, (180, 128))], 2,
+                        "72 channels is not a multiple of the K tile width 64"),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_stub_bad_arguments_get_pythons_message(exported, stub_programs, python_driver, monkeypatch, case):
+    name, args, code, piece = BAD[case]
+    d, k = exported[name]
+    kind, want = python_launch(k, args, python_driver, monkeypatch)[:2]
+    assert kind == "error" and piece in want, want
+    if code == 2:           # a TMA rule: the export without a thread-copy variant returns it
+        if name == "copy2d":
+            rc, err, calls = run_stub(exported, stub_programs, "copy2d_strict", args)
+            assert (rc, err) == (2, want)
+            assert not any(c.startswith(("launch", "load")) for c in calls), calls
+            # never an illegal map: nothing from the breaking map on was encoded
+            broken = next(i for i, m in enumerate(k.kernel_ir.tensor_maps) if want.startswith(f"argument {m.tensor}:"))
+            assert len([c for c in calls if c.startswith("encode")]) == broken
+        # with it, the thread-copy variant runs, as the Python wrapper runs it
+        kind, cubin, lines = python_launch(k, args, python_driver, monkeypatch, fallback=True)
+        assert kind == "launch" and cubin == k.fallback.cubin
+        rc, err, calls = run_stub(exported, stub_programs, name, args)
+        assert (rc, err) == (0, f"{want}: TMA cannot copy it, so kernel {k.name} ran its thread-copy variant "
+                                "(correct, slower)")
+        assert calls == stub_expectation(k, cubin, lines)
+        return
+    rc, err, calls = run_stub(exported, stub_programs, name, args)
+    assert (rc, err, calls) == (code, want, [])
+
+
+@needs_cxx
+def test_stub_empty_grid_launches_nothing(exported, stub_programs):
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", [t(0x7f0000000000, (0, 1000)), t(0, (0, 1000))])
+    assert (rc, err, calls) == (0, "", [])
+
+
+@needs_cxx
+@pytest.mark.parametrize("case, args, message", [
+    ("negative dim", [t(0x7f0000000000, (100, -4)), t(0x7f0000100000, (100, -4))], "argument A: dim 1 is -4"),
+    ("null pointer", [t(0x7f0000000000, (100, 1000)), t(0, (100, 1000))], "argument B: a null pointer"),
+])
+def test_stub_c_only_rules(exported, stub_programs, case, args, message):
+    assert run_stub(exported, stub_programs, "copy2d", args)[:2] == (1, message)
+
+
+@needs_cxx
+@pytest.mark.parametrize("env, message", [
+    ({"STUB_NO_CONTEXT": "1"}, "no CUDA context is current in this thread"),
+    ({"STUB_MAJOR": "8"}, "device 0 has compute capability 8.x; tilec kernels use TMA and need Hopper (sm_90) or "
+                          "newer"),
+    ({"STUB_LOAD_RESULT": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU"),
+    ({"STUB_ENCODE_RESULT": "1"}, "argument A: cuTensorMapEncodeTiled failed: CUDA_ERROR_INVALID_VALUE"),
+    ({"STUB_LAUNCH_RESULT": "701"}, "launching copy2d failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+])
+def test_stub_driver_failures_are_named(exported, stub_programs, env, message):
+    rc, err, _ = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"], **env)
+    assert rc == 3 and err.startswith(message), err
+
+
+@needs_cxx
+def test_stub_message_is_cut_to_err_len(exported, stub_programs):
+    args = BAD["bind"][1]
+    full = BAD["bind"][3]
+    assert run_stub(exported, stub_programs, "copy2d", args, err_len=11)[:2] == (1, full[:10])
+    assert run_stub(exported, stub_programs, "copy2d", args, err_len=0)[:2] == (1, "(null)")
+
+
+@needs_cxx
+def test_gpu_main_plumbing_on_the_stub(exported, tmp_path):
+    """The GPU tests' main against the stand-in driver (host memory): buffers go
+    in and out unchanged, the tensor is passed at its offset."""
+    d, k = exported["copy2d"]
+    (tmp_path / "stub.cc").write_text(STUB)
+    exe = build_gpu_main(d, k.kernel_ir, tmp_path, link=[str(tmp_path / "stub.cc")])
+    a = np.arange(12 * 20, dtype=np.float32).reshape(12, 20)
+    b = np.full((14, 28), -7.0, np.float32)
+    (tmp_path / "A.bin").write_bytes(a.tobytes())
+    (tmp_path / "B.bin").write_bytes(b.tobytes())
+    p = run_gpu_main(exe, k.kernel_ir, [(tmp_path / "A.bin", 0, (12, 20), (20, 1)),
+                                        (tmp_path / "B.bin", (28 + 4) * 4, (12, 20), (28, 1))], tmp_path)
+    assert "rc=0\nerr=\n" in p.stdout
+    assert (tmp_path / "B.bin.out").read_bytes() == b.tobytes()
+    base = re.search(r"encode tiled map#1 .* address=(0x[0-9a-f]+)", p.stdout)
+    assert base is not None
+
+
+# ---------------------------------------------------------------- README
+
+def readme_block() -> list:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Deploying without Python"):]
+    block = section[section.index("```\n") + 4:]
+    return [line.split("  #")[0].strip() for line in block[:block.index("```")].strip().splitlines()]
+
+
+def test_readme_deploy_example_lines():
+    lines = readme_block()
+    assert len(lines) == 3
+    assert lines[0].startswith("tilec export examples/copy2d.tile -o build")
+
+
+def run_readme_line(line, cwd):
+    """One line of the README's block, run in `cwd` (where examples/ is linked):
+    `tilec` is the tilec under test, cuda.h's directory is where this machine has
+    it, and -lcuda links the driver this machine has (libcuda_link_args)."""
+    if line.startswith("tilec "):
+        return subprocess.run([*TILEC, *shlex.split(line)[1:]], cwd=cwd, capture_output=True, text=True,
+                              timeout=300)
+    line = line.replace("/usr/local/cuda/include", str(CUDA_INCLUDE))
+    if "-lcuda" in line:
+        line = line.replace("-lcuda", " ".join(shlex.quote(a) for a in libcuda_link_args()))
+    return subprocess.run(line, shell=True, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@needs_cxx
+def test_readme_deploy_example_exports_and_compiles(tmp_path):
+    """The README's first two lines; the third links with libcuda: the GPU test runs it."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for line in readme_block()[:2]:
+        p = run_readme_line(line, tmp_path)
+        assert p.returncode == 0, line + "\n" + p.stderr
+    assert (tmp_path / "build" / "copy2d.o").is_file()
+
+
+# ---------------------------------------------------------------- on the GPU
+
+def libcuda_link_args() -> list:
+    """How to link against the driver: the libcuda this process has loaded (torch
+    loads it), else -lcuda from the toolkit's stubs or the system."""
+    try:
+        import torch
+        torch.cuda.init()
+    except Exception:
+        pass
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        for line in maps.read_text().splitlines():
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if re.search(r"/libcuda\.so(\.\d+)*$", path):
+                return [path]
+    stubs = [inc.parent / "lib64" / "stubs" for inc in cuda_include_dirs()]
+    return [f"-L{s}" for s in stubs if (s / "libcuda.so").exists()] + ["-lcuda"]
+
+
+def build_gpu_main(d, k: ir.Kernel, work, link=None) -> Path:
+    main = work / f"{k.name}_gpu_main.cc"
+    main.write_text(main_source(k, gpu=True))
+    exe = work / f"{k.name}_gpu"
+    cmd = [CXX, "-std=c++17", "-O2", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main), str(d / f"{k.name}.cc"),
+           *(link if link is not None else libcuda_link_args()), "-o", str(exe)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, " ".join(cmd) + "\n" + p.stderr
+    return exe
+
+
+def run_gpu_main(exe, k: ir.Kernel, tensors, work, scalars=()):
+    """tensors: per tensor parameter (file, offset bytes, shape, strides)."""
+    argv, it = [], iter(scalars)
+    for p, tensor in zip(k.tensors, tensors):
+        path, offset, shape, strides = tensor
+        argv += [str(path), str(offset), *map(str, shape), *map(str, strides)]
+    argv += [str(v) for v in it]
+    argv.append("4096")
+    p = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=120, cwd=work)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+class _Placed:
+    """A tensor for the C++ main: its whole buffer as a file, and where the tensor
+    lies in it."""
+
+    def __init__(self, path, buffer: np.ndarray, view: np.ndarray):
+        self.path, self.buffer, self.view = path, buffer, view
+        path.write_bytes(buffer.tobytes())
+        self.offset = view.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]
+        self.strides = tuple(s // view.itemsize for s in view.strides)
+
+    def arg(self):
+        return self.path, self.offset, self.view.shape, self.strides
+
+    def read_back(self):
+        data = np.frombuffer(Path(str(self.path) + ".out").read_bytes(), self.buffer.dtype)
+        self.buffer[...] = data.reshape(self.buffer.shape)
+
+
+def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_warning=False):
+    """Export `name`, run it from the C++ main on `inputs` (numpy arrays or views
+    inside larger buffers, placed as they lie) with the output a guarded view, run
+    the Python launch on the same data into a guarded torch view, and compare."""
+    import torch
+    from guard import guarded
+    d = tmp_path / "export"
+    k = compile_kernel(name)
+    tilec_export.generate(k).write(d)
+    exe = build_gpu_main(d, k.kernel_ir, tmp_path)
+    placed = []
+    for i, (buffer, view) in enumerate(inputs):
+        placed.append(_Placed(tmp_path / f"in{i}.bin", buffer, view))
+    g_cpp = guarded(out_shape, out_dtype, like="numpy")
+    out = _Placed(tmp_path / "out.bin", g_cpp.buffer, g_cpp.view)
+    p = run_gpu_main(exe, k.kernel_ir, [x.arg() for x in placed] + [out.arg()], tmp_path, scalars)
+    assert "rc=0\n" in p.stdout, p.stdout
+    if expect_warning:
+        assert "TMA cannot copy it" in p.stdout
+    else:
+        assert "rc=0\nerr=\n" in p.stdout, p.stdout
+    out.read_back()
+    g_cpp.check()                                   # nothing written around the output
+
+    g_py = guarded(out_shape, out_dtype)            # the Python launch, on the GPU
+    torch_inputs = []
+    for buffer, view in inputs:
+        whole = torch.from_numpy(np.ascontiguousarray(buffer)).cuda()
+        start = (view.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]) // view.itemsize
+        torch_inputs.append(whole.as_strided(view.shape, [s // view.itemsize for s in view.strides],
+                                             whole.storage_offset() + start))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+        tilec.compile(str(ROOT / "examples" / f"{name}.tile"))(*torch_inputs, g_py.view, *scalars)
+    torch.cuda.synchronize()
+    g_py.check()
+    py = g_py.view.cpu().numpy()
+    bits = {2: np.uint16, 4: np.uint32}[py.dtype.itemsize]
+    assert np.array_equal(np.ascontiguousarray(g_cpp.view).view(bits), np.ascontiguousarray(py).view(bits))
+    return g_cpp
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_copy2d_from_cpp_equals_python(tmp_path):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((777, 1003)).astype(np.float32)
+    pitch = np.zeros((777, 1004), np.float32)       # rows of 1003 in a 16-byte pitch: TMA, with a store tail
+    pitch[:, :1003] = a
+    g = _gpu_case(tmp_path, "copy2d", [(pitch, pitch[:, :1003])], (777, 1003), "f32")
+    assert np.array_equal(g.view, a)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_copy2d_fallback_from_cpp_equals_python(tmp_path):
+    """Rows of 1001 f32 (4004 bytes, not a multiple of 16): the thread-copy variant."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((300, 1001)).astype(np.float32)
+    g = _gpu_case(tmp_path, "copy2d", [(a, a)], (300, 1001), "f32", expect_warning=True)
+    assert np.array_equal(g.view, a)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_im2col_from_cpp_equals_python(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 9, 10, 64)).astype(np.float16)
+    g = _gpu_case(tmp_path, "im2col", [(x, x)], (180, 576), "f16")
+    assert np.array_equal(g.view, im2col_reference(x, 3, 1, 1, 1))
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_gemm_from_cpp_equals_python(tmp_path):
+    """B and C with rows of 196 f16 in a 200-element pitch: TMA loads and a TMA
+    store whose last granule of each row is written by threads."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((300, 264)).astype(np.float16)
+    b_buffer = rng.standard_normal((264, 200)).astype(np.float16)
+    g = _gpu_case(tmp_path, "gemm", [(a, a), (b_buffer, b_buffer[:, :196])], (300, 196), "f16")
+    ref = a.astype(np.float32) @ b_buffer[:, :196].astype(np.float32)
+    assert np.allclose(g.view.astype(np.float32), ref, rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_readme_deploy_example(tmp_path):
+    """The README's three lines as they are, with an app.cc that copies a tensor."""
+    (tmp_path / "app.cc").write_text(APP)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for line in readme_block():
+        p = run_readme_line(line, tmp_path)
+        assert p.returncode == 0, line + "\n" + p.stderr
+    p = subprocess.run([str(tmp_path / "a.out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+APP = r"""
+#include "copy2d.h"
+#include <cstdio>
+#include <vector>
+
+int main() {
+  cuInit(0);
+  CUdevice dev;
+  CUcontext ctx;
+  cuDeviceGet(&dev, 0);
+  cuDevicePrimaryCtxRetain(&ctx, dev);
+  cuCtxSetCurrent(ctx);
+  const int64_t shape[2] = {100, 1000}, strides[2] = {1000, 1};
+  std::vector<float> host(100 * 1000), back(100 * 1000);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = float(i % 977) - 3.5f;
+  CUdeviceptr a, b;
+  cuMemAlloc(&a, host.size() * 4);
+  cuMemAlloc(&b, host.size() * 4);
+  cuMemcpyHtoD(a, host.data(), host.size() * 4);
+  char err[256];
+  int rc = tilec_copy2d(0, a, shape, strides, b, shape, strides, err, sizeof err);
+  if (rc != TILEC_OK) { printf("error %d: %s\n", rc, err); return 1; }
+  cuMemcpyDtoH(back.data(), b, back.size() * 4);
+  printf(back == host ? "ok\n" : "wrong\n");
+  return 0;
+}
+"""
