@@ -42,6 +42,35 @@ from test_filecheck import FILECHECK
 from test_interpret import im2col_reference
 
 EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d"]
+# Host expressions the examples do not have: requires over scalars, a division that
+# floors below zero and one by a scalar, max() in the grid, an f32 scalar.
+WEIRD = """
+kernel weird(X: f16[M, N], Y: f16[M, N], n: i32, beta: f32) {
+    const BM = 16, BN = 64;
+    require M % 2 == 0 && n > -3;
+    require (N - 70) / 4 >= -1;
+    require N / n >= 1;
+    grid (bx, by) = (cdiv(N, BN), max(cdiv(M, BM), 1));
+    threads 128;
+    shared s: f16[BM, BN];
+    copy(X[by * BM, bx * BN], s);
+    parallel (i, j) in (BM, BN) {
+        s[i, j] = f16(s[i, j] * beta);
+    }
+    copy(s, Y[by * BM, bx * BN]);
+}
+"""
+# No tensor map at all: one cubin, no TMA rules.
+PLAIN = """
+kernel plain(X: f32[N], Y: f32[N]) {
+    grid (bx) = (cdiv(N, 256));
+    threads 256;
+    local r: f32[256];
+    copy(X[bx * 256], r);
+    copy(r, Y[bx * 256]);
+}
+"""
+PROGRAMS = {"weird": WEIRD, "plain": PLAIN}
 CXX = shutil.which("g++") or shutil.which("c++")
 CC = shutil.which("gcc") or shutil.which("cc")
 
@@ -71,7 +100,8 @@ needs_cxx = pytest.mark.skipif(CXX is None or CUDA_INCLUDE is None,
 
 
 def compile_kernel(name, **consts):
-    return tilec.compile(str(ROOT / "examples" / f"{name}.tile"), arch="sm_90a", debug=False, **consts)
+    src = PROGRAMS.get(name) or str(ROOT / "examples" / f"{name}.tile")
+    return tilec.compile(src, arch="sm_90a", debug=False, **consts)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +109,7 @@ def exported(tmp_path_factory):
     """name -> (directory, tilec.Kernel) of each example's export (with its
     thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict."""
     out = {}
-    for name in EXAMPLES:
+    for name in EXAMPLES + list(PROGRAMS):
         d = tmp_path_factory.mktemp(name)
         k = compile_kernel(name)
         tilec_export.generate(k).write(d)
@@ -281,7 +311,7 @@ def test_templates_print_no_unused_helper(exported):
 # ---------------------------------------------------------------- the C++ compiles
 
 @needs_cxx
-@pytest.mark.parametrize("name", EXAMPLES + ["copy2d_strict"])
+@pytest.mark.parametrize("name", EXAMPLES + list(PROGRAMS) + ["copy2d_strict"])
 def test_generated_cpp_compiles(exported, name):
     d, k = exported[name]
     cc = d / f"{k.name}.cc"
@@ -573,7 +603,7 @@ def param_sizes(k: ir.Kernel) -> str:
 def run_stub(exported, stub_programs, name, args, err_len=4096, **env):
     d, k = exported[name]
     variants = [(k.cubin, k.kernel_ir)] + ([(k.fallback.cubin, k.fallback.kernel_ir)]
-                                           if name != "copy2d_strict" else [])
+                                           if name != "copy2d_strict" and k.kernel_ir.tensor_maps else [])
     spec = ";".join(f"{len(c)}={param_sizes(ir_)}" for c, ir_ in variants)
     argv = []
     for p, a in zip(k.kernel_ir.params, args):
@@ -738,6 +768,8 @@ GOOD = {
     "gemm": [t(0x7f0000000000, (300, 264)), t(0x7f0000100000, (264, 196), (200, 1)),
              t(0x7f0000200000, (300, 196), (200, 1))],
     "conv2d": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)), t(0x7f0000200000, (180, 128))],
+    "weird": [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.375],
+    "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
 }
 
 
@@ -754,7 +786,7 @@ def stub_expectation(k, cubin, launch_lines):
 
 
 @needs_cxx
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", EXAMPLES + list(PROGRAMS))
 def test_stub_good_arguments_encode_and_launch_as_python(exported, stub_programs, python_driver, monkeypatch,
                                                         name):
     d, k = exported[name]
@@ -801,6 +833,12 @@ BAD = {
                 "argument B: its rows are 2 x 4 bytes, less than the 16-byte granule a TMA store writes"),
     "im2col channels": ("im2col", [t(0x7f0000000000, (2, 9, 10, 32)), t(0x7f0000100000, (180, 288))], 2,
                         "argument X: 32 channels is not a multiple of the K tile width 64"),
+    "floor below zero": ("weird", [t(0x7f0000000000, (32, 65)), t(0x7f0000100000, (32, 65)), 2, 1.0], 1,
+                         "require (N - 70) / 4 >= -1 failed (N = 65)"),
+    "require scalar": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), -3, 1.0], 1,
+                       "require M % 2 == 0 && n > -3 failed (M = 32, n = -3)"),
+    "plain bind": ("plain", [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (999,))], 1,
+                   "argument Y: dim 0 is 999 but N = 1000 (from X dim 0)"),
     "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
                                    t(0x7f0000200000, (180, 128))], 2,
                         "72 channels is not a multiple of the K tile width 64"),
@@ -832,6 +870,14 @@ def test_stub_bad_arguments_get_pythons_message(exported, stub_programs, python_
         return
     rc, err, calls = run_stub(exported, stub_programs, name, args)
     assert (rc, err, calls) == (code, want, [])
+
+
+@needs_cxx
+def test_stub_division_by_zero_is_an_error(exported, stub_programs):
+    """Where Python's wrapper would raise ZeroDivisionError, the export returns a
+    launch error naming the division."""
+    args = [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 0, 1.0]
+    assert run_stub(exported, stub_programs, "weird", args)[:2] == (1, "require N / n >= 1: division by n = 0")
 
 
 @needs_cxx
