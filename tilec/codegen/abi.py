@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..ir import nodes as ir
-from ..ir.exprs import walk_expr
+from ..ir.effects import names_used
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,6 @@ def thread_copied_tensors(k: ir.Kernel) -> list:
     return names
 
 
-def body_names(k: ir.Kernel, kind: str) -> set:
-    found = set()
-    for s in ir.walk_stmts(k.body):
-        for v in vars(s).values():
-            items = v if isinstance(v, tuple) else (v,)
-            for item in items:
-                exprs = [item] if isinstance(item, ir.Expr) else \
-                    list(item.starts) + [x for x in item.extents if x is not None] if isinstance(item, ir.Region) else []
-                for e in exprs:
-                    found |= {x.name for x in walk_expr(e) if isinstance(x, ir.Var) and x.kind == kind}
-    return found
-
-
 def kernel_params(k: ir.Kernel, debug: bool = False) -> list:
     params = [Param(t.name, "tensor_map", tensor=t.tensor) for t in k.tensor_maps]
     if debug and k.barriers:
@@ -58,9 +45,9 @@ def kernel_params(k: ir.Kernel, debug: bool = False) -> list:
         params.append(Param(name, "pointer", tensor=name, dtype=t.dtype))
         params += [Param(f"{name}_dim{i}", "dim", tensor=name, index=i) for i in range(len(t.shape))]
         params += [Param(f"{name}_stride{i}", "stride", tensor=name, index=i) for i in range(len(t.shape))]
-    symbols = body_names(k, "symbol")
+    symbols = names_used(k, k.body, "symbol")
     ordered = [d.name for t in k.tensors for d in t.shape if isinstance(d, ir.Var)]
     params += [Param(s, "symbol") for s in dict.fromkeys(ordered) if s in symbols]
-    scalars = body_names(k, "scalar")
+    scalars = names_used(k, k.body, "scalar")
     params += [Param(p.name, "scalar", dtype=p.dtype) for p in k.scalars if p.name in scalars]
     return params

@@ -10,7 +10,7 @@ import jinja2
 
 from .._version import __version__
 from .._resources import resource
-from ..ir import im2col
+from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import walk_expr
 from .abi import kernel_params
@@ -121,18 +121,8 @@ class _Printer:
     def fragment_of(self, s):
         """The wgmma accumulator a thread-level statement walks, if any: then it
         walks the accumulator's fragment registers instead of e % threads."""
-        names = set()
-        if isinstance(s, ir.Fill):
-            names.add(s.buffer)
-        elif isinstance(s, ir.ThreadCopy):
-            names |= {s.src.name, s.dst.name}
-        elif isinstance(s, ir.Parallel):
-            for inner in ir.walk_stmts(s.body):
-                if isinstance(inner, ir.Assign):
-                    names.add(inner.buffer)
-                for e in (getattr(inner, "value", None), getattr(inner, "cond", None)):
-                    if isinstance(e, ir.Expr):
-                        names |= {x.name for x in walk_expr(e) if isinstance(x, ir.Subscript)}
+        e = effects.deep(self.k, s)
+        names = e.reads | e.writes
         frags = [b for b in self.k.buffers if b.name in names and b.layout == "wgmma"]
         return frags[0] if frags else None
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .._version import __version__
 from ..ir import nodes as ir
+from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import expr as tile_expr
 from .abi import kernel_params
@@ -31,15 +32,6 @@ def py_expr(e, prec=0) -> str:
         args = ", ".join(py_expr(a) for a in e.args)
         return f"rt.cdiv({args})" if e.func == "cdiv" else f"{e.func}({args})"
     raise TypeError(f"not a host expression: {e!r}")
-
-
-def written_tensors(k: ir.Kernel) -> tuple:
-    out = []
-    for s in ir.walk_stmts(k.body):
-        name = s.tensor if isinstance(s, ir.TmaStore) else s.dst.name if isinstance(s, ir.ThreadCopy) else None
-        if name and k.param(name) is not None and name not in out:
-            out.append(name)
-    return tuple(out)
 
 
 def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:

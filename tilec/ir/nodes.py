@@ -177,6 +177,11 @@ class Buffer:
         align = 1024 if self.layout == "sw128" else 128
         return -(-self.bytes // align) * align
 
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory that all `stages` copies of the tile span."""
+        return self.stage_bytes * (self.stages - 1) + self.bytes
+
 
 @dataclass(frozen=True)
 class Require:
@@ -227,11 +232,15 @@ class TensorMap:
 
 @dataclass(frozen=True)
 class Mbarrier:
+    """completes: 'tx' (a phase completes when the bytes its arrive.expect_tx
+    announced have landed: TMA loads) or 'arrivals' (when `arrivals` threads
+    have arrived: consumers releasing a pipeline stage)."""
     name: str
     arrivals: int
     in_loop: bool           # phase kept in a register and flipped after each wait
     count: int = 1          # barriers in the array (one per pipeline stage)
     array: bool = False     # declared as an array, indexed by stage
+    completes: str = "tx"
     span: Optional[Span] = SPAN
 
 
@@ -300,6 +309,7 @@ class For(Stmt):
     extent: Expr
     stages: Optional[int]   # None: range(n); else pipelined(n, stages=S)
     body: tuple
+    ring: bool = False      # plan-pipeline: its loads and gemms run on an S-stage TMA ring
     span: Optional[Span] = SPAN
 
 
@@ -488,6 +498,17 @@ class Kernel:
 
     def view(self, name):
         return next((v for v in self.views if v.name == name), None)
+
+    def space(self, name: str) -> str:
+        """global | shared | local | view (im2col) | scalar: where a name's elements live."""
+        b = self.buffer(name)
+        if b is not None:
+            return b.scope
+        if isinstance(self.param(name), TensorParam):
+            return "global"
+        if any(n == name for n, _ in self.lets):
+            return "view"
+        return "scalar"
 
     @property
     def tensors(self):

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import (check_barriers, check_types, fold_consts, insert_barriers, lower_copies, plan_gemm, plan_smem,
-               plan_tma)
+from . import (check_barriers, check_types, fold_consts, insert_barriers, lower_copies, plan_gemm, plan_pipeline,
+               plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
     check_types,        # memory spaces, ranks, dtypes, where names may be used
     plan_gemm,          # gemm -> wgmma warpgroups; operand and accumulator layouts
+    plan_pipeline,      # which pipelined loops become TMA rings; their tiles' stages
     lower_copies,       # copy -> TMA load / TMA store / thread copy
     plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules
     insert_barriers,    # mbarriers, parities, fences, block barriers, bulk groups

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.printer import expr as show
-from .insert_barriers import tile_accesses
+from ..ir.effects import shared_accesses
 
 _C_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
           "/": lambda a, b: int(a / b) if b else None, "%": lambda a, b: a - int(a / b) * b if b else None,
@@ -176,7 +176,7 @@ class _Checker:
             for b in s.barriers:
                 for i in range(b.count):
                     name = f"{b.name}[{i}]" if b.array else b.name
-                    st.bars[name] = _Bar(counted=b.name.startswith("empty"))
+                    st.bars[name] = _Bar(counted=b.completes == "arrivals")
                     st.phase[(name, T0)] = st.phase[(name, REST)] = 0
         elif isinstance(s, ir.ArriveExpectTx):
             name = self.bar_name(st, s.barrier, s.index, s)
@@ -229,8 +229,8 @@ class _Checker:
             st.storing.add(t)
         elif isinstance(s, ir.BulkWait):
             st.storing.clear()
-        elif isinstance(s, (ir.ThreadCopy, ir.Parallel, ir.Fill, ir.StoreTail)):
-            self.thread_access(s, st, classes)
+        elif shared_accesses(self.k, s) != (set(), set()):
+            self.thread_access(s, st, classes)      # threads touching tiles (copies, fill, parallel, tails, ...)
 
     def bar_name(self, st, name, index, s):
         if index is None:
@@ -315,7 +315,7 @@ class _Checker:
             st.visible.setdefault(t, set()).add(c)
 
     def thread_access(self, s, st, classes):
-        reads, writes = tile_accesses(self.k, s)
+        reads, writes = shared_accesses(self.k, s)
         stage = getattr(s, "stage", None)
         if stage is not None:
             reads = {self.tile(st, t, stage) for t in reads}

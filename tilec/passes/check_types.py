@@ -13,18 +13,6 @@ NAME = "check-types"
 _GRID_KINDS = {"symbol", "scalar"}
 
 
-def space(k: ir.Kernel, name: str) -> str:
-    """global | shared | local | view (im2col) for the name of a copy side."""
-    b = k.buffer(name)
-    if b is not None:
-        return b.scope
-    if isinstance(k.param(name), ir.TensorParam):
-        return "global"
-    if any(n == name for n, _ in k.lets):
-        return "view"
-    return "scalar"
-
-
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     t = k.threads.value
     if not (32 <= t <= 1024 and t % 32 == 0):
@@ -240,7 +228,7 @@ def _check_element(k, sub: ir.Subscript, lanes):
 def _check_copy(k, s: ir.Copy) -> ir.Copy:
     sides = []
     for r, what in ((s.src, "source"), (s.dst, "destination")):
-        sp = space(k, r.name)
+        sp = k.space(r.name)
         if sp == "scalar":
             raise SemanticError(f"the {what} of a copy must be a tensor or a tile; '{r.name}' is not", r.span)
         if sp == "view":

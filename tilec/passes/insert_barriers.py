@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import fold, substitute, walk_expr
+from ..ir.effects import shared_accesses
+from ..ir.exprs import fold, substitute
 
 NAME = "insert-barriers"
 
@@ -53,21 +54,6 @@ class _State:
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
 
 
-def loads_then_gemms(body, loaded_tile) -> bool:
-    """Whether `body` is one or more loads (`loaded_tile(s)`: the tile a load
-    fills, None for anything else) followed by one or more gemms that read only
-    loaded tiles: the loop bodies that become a TMA ring (lower-copies asks
-    before copies are lowered, insert-barriers after)."""
-    tiles = []
-    for x in body:
-        tile = loaded_tile(x)
-        if tile is None:
-            break
-        tiles.append(tile)
-    rest = body[len(tiles):]
-    return bool(tiles) and bool(rest) and all(isinstance(g, ir.Gemm) and {g.a, g.b} <= set(tiles) for g in rest)
-
-
 MAX_TX_BYTES = 2**20 - 1       # an mbarrier's transaction count
 
 
@@ -81,47 +67,16 @@ def _expect_tx(loads) -> int:
     return total
 
 
-def tile_accesses(k, s):
-    """(reads, writes): the shared tiles a thread-level statement touches."""
-    shared = {b.name for b in k.buffers if b.scope == "shared"}
-    reads, writes = set(), set()
-    if isinstance(s, ir.ThreadCopy):
-        reads.add(s.src.name)
-        writes.add(s.dst.name)
-    elif isinstance(s, ir.StoreTail):
-        reads.add(s.buffer)
-    elif isinstance(s, ir.Fill):
-        writes.add(s.buffer)
-    elif isinstance(s, ir.Gemm):
-        reads |= {s.a, s.b}
-    elif isinstance(s, ir.Parallel):
-        for inner in ir.walk_stmts(s.body):
-            for e in _stmt_exprs(inner):
-                reads |= {x.name for x in walk_expr(e) if isinstance(x, ir.Subscript)}
-            if isinstance(inner, ir.Assign):
-                writes.add(inner.buffer)
-    return reads & shared, writes & shared
-
-
-def _stmt_exprs(s):
-    if isinstance(s, ir.Assign):
-        return (s.value,) + tuple(s.indices)
-    if isinstance(s, ir.If):
-        return (s.cond,)
-    return ()
-
-
 class _Inserter:
     def __init__(self, k: ir.Kernel, skew: int = 0):
         self.k = k
         self.skew = skew
-        self.staged = {}        # tile -> stages of its pipeline ring
         self.barriers = []
         self.bar_tiles = {}
 
-    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False):
+    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
         name = f"{prefix}{len(self.barriers)}"
-        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, array, span=span))
+        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, array, completes, span=span))
         self.bar_tiles[name] = tuple(tiles)
         return self.barriers[-1]
 
@@ -177,7 +132,7 @@ class _Inserter:
                 # for, or threads wrote, is visible) and after them (so no later write
                 # can overtake them), in the blocks that run it: it needs nothing here.
                 out.append(s)
-            elif isinstance(s, ir.For) and self.pipelinable(s):
+            elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
                 self.pipeline(s, st, out)
             elif isinstance(s, ir.For):
@@ -210,13 +165,6 @@ class _Inserter:
         st.observed = new.observed
 
     # ---- pipelined loops
-    def pipelinable(self, s: ir.For) -> bool:
-        """`for k in pipelined(n, stages = S)` whose body is TMA loads followed by
-        gemms that read the loaded tiles (what an S-stage TMA ring can overlap);
-        other bodies run as plain loops."""
-        return s.stages is not None and \
-            loads_then_gemms(s.body, lambda x: x.buffer if isinstance(x, ir.TmaLoad) else None)
-
     def pipeline(self, s: ir.For, st, out):
         """An S-stage ring: stage k % S of every loaded tile holds iteration k.
         full[k % S] completes when iteration k's TMA bytes land (consumers wait
@@ -233,9 +181,9 @@ class _Inserter:
         ahead = stages - lag
         warpgroups = gemms[0].warpgroups or 1
         tiles = list(dict.fromkeys(x.buffer for x in loads))
-        self.staged.update({t: stages for t in tiles})
         full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full", array=True)
-        empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True)
+        empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True,
+                                 completes="arrivals")
         total = _expect_tx(loads) + self.skew
         k = ir.Var(s.var, "loop")
         n = s.extent
@@ -323,7 +271,7 @@ class _Inserter:
         st.storing.add(t)
 
     def thread_access(self, s, st, out):
-        reads, writes = tile_accesses(self.k, s)
+        reads, writes = shared_accesses(self.k, s)
         touched = reads | writes
         # a tile placed over another one's memory (the gemm epilogue's staging tile)
         # touches that memory too: its loads must have landed, its stores have read it
@@ -379,8 +327,6 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     body = list(ins.block(k.body, st, False))
     if st.storing:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))
-    if ins.staged:
-        k = replace(k, buffers=tuple(replace(b, stages=ins.staged.get(b.name, b.stages)) for b in k.buffers))
     if ins.barriers:
         # Thread 0 initialises every barrier and may go on at once with what it
         # alone runs (issuing the first loads early); the other threads meet it

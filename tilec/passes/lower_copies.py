@@ -15,12 +15,11 @@ rule at launch) global <-> shared copies become thread copies too.
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from ..ir import nodes as ir
-from ..ir.exprs import map_body, walk_expr
-from .check_types import space
-from .insert_barriers import loads_then_gemms
+from ..ir.effects import deep
+from ..ir.exprs import map_body
 
 NAME = "lower-copies"
 
@@ -36,7 +35,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     def lower(s):
         if not isinstance(s, ir.Copy):
             return s
-        src, dst = space(k, s.src.name), space(k, s.dst.name)
+        src, dst = k.space(s.src.name), k.space(s.dst.name)
         if src == "view" and opts.tma:
             return ir.TmaLoad(k.view(s.src.name).tensor, s.dst.name, (), view=s.src.name,
                               origin=s.src.starts, span=s.span)
@@ -72,10 +71,10 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
     for s in k.body:
         if isinstance(s, ir.For):
             for inner in ir.walk_stmts(s.body):
-                if isinstance(inner, ir.Copy) and space(k, inner.dst.name) == "shared":
+                if isinstance(inner, ir.Copy) and k.space(inner.dst.name) == "shared":
                     b = k.buffer(inner.dst.name)
                     if b.layout == "sw128":
-                        rings[b.name] = b.stage_bytes * _ring_stages(k, s)
+                        rings[b.name] = b.ring_bytes
     new = []
     for i, s in enumerate(k.body):
         if not isinstance(s, ir.Copy):
@@ -86,7 +85,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         width = 128 // t.dtype.size
         if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width:
             continue
-        later = {n for x in k.body[i + 1:] for n in _names(x)}
+        later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in k.body[i + 1:])))
         nbytes = acc.elements * t.dtype.size
         free = [r for r, size in rings.items() if r not in later and size >= nbytes
                 and not any(b.alias == r for b in new)]
@@ -97,32 +96,3 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         new.append(tile)
         staged[id(s)] = tile
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
-
-
-def _ring_stages(k: ir.Kernel, s: ir.For) -> int:
-    """The copies insert-barriers will give the loop's tiles: `stages` when it
-    pipelines the loop (TMA loads followed by gemms reading them), else 1."""
-    def loaded_tile(x):
-        if isinstance(x, ir.Copy) and space(k, x.dst.name) == "shared" and space(k, x.src.name) in ("global", "view"):
-            return x.dst.name
-        return None
-    return s.stages if s.stages is not None and loads_then_gemms(s.body, loaded_tile) else 1
-
-
-def _names(s) -> set:
-    """Tile names a statement (and what it nests) mentions: copy sides, gemm
-    operands, filled and assigned tiles, and tiles subscripted in expressions."""
-    out = set()
-    for x in ir.walk_stmts((s,)):
-        for f in fields(x):
-            v = getattr(x, f.name)
-            for item in (v if isinstance(v, tuple) else (v,)):
-                if isinstance(item, ir.Region):
-                    out.add(item.name)
-                    item = item.starts
-                if f.name in ("a", "b", "acc", "buffer") and isinstance(item, str):
-                    out.add(item)
-                for e in (item if isinstance(item, tuple) else (item,)):
-                    if isinstance(e, ir.Expr):
-                        out |= {y.name for y in walk_expr(e) if isinstance(y, ir.Subscript)}
-    return out

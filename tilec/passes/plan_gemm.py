@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import SemanticError
+from ..ir import effects
 from ..ir import nodes as ir
 from ..ir.exprs import map_body
 
@@ -78,19 +79,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
 
 def _check_uses(k):
-    """Swizzled operand tiles are written by TMA loads and read by gemm only."""
+    """Swizzled operand tiles are written by TMA loads only (copies from a global
+    tensor or an im2col view) and are not copied out."""
     swizzled = {b.name for b in k.buffers if b.layout == "sw128"}
     for s in ir.walk_stmts(k.body):
-        names = []
-        if isinstance(s, ir.Copy):
-            if s.dst.name in swizzled and k.param(s.src.name) is None and k.view(s.src.name) is None:
-                names.append(s.dst.name)
-            if s.src.name in swizzled:
-                names.append(s.src.name)
-        elif isinstance(s, ir.Fill) and s.buffer in swizzled:
-            names.append(s.buffer)
-        elif isinstance(s, ir.Assign) and s.buffer in swizzled:
-            names.append(s.buffer)
-        for n in names:
+        e = effects.of(k, s)
+        loaded = isinstance(s, ir.Copy) and k.space(s.src.name) in ("global", "view")
+        copied_out = {s.src.name} if isinstance(s, ir.Copy) else set()
+        for n in sorted(((set() if loaded else e.writes) | copied_out) & swizzled):
             raise SemanticError(f"'{n}' is a gemm operand (128-byte swizzled for wgmma): fill it with a TMA "
                                 "copy from a global tensor, and read it with gemm only", s.span)

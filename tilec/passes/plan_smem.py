@@ -19,7 +19,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     buffers = []
     for b in k.buffers:
         under = next((x for x in buffers if x.name == b.alias), None) if b.alias else None
-        if under is not None and under.stage_bytes * (under.stages - 1) + under.bytes >= b.bytes:
+        if under is not None and under.ring_bytes >= b.bytes:
             buffers.append(replace(b, smem_offset=under.smem_offset))   # reuses a ring done with
             continue
         if b.alias:
@@ -28,7 +28,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             align = SWIZZLE_ALIGN if b.layout == "sw128" else ALIGN
             offset = -(-offset // align) * align
             b = replace(b, smem_offset=offset)
-            offset += b.stage_bytes * (b.stages - 1) + b.bytes
+            offset += b.ring_bytes
         buffers.append(b)
     if offset > MAX_DYNAMIC_SMEM - 8 * len(k.barriers):
         big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)

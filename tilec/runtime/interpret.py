@@ -706,7 +706,7 @@ class _Blocks:
         if address % align:
             raise InterpretError(f"{what} at shared-memory offset {address}: TMA needs {align}-byte alignment "
                                  f"{'with the 128-byte swizzle' if align == 1024 else ''}".rstrip(), s.span)
-        end = b.smem_offset + b.stage_bytes * (b.stages - 1) + b.bytes
+        end = b.smem_offset + b.ring_bytes
         if not (b.smem_offset <= address and address + nbytes <= end):
             raise InterpretError(f"{what} writes shared bytes {address} .. {address + nbytes}, outside tile "
                                  f"'{b.name}' ({b.smem_offset} .. {end})", s.span)
