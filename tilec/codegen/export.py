@@ -339,7 +339,7 @@ def generate(kernel, fallback: bool = True) -> Export:
     names = ex.names | {p[len("param(&"):-1] for p in params + (fb_params if fb else []) if p.startswith("param(&")}
     bindings = [binding[n] for n in bound if n in names]
     if bindings:
-        bindings.insert(0, "  // shape symbols, bound by their first appearance")
+        bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
     entry = ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]
     for t in k.tensors:
         entry.append(f"  if (int rc = check_tensor({_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
