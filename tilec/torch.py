@@ -26,9 +26,10 @@ import threading
 
 import torch
 
-from .codegen.host import py_expr, written_tensors
+from .codegen.host import py_expr
 from .errors import LaunchError, TilecError
 from .ir import nodes as ir
+from .ir.effects import written_tensors
 from .ir.printer import expr as tile_expr
 from .kernel import Kernel
 from .runtime import host as rt
@@ -68,7 +69,7 @@ def op(kernel: Kernel, mutates=None) -> TorchOp:
     """Register `kernel` as a torch operator (once per kernel and `mutates`).
 
     mutates: names of the tensor parameters the kernel writes; by default the
-    tensors its TMA stores and thread copies write (codegen.host.written_tensors)."""
+    tensors its statements write (ir.effects.written_tensors, what the host wrapper's WRITES lists)."""
     if not isinstance(kernel, Kernel):
         raise TilecError(f"tilec.torch.op takes a kernel from tilec.compile (backend 'cuda'), "
                          f"not a {type(kernel).__name__}")
