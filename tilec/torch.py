@@ -82,8 +82,9 @@ def op(kernel: Kernel, mutates=None) -> TorchOp:
     if unknown:
         raise TilecError(f"mutates names {', '.join(map(repr, unknown))}, not a tensor parameter of kernel "
                          f"{kernel.name} ({', '.join(tensors)})")
-    identity = repr((kernel.source.text, sorted(kernel._overrides.items()), kernel.arch, kernel._fallback_allowed,
-                     kernel.debug, sorted(mutates)))
+    # what tilec.compile keys its kernels on, and mutates: the same name for the same program compiled again
+    identity = repr((kernel.source.name, kernel.source.text, sorted(kernel._overrides.items()), kernel.arch,
+                     kernel._fallback_allowed, kernel.debug, sorted(mutates)))
     name = f"{kernel.name}_{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
     with _LOCK:
         entry = _OPS.get(name)
