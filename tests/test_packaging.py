@@ -46,6 +46,14 @@ def test_wheel_holds_grammar_templates_and_examples(wheel):
         assert files and files <= names, (d, sorted(files - names))
 
 
+def test_wheel_holds_every_module(wheel):
+    """A subpackage missing from pyproject.toml's `packages` is left out of the
+    wheel, though an editable install still finds it."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tilec").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)
+
+
 def test_installed_wheel_emits_cuda(wheel, tmp_path):
     env = tmp_path / "venv"
     venv.create(env, with_pip=False)
