@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_body, map_expr, map_stmt_exprs, substitute
+from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_expr, map_stmt_exprs, substitute
 
 NAME = "fold-consts"
 

@@ -10,12 +10,13 @@ from dataclasses import replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir import im2col
+from ..ir.tma import (CORNER_RANGE, MAX_BOX, MAX_CHANNELS_PER_PIXEL, MAX_ELEMENT_STRIDE, MAX_IM2COL_LOAD_BYTES,
+                      MAX_PIXELS_PER_COLUMN)
 from ..ir.exprs import divisor, fold, map_body
 from ..ir.printer import expr as show
 
 NAME = "plan-tma"
 
-MAX_BOX = 256
 L2_PROMOTION = "256B"   # a hint; measured on the H100 with benchmarks/bench.py
 
 
@@ -70,11 +71,6 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     return replace(k, body=body, tensor_maps=tuple(maps.values()))
 
 
-# im2col pixel-box corner ranges per tensor rank (tma-reference.md §3)
-CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
-MAX_CHANNELS_PER_PIXEL = 256
-MAX_PIXELS_PER_COLUMN = 1024
-MAX_IM2COL_LOAD_BYTES = 128 * 1024     # seen on the H100: larger maps are refused by the driver
 
 
 def _tap_chunked_tiles(k):
@@ -131,8 +127,9 @@ def _plan_im2col(k, s, maps):
             raise SemanticError(f"im2col of a rank-{rank} tensor needs pixel-box corners in [{lo_limit}, "
                                 f"{hi_limit}]; this filter, pad and dilation give {c}", v.span)
     for st in v.stride:
-        if st > 8:
-            raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most 8", v.span)
+        if st > MAX_ELEMENT_STRIDE:
+            raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most {MAX_ELEMENT_STRIDE}",
+                                v.span)
     n, origins = im2col.row(v, x, m0)
     swizzle, width = "none", bk
     if buf.layout == "sw128":       # a gemm operand: one 128-byte swizzled chunk per pixel row

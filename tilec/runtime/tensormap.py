@@ -10,18 +10,14 @@ from collections import OrderedDict
 
 from ..errors import LaunchError
 from ..ir.nodes import DTYPES
+from ..ir.tma import (CORNER_RANGE, MAX_BOX, MAX_CHANNELS_PER_PIXEL, MAX_ELEMENT_STRIDE, MAX_IM2COL_LOAD_BYTES,
+                      MAX_PIXELS_PER_COLUMN, MAX_TILED_BOX_BYTES, SWIZZLE_SPAN)
 from .driver import check
 
 
 class TmaRuleError(LaunchError):
     """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead."""
 
-SWIZZLE_SPAN = {"none": None, "32B": 32, "64B": 64, "128B": 128}
-# Not in NVIDIA's tables; the H100's driver refuses tiled boxes over 228 KiB
-# (found by tests/test_gpu_validator.py: 233472 bytes encode, 233536 do not),
-# counting box / element stride elements per dim, rounded down (seen on the H100:
-# box 229 with element stride 2 counts 114).
-MAX_TILED_BOX_BYTES = 228 * 1024
 
 
 def tiled_problems(dtype_size, address, shape, strides, box, element_strides, swizzle="none"):
@@ -47,8 +43,8 @@ def tiled_problems(dtype_size, address, shape, strides, box, element_strides, sw
         elif not 0 <= b < 2**40:
             out.append(f"dim {d} stride {b} bytes is outside TMA's 0 .. 2^40")
     for d, b in enumerate(box):
-        if not 1 <= b <= 256:
-            out.append(f"box dim {d} is {b}; TMA boxes are 1 .. 256 per dim")
+        if not 1 <= b <= MAX_BOX:
+            out.append(f"box dim {d} is {b}; TMA boxes are 1 .. {MAX_BOX} per dim")
     box_bytes = math.prod(b // e for b, e in zip(box, element_strides) if e > 0) * dtype_size
     if box_bytes > MAX_TILED_BOX_BYTES and all(e > 0 for e in element_strides):
         out.append(f"the box brings {box_bytes} bytes; the driver encodes at most {MAX_TILED_BOX_BYTES} "
@@ -60,8 +56,8 @@ def tiled_problems(dtype_size, address, shape, strides, box, element_strides, sw
     if span is not None and inner > span:
         out.append(f"the box's inner dimension is {inner} bytes, more than the {swizzle} swizzle span")
     for d, e in enumerate(element_strides):
-        if not 1 <= e <= 8:
-            out.append(f"element stride {e} in dim {d} is outside TMA's 1 .. 8")
+        if not 1 <= e <= MAX_ELEMENT_STRIDE:
+            out.append(f"element stride {e} in dim {d} is outside TMA's 1 .. {MAX_ELEMENT_STRIDE}")
     return out
 
 
@@ -160,8 +156,6 @@ def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
     return m
 
 
-CORNER_RANGE = {3: (-2**15, 2**15 - 1), 4: (-2**7, 2**7 - 1), 5: (-2**4, 2**4 - 1)}
-MAX_IM2COL_LOAD_BYTES = 128 * 1024
 
 
 def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_per_pixel, pixels_per_column,
@@ -177,12 +171,12 @@ def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_
     for c in tuple(lower) + tuple(upper):
         if not lo <= c <= hi:
             out.append(f"pixel-box corner {c} is outside [{lo}, {hi}] for a rank-{rank} tensor")
-    if not 1 <= channels_per_pixel <= 256:
-        out.append(f"channelsPerPixel {channels_per_pixel} is outside 1 .. 256")
+    if not 1 <= channels_per_pixel <= MAX_CHANNELS_PER_PIXEL:
+        out.append(f"channelsPerPixel {channels_per_pixel} is outside 1 .. {MAX_CHANNELS_PER_PIXEL}")
     if (channels_per_pixel * dtype_size) % 16:
         out.append(f"channelsPerPixel {channels_per_pixel} x {dtype_size} bytes is not a multiple of 16")
-    if not 1 <= pixels_per_column <= 1024:
-        out.append(f"pixelsPerColumn {pixels_per_column} is outside 1 .. 1024")
+    if not 1 <= pixels_per_column <= MAX_PIXELS_PER_COLUMN:
+        out.append(f"pixelsPerColumn {pixels_per_column} is outside 1 .. {MAX_PIXELS_PER_COLUMN}")
     # Seen on the H100 (driver 580), not in the tables: one load is at most 128 KiB,
     # and each spatial dim's pixel box (dim - lower + upper) holds at least one pixel.
     load = pixels_per_column * channels_per_pixel * dtype_size

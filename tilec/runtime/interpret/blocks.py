@@ -1,450 +1,27 @@
-"""A CPU interpreter of tilec's lowered IR, exact about TMA.
-
-`tilec.compile(src, backend="interpret")` (or `TILEC_INTERPRET=1`) returns an
-`InterpretedKernel`: called like a compiled Kernel, it runs the kernel block
-after block with numpy, on numpy arrays and torch tensors, in place.
-
-It runs the IR after the last pass, the IR codegen/cuda.py prints, statement
-by statement, and computes what that CUDA computes:
-
-- TMA tiled loads read the tensor map's box at the instruction's int32
-  coordinates, zero outside the tensor (clipped boxes, negative coordinates
-  too); TMA stores drop what falls outside. A misaligned innermost coordinate
-  is the GPU's illegal-instruction fault.
-- TMA im2col loads walk the pixel box that the map's corners and element
-  strides define, from the instruction's coordinates, add the tap offsets, and
-  read zero outside the image (ow, then oh, then n, across image boundaries).
-- Thread copies are bounds-checked and convert like the CUDA's casts (through
-  float, or double where f64 is involved).
-- `parallel` bodies run vectorised over their whole index space, statement by
-  statement. Element arithmetic is C++'s: the usual arithmetic conversions,
-  int32 wrap-around, truncating `/` and `%`, f16 / bf16 / fp8 computed in
-  float, and `a * b + c` contracted to one fused multiply-add as NVRTC does.
-- mbarriers are counted: a wait no phase would complete, or loads bringing
-  more bytes than the expect-tx, raise InterpretError.
-
-Not modelled: timing, races (blocks run one after another), hangs other than
-mbarrier waits, NaN payloads, the last ulp of exp / log / rsqrt.
-"""
+"""Block execution: the kernel's body, block after block, statement by
+statement, with shared memory as bytes, TMA exact (boxes, clipping at 16-byte
+granules on store, im2col pixel boxes, swizzles), mbarriers counted, and
+`parallel` bodies vectorised over their index space."""
 from __future__ import annotations
 
 import functools
 import itertools
 import math
-import os
-import sys
-from fractions import Fraction
 
 import numpy as np
 
-from ..compiler import load_source, lower
-from ..errors import DeviceError, LaunchError, SemanticError
-from ..ir import im2col
-from ..ir import nodes as ir
-from ..ir.exprs import free_names, walk_expr
-from ..ir.printer import expr as tile_expr
-from ..passes import PASS_NAMES
-from . import host
-from .tensormap import TmaRuleError, check_im2col, check_tiled, whole_granules
+from ...errors import DeviceError
+from ...ir import im2col
+from ...ir import nodes as ir
+from ...ir.exprs import walk_expr
+from ...ir.tma import SWIZZLE_SPAN
+from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
+                      decode, encode, storage_dtype)
 
 
 class InterpretError(DeviceError):
     """The interpreter met what the GPU would hang or fault on, or leaves undefined."""
 
-
-# ---------------------------------------------------------------- C types as numpy dtypes
-
-I32, U8, U16, U32 = (np.dtype(t) for t in (np.int32, np.uint8, np.uint16, np.uint32))
-F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
-_WRAPPED = {"f16", "bf16", "f8e4m3", "f8e5m2"}   # stored as bits, arithmetic in float (codegen/cuda.py)
-_POISON = 0xFF                                     # fresh shared memory and registers: NaN / -1
-
-
-_BITS = {"bf16": U16, "f8e4m3": U8, "f8e5m2": U8}
-
-
-def storage_dtype(dt: ir.DType) -> np.dtype:
-    """How the interpreter holds elements of `dt`: bf16 and fp8 as their bits."""
-    return _BITS[dt.name] if dt.name in _BITS else np.dtype(dt.numpy)
-
-
-def _promote(t):
-    return I32 if t.kind == "b" or (t.kind in "iu" and t.itemsize < 4) else t
-
-
-def common_type(a, b):
-    """C++'s usual arithmetic conversions."""
-    if F64 in (a, b):
-        return F64
-    if F32 in (a, b):
-        return F32
-    a, b = _promote(a), _promote(b)
-    if a == b:
-        return a
-    if a.kind == b.kind:
-        return a if a.itemsize >= b.itemsize else b
-    u, s = (a, b) if a.kind == "u" else (b, a)
-    return u if u.itemsize >= s.itemsize else s
-
-
-def convert(v, t):
-    """C++'s conversion of value `v` to type `t`: integers wrap, floats round to
-    nearest even, float -> integer truncates and saturates (PTX cvt.rzi; NaN -> 0)."""
-    if v.dtype == t:
-        return v
-    if t.kind == "f" or v.dtype.kind in "biu":
-        return v.astype(t)
-    x = np.trunc(np.asarray(v, F64))
-    info = np.iinfo(t)
-    big, nan = x >= float(info.max), np.isnan(x)
-    out = np.where(big | nan, 0, np.maximum(x, float(info.min))).astype(t)
-    return np.where(big, info.max, out).astype(t)
-
-
-def _bf16_bits(f):
-    bits = np.asarray(f, F32).view(U32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(U16)
-    return np.where(np.isnan(f), np.uint16(0x7FFF), rounded)
-
-
-def _f8_format(exp_bits, man_bits, bias, has_inf):
-    """fp8 codes -> float values, and the sorted non-negative finite values."""
-    codes = np.arange(256)
-    e, m = (codes >> man_bits) & ((1 << exp_bits) - 1), codes & ((1 << man_bits) - 1)
-    mag = np.where(e == 0, m / 2.0 ** man_bits * 2.0 ** (1 - bias), (1 + m / 2.0 ** man_bits) * 2.0 ** (e - bias))
-    top = e == (1 << exp_bits) - 1
-    if has_inf:                                   # e5m2: IEEE-like top exponent
-        mag = np.where(top, np.where(m == 0, np.inf, np.nan), mag)
-    else:                                         # e4m3fn: only S.1111.111 is NaN
-        mag = np.where(top & (m == (1 << man_bits) - 1), np.nan, mag)
-    values = np.where(codes >= 128, -mag, mag)
-    finite = values[:128][np.isfinite(values[:128])]
-    return values.astype(F32), finite
-
-
-_F8 = {"f8e4m3": _f8_format(4, 3, 7, False), "f8e5m2": _f8_format(5, 2, 15, True)}
-
-
-def _f8_bits(f, name):
-    """float -> fp8 with round-to-nearest-even and satfinite (cvt.rn.satfinite)."""
-    pos = _F8[name][1]
-    x = np.asarray(f, F64)
-    ax = np.abs(x)
-    hi = np.clip(np.searchsorted(pos, ax), 1, len(pos) - 1)
-    lo = hi - 1
-    d_lo, d_hi = ax - pos[lo], pos[hi] - ax
-    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)
-    code = np.where(np.signbit(x), code | 0x80, code)
-    return np.where(np.isnan(x), 0x7F, code).astype(U8)
-
-
-def decode(a, dt: ir.DType):
-    """Stored elements -> their value in device arithmetic (exact)."""
-    if dt.name == "f16":
-        return a.astype(F32)
-    if dt.name == "bf16":
-        return (np.asarray(a).astype(U32) << 16).view(F32)
-    if dt.name in _F8:
-        return _F8[dt.name][0][a]
-    return a
-
-
-def encode(v, dt: ir.DType):
-    """A value -> stored elements of `dt`, as C++ assigns it (f16_t(float) etc.)."""
-    if dt.name == "f16":
-        return convert(v, F32).astype(np.float16)
-    if dt.name == "bf16":
-        return _bf16_bits(convert(v, F32))
-    if dt.name in _F8:
-        return _f8_bits(convert(v, F32), dt.name)
-    return convert(v, storage_dtype(dt))
-
-
-# ---------------------------------------------------------------- fused multiply-add, correctly rounded
-
-def _two_sum(a, b):
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-def _round_odd_sum(a, b):
-    """a + b (doubles) rounded to odd: the last bit records inexactness, so one
-    more rounding to a format at least 2 bits narrower is correctly rounded."""
-    s, e = _two_sum(np.asarray(a, F64), np.asarray(b, F64))
-    s, e = np.asarray(s), np.asarray(e)
-    fix = (e != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
-    return np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
-
-
-def _split(a):
-    c = 134217729.0 * a          # Veltkamp: 2^27 + 1
-    hi = c - (c - a)
-    return hi, a - hi
-
-
-def _fma(a, b, c, t):
-    """fma(a, b, c) in type t (f32 or f64), rounded once."""
-    if t == F32:                 # a * b is exact in double; round to odd, then to float
-        return _round_odd_sum(np.asarray(a, F64) * np.asarray(b, F64), c).astype(F32)
-    p = a * b                    # double: Dekker's exact product, then Boldo-Melquiond
-    (ah, al), (bh, bl) = _split(a), _split(b)
-    pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    th, tl = _two_sum(c, p)
-    z = th + _round_odd_sum(tl, pe)
-    return np.where(np.isfinite(p) & np.isfinite(th), z, p + c).astype(F64)
-
-
-@functools.lru_cache(maxsize=None)
-def _f32_literal(v: float):
-    """`repr(v) + "f"`, the literal the CUDA has, rounded straight from its
-    decimal text to float (not through double)."""
-    f = np.float32(v)
-    if not np.isfinite(f):
-        return f
-    exact = Fraction(repr(v))
-    with np.errstate(all="ignore"):
-        cands = [c for c in (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf)))
-                 if np.isfinite(c)]
-    return min(cands, key=lambda c: (abs(Fraction(float(c)) - exact), int(np.array(c).view(U32)) & 1))
-
-
-# ---------------------------------------------------------------- arguments
-
-class _Tensor:
-    """One tensor argument: its elements as a numpy view (bf16 / fp8 as bits)
-    and what the TMA rules look at."""
-
-    def __init__(self, name, dtype, array, ptr, strides, writeback=None):
-        self.name, self.dtype, self.array, self.ptr, self.writeback = name, dtype, array, ptr, writeback
-        self.shape, self.strides = tuple(array.shape), tuple(strides)
-
-    def tma_arg(self):
-        return host.TensorArg(self.name, self.ptr, self.shape, self.strides, self.dtype, None)
-
-
-def _numpy_tensor(a, name):
-    dtype = host._NP_NAMES.get(a.dtype.name)
-    if dtype is None:
-        raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
-    # The GPU path copies numpy arrays into fresh, contiguous device memory: the
-    # TMA rules see that copy (aligned, C strides), whatever the array's layout.
-    return _Tensor(name, dtype, a.view(storage_dtype(ir.DTYPES[dtype])), 0, host._c_strides(a.shape))
-
-
-_TORCH_SAME_SIZE = {"bf16": "int16", "u16": "int16", "u32": "int32", "u64": "int64", "f8e4m3": "uint8",
-                    "f8e5m2": "uint8"}
-
-
-def _torch_tensor(t, name):
-    torch = sys.modules["torch"]
-    dtype = host._torch_dtype_name(t.dtype)
-    if dtype is None:
-        raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")
-    cpu, writeback = t.detach(), None
-    if cpu.device.type != "cpu":                  # a device tensor: copied in, and back if written
-        cpu = cpu.cpu()
-        writeback = lambda: t.detach().copy_(cpu)  # noqa: E731
-    same = _TORCH_SAME_SIZE.get(dtype)
-    array = (cpu.view(getattr(torch, same)) if same else cpu).numpy().view(storage_dtype(ir.DTYPES[dtype]))
-    # the TMA rules judge the tensor that was passed (its pointer and strides), as on the GPU
-    return _Tensor(name, dtype, array, t.data_ptr(), t.stride(), writeback)
-
-
-def _tensor(obj, name, dtype, rank):
-    if type(obj).__module__.startswith("torch") and "torch" in sys.modules and \
-            isinstance(obj, sys.modules["torch"].Tensor):
-        arg = _torch_tensor(obj, name)
-    elif isinstance(obj, np.ndarray):
-        arg = _numpy_tensor(obj, name)
-    else:
-        raise LaunchError(f"argument {name}: the interpreter takes numpy arrays and torch tensors, "
-                          f"not a {type(obj).__name__}")
-    if arg.dtype != dtype:
-        raise LaunchError(f"argument {name}: dtype {arg.dtype} does not match the declared {dtype}")
-    if len(arg.shape) != rank:
-        raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
-    return arg
-
-
-def _scalar_value(v, dt: ir.DType):
-    """A scalar argument as the kernel receives it (runtime.host.scalar_value)."""
-    if dt.name == "f16":
-        return np.float16(v).astype(F32)
-    if dt.name == "bf16":
-        return decode(_bf16_bits(np.float32(v)), dt)
-    if dt.is_float:
-        return np.dtype(dt.numpy).type(v)
-    t = np.dtype(dt.numpy)
-    bits = 8 * t.itemsize
-    v &= (1 << bits) - 1
-    if t.kind == "i" and v >= 1 << (bits - 1):
-        v -= 1 << bits
-    return t.type(v)
-
-
-# ---------------------------------------------------------------- host-side expressions
-
-@functools.lru_cache(maxsize=None)
-def _host_code(text):
-    return compile(text, "<tilec host expression>", "eval")
-
-
-def _host_eval(e, env):
-    """A grid size, a shape or a require, with the host wrapper's Python semantics."""
-    from ..codegen.host import py_expr
-    return eval(_host_code(py_expr(e)), {"rt": host, "__builtins__": {"min": min, "max": max, "abs": abs}}, env)
-
-
-# ---------------------------------------------------------------- the kernel object
-
-_CACHE: dict = {}
-
-
-def interpret(source, consts: dict, fallback: bool = True) -> "InterpretedKernel":
-    """What `tilec.compile(src, backend="interpret", **consts)` returns (cached)."""
-    source = load_source(source)
-    key = (source.name, source.text, tuple(sorted(consts.items())), fallback,
-           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
-    k = _CACHE.get(key)
-    if k is None:
-        k = _CACHE[key] = InterpretedKernel(source, consts, fallback)
-    return k
-
-
-class InterpretedKernel:
-    """A tilec kernel run by the CPU interpreter. Call it with the kernel's
-    arguments: numpy arrays and torch tensors (CPU ones are used in place,
-    others are copied to the CPU and back), Python numbers for scalars."""
-
-    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True):
-        self.source = load_source(source)
-        self._overrides = dict(overrides)
-        self._fallback_allowed = fallback
-        self._tma = tma
-        self._fallback = None
-        self._lowered = lower(self.source, self._overrides, tma=tma)
-        self.kernel_ir = self._lowered.kernel
-        self.name = self.kernel_ir.name
-        self.consts = dict(self.kernel_ir.consts)
-
-    # ---- inspection, as on Kernel
-    def ir(self, after: str | None = None) -> str:
-        if after is None:
-            return "\n".join(PASS_NAMES) + "\n"
-        return self._lowered.ir_text(after)
-
-    def tma_table(self) -> str:
-        from ..codegen.report import tma_table
-        return tma_table(self.kernel_ir)
-
-    @functools.cached_property
-    def cuda_source(self) -> str:
-        """The CUDA the GPU backend would compile from the same IR."""
-        from ..codegen import cuda
-        return cuda.generate(self.kernel_ir, self.source.name)
-
-    @property
-    def fallback(self) -> "InterpretedKernel":
-        """The thread-copy variant (every global<->shared copy a thread copy, no mbarriers)."""
-        if self._fallback is None:
-            self._fallback = InterpretedKernel(self.source, self._overrides, fallback=False, tma=False)
-        return self._fallback
-
-    def _run_fallback(self, *args, stream=None):
-        return self.fallback._run(args, None)
-
-    def __call__(self, *args, stream=None):
-        return self._run(args, self._run_fallback if self._fallback_allowed else None)
-
-    def __repr__(self):
-        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
-        variant = ", thread-copy variant" if not self._tma else ""
-        return f"<tilec.InterpretedKernel {self.name}({consts}) on the CPU{variant}>"
-
-    # ---- a launch, as the host wrapper does it (codegen/host.py), then the blocks
-    def _run(self, args, fallback):
-        k = self.kernel_ir
-        if len(args) != len(k.params):
-            raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
-                            f"({', '.join(p.name for p in k.params)}), got {len(args)}")
-        from ..codegen.host import written_tensors
-        call = host.Call(k.name, None, None, written_tensors(k))
-        tensors, host_env, device_env = {}, {}, {}
-        for p, a in zip(k.params, args):
-            if isinstance(p, ir.TensorParam):
-                tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
-            else:
-                host_env[p.name] = call.scalar(a, p.name, p.dtype.name)
-                device_env[p.name] = _scalar_value(a, p.dtype)
-        bound = {}
-        for t in k.tensors:
-            arg = tensors[t.name]
-            for d, e in enumerate(t.shape):
-                if isinstance(e, ir.Var) and e.name not in bound:
-                    bound[e.name] = f"{t.name} dim {d}"
-                    host_env[e.name] = arg.shape[d]
-        for t in k.tensors:
-            arg = tensors[t.name]
-            for d, e in enumerate(t.shape):
-                if isinstance(e, ir.Var) and bound[e.name] != f"{t.name} dim {d}":
-                    call.bind(arg, d, host_env[e.name], e.name, bound[e.name])
-                elif not isinstance(e, ir.Var):
-                    call.expect(arg, d, _host_eval(e, host_env), tile_expr(e))
-        for r in k.requires:
-            values = {n: host_env[n] for n in sorted(free_names(r.cond))}
-            call.require(_host_eval(r.cond, host_env), r.text, values)
-        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
-        if 0 in grid:
-            return None
-        try:
-            for tm in k.tensor_maps:
-                arg = tensors[tm.tensor]
-                if 0 in arg.shape:
-                    raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
-                                      "a TMA tensor map cannot describe an empty tensor")
-                if tm.kind == "im2col":
-                    check_im2col(arg.tma_arg(), tm.box[0], tm.box[1], tm.lower_corner, tm.upper_corner,
-                                 tm.element_strides)
-                else:
-                    tma_arg = whole_granules(arg.tma_arg()) if tm.inner_rounded else arg.tma_arg()
-                    check_tiled(tma_arg, tm.box, tm.element_strides, tm.swizzle)
-        except TmaRuleError as err:
-            return call.fall_back(err, fallback, *args)
-        if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
-            raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
-        for name in host_env:
-            if name not in device_env:                     # shape symbols: long long in the kernel
-                device_env[name] = np.int64(host_env[name])
-        with np.errstate(all="ignore"):
-            _Blocks(k, tensors, device_env).run(grid)
-        for name in call.writes:
-            if tensors[name].writeback is not None:
-                tensors[name].writeback()
-        return None
-
-
-def run(k: ir.Kernel, args, grid=None):
-    """Run lowered kernel IR `k` on `args` over `grid` (x, y, z; by default the
-    kernel's grid for these arguments) with no launch checks: for IR built by
-    hand, and for numpy views taken as they are (strided, offset), as tests do."""
-    tensors, env = {}, {}
-    for p, a in zip(k.params, args):
-        if isinstance(p, ir.TensorParam):
-            tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
-            for d, e in enumerate(p.shape):
-                if isinstance(e, ir.Var):
-                    env.setdefault(e.name, np.int64(tensors[p.name].shape[d]))
-        else:
-            env[p.name] = _scalar_value(a, p.dtype)
-    if grid is None:
-        host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.int64)}
-        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
-    with np.errstate(all="ignore"):
-        _Blocks(k, tensors, env).run(grid)
-
-
-# ---------------------------------------------------------------- the blocks
 
 class _Barrier:
     __slots__ = ("name", "arrivals", "phase", "pending", "tx", "expected", "brought")
@@ -525,7 +102,6 @@ def write_box(array, starts, box, data):
         array[sl[0]] = data[sl[1]]
 
 
-_SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 
 
 def _sw128_offsets(rows, width, r, c):
@@ -716,7 +292,7 @@ class _Blocks:
         a swizzle, the 16-byte units of each row XOR the address bits 7.. (CUTLASS
         Swizzle<3,4,3> for 128B)."""
         raw = np.ascontiguousarray(data).view(U8).reshape(-1)
-        span = _SWIZZLE_SPAN[swizzle]
+        span = SWIZZLE_SPAN[swizzle]
         if not span:
             self.smem[address:address + raw.size] = raw
             return
@@ -727,7 +303,7 @@ class _Blocks:
         dst[r[:, None], unit] = rows
 
     def _from_smem(self, address, nbytes, swizzle):
-        span = _SWIZZLE_SPAN[swizzle]
+        span = SWIZZLE_SPAN[swizzle]
         raw = self.smem[address:address + nbytes]
         if not span:
             return raw.copy()
@@ -737,7 +313,7 @@ class _Blocks:
         return rows[r[:, None], unit].reshape(-1)
 
     def _check_swizzle(self, tm, inner_bytes, s):
-        span = _SWIZZLE_SPAN[tm.swizzle]
+        span = SWIZZLE_SPAN[tm.swizzle]
         if span and inner_bytes != span:
             raise InterpretError(f"tensor map {tm.name}: a {inner_bytes}-byte inner box with the {tm.swizzle} "
                                  "swizzle is not modelled", s.span)
@@ -1102,39 +678,6 @@ class _Blocks:
         if f == "rsqrt":
             return (t.type(1) / np.sqrt(a)).astype(t)
         raise TypeError(f"cannot interpret a call of {f}")
-
-
-def arith(op, a, b, e=None):
-    """A binary operator of C++ on two typed values."""
-    t = common_type(a.dtype, b.dtype)
-    a, b = convert(a, t), convert(b, t)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op in ("/", "%"):
-        if t.kind == "f":
-            if op == "%":
-                raise SemanticError("'%' on floating-point values: C++ has no such operator, so the generated "
-                                    "CUDA does not compile", e.span if e is not None else None)
-            return a / b
-        r = np.fmod(a, b)                          # C: the remainder has the dividend's sign
-        return r if op == "%" else (a - r) // b    # ... and the quotient truncates
-    if op == "==":
-        return a == b
-    if op == "!=":
-        return a != b
-    if op == "<":
-        return a < b
-    if op == "<=":
-        return a <= b
-    if op == ">":
-        return a > b
-    if op == ">=":
-        return a >= b
-    raise TypeError(f"cannot interpret operator {op}")
 
 
 @functools.lru_cache(maxsize=64)

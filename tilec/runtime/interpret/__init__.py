@@ -1,0 +1,207 @@
+"""A CPU interpreter of tilec's lowered IR, exact about TMA.
+
+`tilec.compile(src, backend="interpret")` (or `TILEC_INTERPRET=1`) returns an
+`InterpretedKernel`: called like a compiled Kernel, it runs the kernel block
+after block with numpy, on numpy arrays and torch tensors, in place.
+
+It runs the IR after the last pass, the IR codegen/cuda.py prints, statement
+by statement, and computes what that CUDA computes:
+
+- TMA tiled loads read the tensor map's box at the instruction's int32
+  coordinates, zero outside the tensor (clipped boxes, negative coordinates
+  too); TMA stores drop what falls outside. A misaligned innermost coordinate
+  is the GPU's illegal-instruction fault.
+- TMA im2col loads walk the pixel box that the map's corners and element
+  strides define, from the instruction's coordinates, add the tap offsets, and
+  read zero outside the image (ow, then oh, then n, across image boundaries).
+- Thread copies are bounds-checked and convert like the CUDA's casts (through
+  float, or double where f64 is involved).
+- `parallel` bodies run vectorised over their whole index space, statement by
+  statement. Element arithmetic is C++'s: the usual arithmetic conversions,
+  int32 wrap-around, truncating `/` and `%`, f16 / bf16 / fp8 computed in
+  float, and `a * b + c` contracted to one fused multiply-add as NVRTC does.
+- mbarriers are counted: a wait no phase would complete, or loads bringing
+  more bytes than the expect-tx, raise InterpretError.
+
+Not modelled: timing, races (blocks run one after another), hangs other than
+mbarrier waits, NaN payloads, the last ulp of exp / log / rsqrt.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from ...compiler import load_source, lower
+from ...errors import LaunchError
+from ...ir import nodes as ir
+from ...ir.exprs import free_names
+from ...ir.printer import expr as tile_expr
+from ...passes import PASS_NAMES
+from .. import host
+from ..tensormap import TmaRuleError, check_im2col, check_tiled, whole_granules
+from .args import _scalar_value, _tensor
+from .blocks import InterpretError, _Blocks
+from .numbers import decode, encode
+
+__all__ = ["InterpretError", "InterpretedKernel", "decode", "encode", "interpret", "run"]
+
+
+@functools.lru_cache(maxsize=None)
+def _host_code(text):
+    return compile(text, "<tilec host expression>", "eval")
+
+
+def _host_eval(e, env):
+    """A grid size, a shape or a require, with the host wrapper's Python semantics."""
+    from ...codegen.host import py_expr
+    return eval(_host_code(py_expr(e)), {"rt": host, "__builtins__": {"min": min, "max": max, "abs": abs}}, env)
+
+
+# ---------------------------------------------------------------- the kernel object
+
+_CACHE: dict = {}
+
+
+def interpret(source, consts: dict, fallback: bool = True) -> "InterpretedKernel":
+    """What `tilec.compile(src, backend="interpret", **consts)` returns (cached)."""
+    source = load_source(source)
+    key = (source.name, source.text, tuple(sorted(consts.items())), fallback,
+           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
+    k = _CACHE.get(key)
+    if k is None:
+        k = _CACHE[key] = InterpretedKernel(source, consts, fallback)
+    return k
+
+
+class InterpretedKernel:
+    """A tilec kernel run by the CPU interpreter. Call it with the kernel's
+    arguments: numpy arrays and torch tensors (CPU ones are used in place,
+    others are copied to the CPU and back), Python numbers for scalars."""
+
+    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True):
+        self.source = load_source(source)
+        self._overrides = dict(overrides)
+        self._fallback_allowed = fallback
+        self._tma = tma
+        self._fallback = None
+        self._lowered = lower(self.source, self._overrides, tma=tma)
+        self.kernel_ir = self._lowered.kernel
+        self.name = self.kernel_ir.name
+        self.consts = dict(self.kernel_ir.consts)
+
+    # ---- inspection, as on Kernel
+    def ir(self, after: str | None = None) -> str:
+        if after is None:
+            return "\n".join(PASS_NAMES) + "\n"
+        return self._lowered.ir_text(after)
+
+    def tma_table(self) -> str:
+        from ...codegen.report import tma_table
+        return tma_table(self.kernel_ir)
+
+    @functools.cached_property
+    def cuda_source(self) -> str:
+        """The CUDA the GPU backend would compile from the same IR."""
+        from ...codegen import cuda
+        return cuda.generate(self.kernel_ir, self.source.name)
+
+    @property
+    def fallback(self) -> "InterpretedKernel":
+        """The thread-copy variant (every global<->shared copy a thread copy, no mbarriers)."""
+        if self._fallback is None:
+            self._fallback = InterpretedKernel(self.source, self._overrides, fallback=False, tma=False)
+        return self._fallback
+
+    def _run_fallback(self, *args, stream=None):
+        return self.fallback._run(args, None)
+
+    def __call__(self, *args, stream=None):
+        return self._run(args, self._run_fallback if self._fallback_allowed else None)
+
+    def __repr__(self):
+        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
+        variant = ", thread-copy variant" if not self._tma else ""
+        return f"<tilec.InterpretedKernel {self.name}({consts}) on the CPU{variant}>"
+
+    # ---- a launch, as the host wrapper does it (codegen/host.py), then the blocks
+    def _run(self, args, fallback):
+        k = self.kernel_ir
+        if len(args) != len(k.params):
+            raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
+                            f"({', '.join(p.name for p in k.params)}), got {len(args)}")
+        from ...codegen.host import written_tensors
+        call = host.Call(k.name, None, None, written_tensors(k))
+        tensors, host_env, device_env = {}, {}, {}
+        for p, a in zip(k.params, args):
+            if isinstance(p, ir.TensorParam):
+                tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
+            else:
+                host_env[p.name] = call.scalar(a, p.name, p.dtype.name)
+                device_env[p.name] = _scalar_value(a, p.dtype)
+        bound = {}
+        for t in k.tensors:
+            arg = tensors[t.name]
+            for d, e in enumerate(t.shape):
+                if isinstance(e, ir.Var) and e.name not in bound:
+                    bound[e.name] = f"{t.name} dim {d}"
+                    host_env[e.name] = arg.shape[d]
+        for t in k.tensors:
+            arg = tensors[t.name]
+            for d, e in enumerate(t.shape):
+                if isinstance(e, ir.Var) and bound[e.name] != f"{t.name} dim {d}":
+                    call.bind(arg, d, host_env[e.name], e.name, bound[e.name])
+                elif not isinstance(e, ir.Var):
+                    call.expect(arg, d, _host_eval(e, host_env), tile_expr(e))
+        for r in k.requires:
+            values = {n: host_env[n] for n in sorted(free_names(r.cond))}
+            call.require(_host_eval(r.cond, host_env), r.text, values)
+        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
+        if 0 in grid:
+            return None
+        try:
+            for tm in k.tensor_maps:
+                arg = tensors[tm.tensor]
+                if 0 in arg.shape:
+                    raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
+                                      "a TMA tensor map cannot describe an empty tensor")
+                if tm.kind == "im2col":
+                    check_im2col(arg.tma_arg(), tm.box[0], tm.box[1], tm.lower_corner, tm.upper_corner,
+                                 tm.element_strides)
+                else:
+                    tma_arg = whole_granules(arg.tma_arg()) if tm.inner_rounded else arg.tma_arg()
+                    check_tiled(tma_arg, tm.box, tm.element_strides, tm.swizzle)
+        except TmaRuleError as err:
+            return call.fall_back(err, fallback, *args)
+        if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+            raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
+        for name in host_env:
+            if name not in device_env:                     # shape symbols: long long in the kernel
+                device_env[name] = np.int64(host_env[name])
+        with np.errstate(all="ignore"):
+            _Blocks(k, tensors, device_env).run(grid)
+        for name in call.writes:
+            if tensors[name].writeback is not None:
+                tensors[name].writeback()
+        return None
+
+
+def run(k: ir.Kernel, args, grid=None):
+    """Run lowered kernel IR `k` on `args` over `grid` (x, y, z; by default the
+    kernel's grid for these arguments) with no launch checks: for IR built by
+    hand, and for numpy views taken as they are (strided, offset), as tests do."""
+    tensors, env = {}, {}
+    for p, a in zip(k.params, args):
+        if isinstance(p, ir.TensorParam):
+            tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
+            for d, e in enumerate(p.shape):
+                if isinstance(e, ir.Var):
+                    env.setdefault(e.name, np.int64(tensors[p.name].shape[d]))
+        else:
+            env[p.name] = _scalar_value(a, p.dtype)
+    if grid is None:
+        host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.int64)}
+        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
+    with np.errstate(all="ignore"):
+        _Blocks(k, tensors, env).run(grid)
