@@ -1123,8 +1123,29 @@ def test_gpu_gemm_from_cpp_equals_python(tmp_path):
 
 @pytest.mark.gpu
 @needs_cxx
+def test_gpu_bad_argument_from_cpp(tmp_path):
+    """On the real driver: a bad argument gets its code and the Python wrapper's
+    message, and nothing runs (the output's padding and inside keep the sentinel)."""
+    from guard import guarded
+    d = tmp_path / "export"
+    k = compile_kernel("copy2d")
+    tilec_export.generate(k).write(d)
+    exe = build_gpu_main(d, k.kernel_ir, tmp_path)
+    a = np.ones((100, 1000), np.float32)
+    g = guarded((100, 999), "f32", like="numpy")
+    before = g.buffer.copy()
+    inputs = [_Placed(tmp_path / "A.bin", a, a), _Placed(tmp_path / "B.bin", g.buffer, g.view)]
+    p = run_gpu_main(exe, k.kernel_ir, [x.arg() for x in inputs], tmp_path)
+    assert "rc=1\nerr=argument B: dim 1 is 999 but N = 1000 (from A dim 1)\n" in p.stdout, p.stdout
+    inputs[1].read_back()
+    assert np.array_equal(g.buffer.view(np.uint32), before.view(np.uint32))
+
+
+@pytest.mark.gpu
+@needs_cxx
 def test_gpu_readme_deploy_example(tmp_path):
-    """The README's three lines as they are, with an app.cc that copies a tensor."""
+    """The README's three lines as they are, with an app.cc that copies a tensor
+    into a view inside a sentinel-filled buffer."""
     (tmp_path / "app.cc").write_text(APP)
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     for line in readme_block():
@@ -1139,6 +1160,8 @@ APP = r"""
 #include <cstdio>
 #include <vector>
 
+// B is a [100, 1000] view at row 1, column 4 of a [102, 1008] buffer of -7777:
+// the kernel must write the view and nothing around it.
 int main() {
   cuInit(0);
   CUdevice dev;
@@ -1146,18 +1169,26 @@ int main() {
   cuDeviceGet(&dev, 0);
   cuDevicePrimaryCtxRetain(&ctx, dev);
   cuCtxSetCurrent(ctx);
-  const int64_t shape[2] = {100, 1000}, strides[2] = {1000, 1};
-  std::vector<float> host(100 * 1000), back(100 * 1000);
-  for (size_t i = 0; i < host.size(); ++i) host[i] = float(i % 977) - 3.5f;
+  const int64_t shape[2] = {100, 1000}, a_strides[2] = {1000, 1}, b_strides[2] = {1008, 1};
+  std::vector<float> a_host(100 * 1000), b_host(102 * 1008, -7777.0f), back(102 * 1008);
+  for (size_t i = 0; i < a_host.size(); ++i) a_host[i] = float(i % 977) - 3.5f;
   CUdeviceptr a, b;
-  cuMemAlloc(&a, host.size() * 4);
-  cuMemAlloc(&b, host.size() * 4);
-  cuMemcpyHtoD(a, host.data(), host.size() * 4);
+  cuMemAlloc(&a, a_host.size() * 4);
+  cuMemAlloc(&b, b_host.size() * 4);
+  cuMemcpyHtoD(a, a_host.data(), a_host.size() * 4);
+  cuMemcpyHtoD(b, b_host.data(), b_host.size() * 4);
   char err[256];
-  int rc = tilec_copy2d(0, a, shape, strides, b, shape, strides, err, sizeof err);
+  int rc = tilec_copy2d(0, a, shape, a_strides, b + (1008 + 4) * 4, shape, b_strides, err, sizeof err);
   if (rc != TILEC_OK) { printf("error %d: %s\n", rc, err); return 1; }
   cuMemcpyDtoH(back.data(), b, back.size() * 4);
-  printf(back == host ? "ok\n" : "wrong\n");
+  int wrong = 0;
+  for (int r = 0; r < 102; ++r)
+    for (int c = 0; c < 1008; ++c) {
+      const bool inside = r >= 1 && r <= 100 && c >= 4 && c < 1004;
+      const float want = inside ? a_host[(r - 1) * 1000 + (c - 4)] : -7777.0f;
+      wrong += back[r * 1008 + c] != want;
+    }
+  printf(wrong ? "%d wrong\n" : "ok\n", wrong);
   return 0;
 }
 """
