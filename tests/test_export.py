@@ -70,7 +70,26 @@ kernel plain(X: f32[N], Y: f32[N]) {
     copy(r, Y[bx * 256]);
 }
 """
-PROGRAMS = {"weird": WEIRD, "plain": PLAIN}
+# Ranks 1 and 3: the driver's dummy stride of a rank-1 map, strides of extent-1 dims.
+COPY1 = """
+kernel copy1(A: f32[N], B: f32[N]) {
+    grid (bx) = (cdiv(N, 256));
+    threads 128;
+    shared s: f32[256];
+    copy(A[bx * 256], s);
+    copy(s, B[bx * 256]);
+}
+"""
+COPY3 = """
+kernel copy3(A: f32[D, M, N], B: f32[D, M, N]) {
+    grid (bx, by, bz) = (cdiv(N, 64), cdiv(M, 8), cdiv(D, 4));
+    threads 128;
+    shared s: f32[4, 8, 64];
+    copy(A[bz * 4, by * 8, bx * 64], s);
+    copy(s, B[bz * 4, by * 8, bx * 64]);
+}
+"""
+PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3}
 CXX = shutil.which("g++") or shutil.which("c++")
 CC = shutil.which("gcc") or shutil.which("cc")
 
@@ -770,6 +789,9 @@ GOOD = {
     "conv2d": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)), t(0x7f0000200000, (180, 128))],
     "weird": [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.375],
     "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
+    "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
+    # dim 1 of extent 1: its stride is free (TensorArg.tma_strides makes it legal)
+    "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
 
 
@@ -837,6 +859,9 @@ BAD = {
                          "require (N - 70) / 4 >= -1 failed (N = 65)"),
     "require scalar": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), -3, 1.0], 1,
                        "require M % 2 == 0 && n > -3 failed (M = 32, n = -3)"),
+    "innermost extent 1": ("copy3", [t(0x7f0000000000, (3, 5, 1), (5, 1, 7)), t(0x7f0000100000, (3, 5, 1))], 2,
+                           "argument A: dim 0 stride 20 bytes is not a multiple of 16 (TMA requires 16-byte "
+                           "aligned strides); row stride 4 bytes"),
     "plain bind": ("plain", [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (999,))], 1,
                    "argument Y: dim 0 is 999 but N = 1000 (from X dim 0)"),
     "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
