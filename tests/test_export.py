@@ -229,7 +229,6 @@ CHECK:        const CUresult r = cuTensorMapEncodeTiled(&map, m.dtype, m.rank, r
 CHECK-NOT:  cuTensorMapEncodeIm2col
 CHECK:      // {{.*}}examples/copy2d.tile:8: copy(A[by * BM, bx * BN], s);
 CHECK-NEXT: const TiledMap tmap_A_rule = {
-CHECK-NEXT:     "tmap_A",  // the map
 CHECK-NEXT:     "A",  // the tensor argument it describes
 CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,  // f32: data type, bytes
 CHECK-NEXT:     2,  // rank
@@ -251,7 +250,6 @@ CHECK:        tiled_problems(p, m.elsize, address, m.rank, shape, tma);
 CHECK:            p.add("spatial dim ", d + 1, ": the pixel box ", shape[d + 1], " - (", m.lower_corner[d], ") + (",
 CHECK:        const CUresult r = cuTensorMapEncodeIm2col(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
 CHECK:      const Im2colMap tmap_Xc_rule = {
-CHECK-NEXT:     "tmap_Xc",  // the map
 CHECK-NEXT:     "X",  // the tensor argument it describes
 CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,  // f16: data type, bytes
 CHECK-NEXT:     4,  // rank

@@ -189,7 +189,7 @@ def _map_decl(k: ir.Kernel, t: ir.TensorMap) -> _MapDecl:
         raise TilecError(f"tensor map {t.name} of {t.tensor} breaks TMA rules whatever the arguments: "
                          + "; ".join(problems), t.span)
     es = "{" + ", ".join(map(str, t.element_strides)) + "}"
-    head = [(_c_string(t.name), "the map"), (_c_string(t.tensor), "the tensor argument it describes"),
+    head = [(_c_string(t.tensor), "the tensor argument it describes"),
             (f"CU_TENSOR_MAP_DATA_TYPE_{p.dtype.tmap}, {p.dtype.size}", f"{p.dtype.name}: data type, bytes"),
             (str(len(p.shape)), "rank")]
     tail = [(SWIZZLE_ENUM[t.swizzle], "swizzle"), (L2_ENUM[t.l2_promotion], "L2 promotion")]
