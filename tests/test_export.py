@@ -16,6 +16,7 @@ data the test writes, against the Python launch of the same kernel, bit for bit,
 with every output a view inside a sentinel-filled buffer whose padding must
 stay intact."""
 import ctypes
+import inspect
 import os
 import re
 import shlex
@@ -728,23 +729,29 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
     monkeypatch.setattr(rt.Call, "tensor", tensor)
     monkeypatch.setattr(rt.Call, "launch", launch)
 
-    def wrapper(k):
+    def run(k, a, fallback):
+        """k's wrapper on arguments `a`: launch(call, *args), the Call made here as
+        tilec.kernel makes it (or, from wrappers that make their own Call,
+        launch(loaded, *args, fallback=))."""
         namespace = {}
         exec(compile(k.host_source, f"<{k.name} host wrapper>", "exec"), namespace)
-        return namespace["launch"]
+        launch = namespace["launch"]
+        if "call" in inspect.signature(launch).parameters:
+            return launch(rt.Call(k.name, None, None, namespace["WRITES"], None, fallback), *a)
+        return launch(None, *a, fallback=fallback)
 
     variants = {}
 
     def run_fallback(*a, stream=None):
         variants["ran"] = kernel.fallback
-        return wrapper(kernel.fallback)(None, *a, stream=stream, fallback=None)
+        return run(kernel.fallback, a, None)
 
     del calls[:]
     monkeypatch.setattr(tensormap, "CACHE", tensormap.TensorMapCache())     # every map encoded afresh
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
-            launched = wrapper(kernel)(None, *args, fallback=run_fallback if fallback else None)
+            launched = run(kernel, args, run_fallback if fallback else None)
     except LaunchError as err:
         return "error", err.message
     ran = variants.get("ran", kernel)
