@@ -208,14 +208,13 @@ def _map_decl(k: ir.Kernel, t: ir.TensorMap) -> _MapDecl:
     return _MapDecl(t.name, t.kind, _source_comment(t.span, ""), fields)
 
 
-def _param_refs(k: ir.Kernel, maps: set) -> list:
+def _param_refs(k: ir.Kernel) -> list:
     """The kernel's parameters (abi.kernel_params, its order) as the addresses
     cuLaunchKernel reads them from."""
     refs = []
     for p in kernel_params(k):
         if p.kind == "tensor_map":
             refs.append(f"&{p.name}")
-            maps.add(p.name)
         elif p.kind == "pointer":
             refs.append(f"param(&{p.tensor})")
         elif p.kind == "dim":
@@ -304,8 +303,7 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append(fail("TILEC_EARG", "grid [", ("v", "grid[0]"), ", ", ("v", "grid[1]"), ", ", ("v", "grid[2]"),
                       "] is over CUDA's limits (2^31-1, 65535, 65535)"))
 
-    maps_used = set()
-    params = _param_refs(k, maps_used)
+    params = _param_refs(k)
     fb = None
     if k.tensor_maps and fallback:
         fb = kernel.fallback
@@ -323,7 +321,7 @@ def generate(kernel, fallback: bool = True) -> Export:
                     f"{t.tensor}_strides, why);")
             lines.append(f"  int rc = {call}" if i == 0 else f"  if (rc == TILEC_OK) rc = {call}")
         if fb is not None:
-            fb_params = _param_refs(fb.kernel_ir, set())
+            fb_params = _param_refs(fb.kernel_ir)
             lines.append("  if (rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
             lines += _wrap("    void* thread_copy_params[] = {", fb_params or ["nullptr"], "};")
             lines.append(f"    return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,")
@@ -336,7 +334,8 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, err, "
                  "err_len, \"\");")
 
-    names = ex.names | {p[len("param(&"):-1] for p in params + (fb_params if fb else []) if p.startswith("param(&")}
+    launched = kernel_params(k) + (kernel_params(fb.kernel_ir) if fb else [])
+    names = ex.names | {p.name for p in launched if p.kind == "symbol"}
     bindings = [binding[n] for n in bound if n in names]
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
