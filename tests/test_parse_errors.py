@@ -84,7 +84,7 @@ kernel k(A: f32[M, N], B: f32[M, N]) {
     copyy(A[by * 64, bx * 128], s);
 }
 """, """\
-t.tile:5:5: error: unknown statement 'copyy' (expected copy, fill or gemm)
+t.tile:5:5: error: unknown statement 'copyy' (expected copy, fill, gemm or reduce)
     copyy(A[by * 64, bx * 128], s);
     ^~~~~""", id="unknown-statement"),
 
@@ -473,6 +473,141 @@ kernel k(A: f32[M, N], B: f32[M, N]) {
 t.tile:6:9: error: copy cannot appear inside a parallel body
         copy(A[0, 0], s);
         ^~~~~~~~~~~~~~~~~""", id="copy-inside-parallel"),
+
+    # ------------------------------------------------------------ reduce
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64];
+    reduce(s, r, axis = 2, op = sum);
+}
+""", """\
+t.tile:6:25: error: reduce's axis must be the literal 0 (reduce each column) or 1 (reduce each row)
+    reduce(s, r, axis = 2, op = sum);
+                        ^""", id="reduce-axis"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64];
+    reduce(s, r, axis = 1, op = mean);
+}
+""", """\
+t.tile:6:33: error: reduce's op must be sum or max
+    reduce(s, r, axis = 1, op = mean);
+                                ^~~~""", id="reduce-op"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64];
+    reduce(s, r, axis = 1, op = sum, keep = 1);
+}
+""", """\
+t.tile:6:45: error: reduce has no argument 'keep'
+    reduce(s, r, axis = 1, op = sum, keep = 1);
+                                            ^""", id="reduce-unknown-keyword"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64];
+    reduce(s, r, op = max);
+}
+""", """\
+t.tile:6:5: error: reduce needs the axis of s it reduces: axis = 0 (each column) or axis = 1 (each \
+row)
+    reduce(s, r, op = max);
+    ^~~~~~~~~~~~~~~~~~~~~~~""", id="reduce-no-axis"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    local r: f32[64, 128];
+    reduce(r, s, axis = 1, op = sum);
+}
+""", """\
+t.tile:6:12: error: reduce reads a shared tile; 'r' is local (each thread holds only some of its \
+elements): copy it into a shared tile first
+    reduce(r, s, axis = 1, op = sum);
+           ^""", id="reduce-local-source"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared c: f32[4, 64, 128];
+    reduce(c, s, axis = 1, op = sum);
+}
+""", """\
+t.tile:6:12: error: reduce reduces a 2-D tile; 'c' has rank 3
+    reduce(c, s, axis = 1, op = sum);
+           ^""", id="reduce-source-rank"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64, 1];
+    reduce(s, r, axis = 1, op = sum);
+}
+""", """\
+t.tile:6:15: error: reduce writes a 1-D tile; 'r' has rank 2
+    reduce(s, r, axis = 1, op = sum);
+              ^""", id="reduce-result-rank"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    local acc: f32[64];
+    reduce(s, acc, axis = 0, op = max);
+}
+""", """\
+t.tile:6:15: error: reduce with axis = 0 gives one value per column of 's' (f32[64, 128]): 128 \
+values, but 'acc' is f32[64]
+    reduce(s, acc, axis = 0, op = max);
+              ^~~""", id="reduce-result-extent"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: i32[64];
+    reduce(s, r, axis = 1, op = sum);
+}
+""", """\
+t.tile:6:15: error: reduce: 's' is f32 and 'r' is i32; floats reduce into a float tile, integers \
+into an integer tile
+    reduce(s, r, axis = 1, op = sum);
+              ^""", id="reduce-float-into-integer"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 128];
+    shared r: f32[64];
+    reduce(A, r, axis = 1, op = sum);
+}
+""", """\
+t.tile:6:12: error: reduce needs a shared or local tile; 'A' is not one
+    reduce(A, r, axis = 1, op = sum);
+           ^""", id="reduce-tensor"),
 
     # ------------------------------------------------------------ not lowered yet, and im2col views
     pytest.param(SemanticError, """\

@@ -260,6 +260,8 @@ class _Printer:
                 return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind) + \
                     self.fence_fragments(ind, [b])
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
+        if isinstance(s, ir.Reduce):
+            return self.comment(s, ind) + self.reduce(s, ind)
         if isinstance(s, ir.ThreadCopy):
             return self.comment(s, ind) + self.thread_copy(s, ind)
         if isinstance(s, ir.StoreTail):
@@ -319,6 +321,37 @@ class _Printer:
             out.append(f"{ind}  }}")
         out.append(f"{ind}}}")
         return out
+
+    def reduce(self, s: ir.Reduce, ind) -> list:
+        """acc[i] = op over row i (axis 1) or column i (axis 0) of s: a thread loop
+        over acc's elements, each thread walking its row or column in order from
+        the first element. Floats reduce in float (double with an f64 side),
+        integer sums in unsigned long long (exact modulo 2^64, then wrapped to
+        acc's type), integer maxima in s's own type."""
+        src, acc = self.k.buffer(s.src), self.k.buffer(s.dst)
+        if src.dtype.is_float:
+            t = "double" if "f64" in (src.dtype.name, acc.dtype.name) else "float"
+        else:
+            t = "unsigned long long" if s.op == "sum" else ctype(src.dtype)
+
+        def at(k):
+            ref = self.element(src, [ir.Var("tl_i0"), k] if s.axis == 1 else [k, ir.Var("tl_i0")])
+            return ref if ctype(src.dtype) == t else f"static_cast<{t}>({ref})"
+
+        n = src.shape[s.axis]
+        what = "row" if s.axis == 1 else "column"
+        body = [f"  {t} tl_acc = {at(ir.Int(0))};  // the {s.op} of {what} tl_i0 of {src.name}"]
+        if n > 1:
+            value = at(ir.Var("tl_k"))
+            if s.op == "max":
+                self.uses_math = True
+                step = f"tl_max(tl_acc, {value})"
+            else:
+                step = f"tl_acc + {value}"
+            body += [f"  for (int tl_k = 1; tl_k < {n}; ++tl_k) {{", f"    tl_acc = {step};", "  }"]
+        result = "tl_acc" if ctype(acc.dtype) == t else convert(acc.dtype, "tl_acc")
+        body.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
+        return self.thread_loop(acc.shape, ["tl_i0"], body, ind)
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:
         names = [f"tl_i{d}" for d in range(len(s.shape))]

@@ -185,7 +185,7 @@ class _Builder(Transformer):
         fname = str(func)
         span = self._span(meta)
         pos, kws = self._split_args(args)
-        allowed_kws = {"gemm": {"transpose_b"}}.get(fname, set())
+        allowed_kws = {"gemm": {"transpose_b"}, "reduce": {"axis", "op"}}.get(fname, set())
         for k, v in kws:
             if k not in allowed_kws:
                 raise SemanticError(f"{fname} has no argument '{k}'", v.span)
@@ -202,8 +202,26 @@ class _Builder(Transformer):
                 raise SemanticError("transpose_b must be true or false", tb.span)
             a, b, acc = (self._tile_name(x, "gemm", w) for x, w in zip(pos, ("a", "b", "acc")))
             return ir.Gemm(a, b, acc, bool(tb.value), span=span)
-        raise SemanticError(f"unknown statement '{fname}' (expected copy, fill or gemm)",
+        if fname == "reduce":
+            return self._reduce(pos, dict(kws), span)
+        raise SemanticError(f"unknown statement '{fname}' (expected copy, fill, gemm or reduce)",
                             self._tok_span(func))
+
+    def _reduce(self, pos, kw, span):
+        """`reduce(s, acc, axis = 0 | 1, op = sum | max)`; tiles, ranks and extents are check-types'."""
+        self._need_args("reduce", pos, 2, span, ["s", "acc"])
+        src, dst = (self._tile_name(x, "reduce", w) for x, w in zip(pos, ("first argument", "second argument")))
+        if "axis" not in kw:
+            raise SemanticError("reduce needs the axis of s it reduces: axis = 0 (each column) or axis = 1 "
+                                "(each row)", span)
+        if "op" not in kw:
+            raise SemanticError("reduce needs its operation: op = sum or op = max", span)
+        axis, op = kw["axis"], kw["op"]
+        if not (isinstance(axis, ir.Int) and axis.value in (0, 1)):
+            raise SemanticError("reduce's axis must be the literal 0 (reduce each column) or 1 (reduce each row)", axis.span)
+        if not (isinstance(op, ir.Var) and op.name in ("sum", "max")):
+            raise SemanticError("reduce's op must be sum or max", op.span)
+        return ir.Reduce(src, dst, axis.value, op.name, src_span=pos[0].span, dst_span=pos[1].span, span=span)
 
     def for_stmt(self, meta, ch):
         var, kind, *rest = ch

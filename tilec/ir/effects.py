@@ -81,6 +81,11 @@ def _fill(k, s):
     return _effects((), {s.buffer}, (s.value,))
 
 
+@rule(ir.Reduce)
+def _reduce(k, s):
+    return _effects({s.src}, {s.dst})
+
+
 @rule(ir.Assign)
 def _assign(k, s):
     return _effects((), {s.buffer}, (s.value,) + tuple(s.indices))

@@ -64,6 +64,8 @@ def stmt(s, ind: str) -> list:
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
+    if isinstance(s, ir.Reduce):
+        return [f"{ind}reduce {s.src} -> {s.dst}, axis {s.axis}, op {s.op}{L}"]
     if isinstance(s, ir.Assign):
         return [f"{ind}{s.buffer}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}{L}"]
     if isinstance(s, ir.Parallel):

@@ -122,6 +122,10 @@ def _check_body(k, body, lanes):
                 raise SemanticError("gemm cannot appear inside a parallel body", s.span)
             for name in (s.a, s.b, s.acc):
                 _tile(k, name, s.span, "gemm")
+        elif isinstance(s, ir.Reduce):
+            if lanes is not None:
+                raise SemanticError("reduce cannot appear inside a parallel body", s.span)
+            _check_reduce(k, s)
         elif isinstance(s, ir.Parallel):
             if lanes is not None:
                 raise SemanticError("parallel bodies do not nest", s.span)
@@ -146,6 +150,31 @@ def _check_body(k, body, lanes):
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)
+
+
+def _check_reduce(k, s: ir.Reduce):
+    """A 2-D shared tile into a 1-D tile of the extent that is left; floats into
+    floats, integers into integers."""
+    src, dst = _tile(k, s.src, s.src_span, "reduce"), _tile(k, s.dst, s.dst_span, "reduce")
+    if src.scope != "shared":
+        raise SemanticError(f"reduce reads a shared tile; '{src.name}' is local (each thread holds only some of "
+                            "its elements): copy it into a shared tile first", s.src_span)
+    if len(src.shape) != 2:
+        raise SemanticError(f"reduce reduces a 2-D tile; '{src.name}' has rank {len(src.shape)}", s.src_span)
+    if len(dst.shape) != 1:
+        raise SemanticError(f"reduce writes a 1-D tile; '{dst.name}' has rank {len(dst.shape)}", s.dst_span)
+    left = src.shape[1 - s.axis]
+    if dst.shape[0] != left:
+        what = "row" if s.axis == 1 else "column"
+        raise SemanticError(f"reduce with axis = {s.axis} gives one value per {what} of '{src.name}' "
+                            f"({_decl(src)}): {left} values, but '{dst.name}' is {_decl(dst)}", s.dst_span)
+    if src.dtype.is_float != dst.dtype.is_float:
+        raise SemanticError(f"reduce: '{src.name}' is {src.dtype.name} and '{dst.name}' is {dst.dtype.name}; "
+                            "floats reduce into a float tile, integers into an integer tile", s.dst_span)
+
+
+def _decl(b: ir.Buffer) -> str:
+    return f"{b.dtype.name}[{', '.join(map(str, b.shape))}]"
 
 
 def _integer(k, e, what):

@@ -134,6 +134,9 @@ def _resolve_body(body, resolve, bound):
                     resolve(ir.Var(r.name, span=r.span), bound)
             elif isinstance(s, (ir.Fill, ir.Assign)):
                 resolve(ir.Var(s.buffer, span=s.span), bound)
+            elif isinstance(s, ir.Reduce):
+                resolve(ir.Var(s.src, span=s.src_span), bound)
+                resolve(ir.Var(s.dst, span=s.dst_span), bound)
         out.append(s)
     return tuple(out)
 

@@ -425,6 +425,25 @@ class _Blocks:
         b = self.buffers[s.buffer]
         self.set_tile(b, encode(self.ev(s.value, env, b.dtype.name == "f64"), b.dtype))
 
+    def reduce(self, s, env):
+        """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
+        (axis 0) of s, in order from the first element: floats in float (double
+        with an f64 side), so float sums round as the GPU's do; integer sums
+        modulo 2^64 (any order gives those bits), integer maxima in s's type;
+        then converted to acc's dtype as C++ assigns it."""
+        src, acc = self.buffers[s.src], self.buffers[s.dst]
+        x = np.moveaxis(decode(self.tile(src), src.dtype), s.axis, 0)   # x[k]: element k of every row / column
+        if src.dtype.is_float:
+            x = x.astype(F64 if "f64" in (src.dtype.name, acc.dtype.name) else F32)
+            total = x[0]
+            for v in x[1:]:
+                total = total + v if s.op == "sum" else np.where(total < v, v, total)   # tl_max
+        elif s.op == "sum":
+            total = np.add.reduce(x.astype(np.uint64), axis=0, dtype=np.uint64)
+        else:
+            total = np.maximum.reduce(x, axis=0)
+        self.set_tile(acc, encode(total, acc.dtype))
+
     def thread_copy(self, s, env):
         """codegen/cuda.py's thread_copy: every element of the tile, global sides
         bounds-checked (zero outside, writes outside dropped), and a dtype change
@@ -697,5 +716,5 @@ _STMT = {
     ir.BulkWait: _Blocks.nothing,
     ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,
     ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm, ir.MbarrierArrive: _Blocks.mbarrier_arrive,
-    ir.WgmmaWait: _Blocks.nothing,
+    ir.WgmmaWait: _Blocks.nothing, ir.Reduce: _Blocks.reduce,
 }
