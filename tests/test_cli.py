@@ -42,8 +42,8 @@ def test_emit_cuda_is_the_default():
 
 def test_emit_host():
     out = ok("emit", "examples/copy2d.tile", "--emit", "host")
-    assert "def launch(loaded, A, B" in out
-    assert 'call.tensor_map(arg_A, (64, 128), (1, 1), "none", "256B")' in out
+    assert "def launch(call, A, B):" in out
+    assert "tmap_A = call.cuTensorMapEncodeTiled(" in out and "boxDim=(128, 64)," in out
     compile(out, "host.py", "exec")     # it is Python
 
 

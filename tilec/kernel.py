@@ -61,7 +61,8 @@ class Kernel:
         self._smem_bytes = meta["smem_bytes"]
         namespace = {}
         exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
-        self._launch = namespace["launch"]
+        self._launch = namespace["launch"]          # launch(call, *args): the generated host wrapper
+        self._writes, self._debug_info = namespace["WRITES"], namespace.get("DEBUG")
 
     # ---- inspection
     @property
@@ -107,8 +108,13 @@ class Kernel:
                                             debug=self.debug)
         return self._fallback
 
+    def _call(self, stream, fallback):
+        """The runtime.host.Call through which the host wrapper makes one launch."""
+        return host.Call(self.name, self._module, stream, self._writes, self._debug_info, fallback)
+
     def _run_fallback(self, *args, stream=None):
-        return self.fallback._launch(self.fallback._module, *args, stream=stream, fallback=None)
+        fb = self.fallback
+        return fb._launch(fb._call(stream, None), *args)
 
     def __call__(self, *args, stream=None):
         key = host.torch_call_key(args) if stream is None else None
@@ -120,7 +126,7 @@ class Kernel:
         if _capturing():
             raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None
-        prepared = self._launch(self._module, *args, stream=stream, fallback=fb)
+        prepared = self._launch(self._call(stream, fb), *args)
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()

@@ -34,76 +34,86 @@ def py_expr(e, prec=0) -> str:
     raise TypeError(f"not a host expression: {e!r}")
 
 
+def _tuple(values) -> str:
+    """A tuple innermost first, as the driver takes it (the IR keeps outermost first)."""
+    return repr(tuple(reversed(values)))
+
+
+def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
+    """One tensor map's encode call: the driver's argument names and values."""
+    x = k.param(t.tensor)
+    where = f"line {t.span.line}" if t.span else "the kernel"
+    common = [("tensorDataType", f'"{x.dtype.tmap}"'), ("tensorRank", str(len(x.shape))),
+              ("globalAddress", f"arg_{x.name}.ptr")]
+    layout = [("interleave", '"NONE"'), ("swizzle", '"NONE"' if t.swizzle == "none" else f'"{t.swizzle}"'),
+              ("l2Promotion", '"NONE"' if t.l2_promotion == "none" else f'"L2_{t.l2_promotion}"'),
+              ("oobFill", '"NONE"')]
+    if t.kind == "im2col":
+        v = next(v for v in k.views if v.tensor == x.name)
+        return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeIm2col",
+                    comment=[f"{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
+                             f"per load (copies at {where})"],
+                    args=common + [("globalDim", f"arg_{x.name}.global_dims()"),
+                                   ("globalStrides", f"arg_{x.name}.global_strides()"),
+                                   ("pixelBoxLowerCorner", _tuple(t.lower_corner)),
+                                   ("pixelBoxUpperCorner", _tuple(t.upper_corner)),
+                                   ("channelsPerPixel", str(t.box[1])), ("pixelsPerColumn", str(t.box[0])),
+                                   ("elementStrides", _tuple(t.element_strides))] + layout)
+    box = ", ".join(map(str, t.box))
+    rows = ["its rows cut at their last whole 16-byte granule (TMA stores write whole granules;",
+            "the kernel's store tail writes the rest)"] if t.inner_rounded else []
+    dims = f"arg_{x.name}.global_dims(whole_granules=True)" if t.inner_rounded else f"arg_{x.name}.global_dims()"
+    return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeTiled",
+                comment=[f"{t.name}: {x.name} in boxes of [{box}] (copies at {where})" + ("," if rows else "")] + rows,
+                args=common + [("globalDim", dims), ("globalStrides", f"arg_{x.name}.global_strides()"),
+                               ("boxDim", _tuple(t.box)), ("elementStrides", _tuple(t.element_strides))] + layout)
+
+
+def _param(p) -> str:
+    """A non-map kernel parameter as the ctypes value the launch packs."""
+    if p.kind == "debug_record":
+        return "call.debug_record()"
+    if p.kind == "pointer":
+        return f"rt.pointer(arg_{p.tensor})"
+    if p.kind == "dim":
+        return f"rt.i64(arg_{p.tensor}.shape[{p.index}])"
+    if p.kind == "stride":
+        return f"rt.i64(arg_{p.tensor}.strides[{p.index}])"
+    if p.kind == "symbol":
+        return f"rt.i64({p.name})"
+    return f'rt.scalar_value({p.name}, "{p.dtype.name}")'
+
+
 def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
-    lines = []
+    arguments = []
     for p in k.params:
         if isinstance(p, ir.TensorParam):
-            lines.append(f'arg_{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
+            arguments.append(f'arg_{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
         else:
-            lines.append(f'call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
+            arguments.append(f'call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
     # shape symbols: bound by their first bare appearance, checked everywhere else
-    bound = {}
-    checks = []
+    binds, checks, bound = [], [], {}
     for t in k.tensors:
         for d, e in enumerate(t.shape):
             if isinstance(e, ir.Var) and e.name not in bound:
                 bound[e.name] = f"{t.name} dim {d}"
-                lines.append(f"{e.name} = arg_{t.name}.shape[{d}]")
+                binds.append(f"{e.name} = arg_{t.name}.shape[{d}]")
             elif isinstance(e, ir.Var):
                 checks.append(f'call.bind(arg_{t.name}, {d}, {e.name}, "{e.name}", "{bound[e.name]}")')
             else:
                 checks.append(f'call.expect(arg_{t.name}, {d}, {py_expr(e)}, "{tile_expr(e)}")')
-    lines += checks
     for r in k.requires:
-        names = sorted(free_names(r.cond))
-        values = "{" + ", ".join(f'"{n}": {n}' for n in names) + "}"
-        lines.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
-    grid = [py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
-    lines.append(f"grid = ({', '.join(grid)})")
-    lines.append("if 0 in grid:")
-    lines.append("    return call.nothing_to_do()  # an empty grid: no block to run")
-    maps, params = [], []
-    for p in kernel_params(k, debug):
-        if p.kind == "tensor_map" and k.tensor_map(p.name).kind == "im2col":
-            t = k.tensor_map(p.name)
-            maps.append(f'call.tensor_map_im2col(arg_{t.tensor}, {t.box[0]}, {t.box[1]}, {t.lower_corner}, '
-                        f'{t.upper_corner}, {t.element_strides}, "{t.swizzle}", "{t.l2_promotion}"),  # {t.name}')
-        elif p.kind == "tensor_map":
-            t = k.tensor_map(p.name)
-            rounded = ", inner_rounded=True" if t.inner_rounded else ""
-            note = f": ends at {t.tensor}'s last whole 16-byte granule" if t.inner_rounded else ""
-            maps.append(f'call.tensor_map(arg_{t.tensor}, {t.box}, {t.element_strides}, "{t.swizzle}", '
-                        f'"{t.l2_promotion}"{rounded}),  # {t.name}{note}')
-        elif p.kind == "debug_record":
-            params.append("call.debug_record(),")
-        elif p.kind == "pointer":
-            params.append(f"rt.pointer(arg_{p.tensor}),")
-        elif p.kind == "dim":
-            params.append(f"rt.i64(arg_{p.tensor}.shape[{p.index}]),")
-        elif p.kind == "stride":
-            params.append(f"rt.i64(arg_{p.tensor}.strides[{p.index}]),")
-        elif p.kind == "symbol":
-            params.append(f"rt.i64({p.name}),")
-        else:
-            params.append(f'rt.scalar_value({p.name}, "{p.dtype.name}"),')
-    if maps:
-        # An argument TMA cannot describe (e.g. rows not 16-byte aligned) runs the
-        # thread-copy variant of the kernel, or raises with the rule it breaks.
-        lines.append("try:")
-        lines.append("    tensor_maps = [")
-        lines += ["        " + x for x in maps]
-        lines.append("    ]")
-        lines.append("except rt.TmaRuleError as err:")
-        lines.append(f"    return call.fall_back(err, fallback, {', '.join(p.name for p in k.params)})")
-        params.insert(0, "*tensor_maps,")
-    lines.append("return call.launch(grid, THREADS, DYNAMIC_SMEM_BYTES, [")
-    lines += ["    " + x for x in params]
-    lines.append("])")
+        values = "{" + ", ".join(f'"{n}": {n}' for n in sorted(free_names(r.cond))) + "}"
+        checks.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
+    params = kernel_params(k, debug)
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
                                                     if isinstance(p, ir.TensorParam) else "")
                     for p in k.params)
     return _env().get_template("host.py.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, threads=k.threads.value,
         smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc, debug=debug and bool(k.barriers),
-        barrier_names=tuple(b.name for b in k.barriers),
-        signature=", ".join(p.name for p in k.params), lines=lines)
+        barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
+        arguments=arguments, binds=binds, checks=checks,
+        grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
+        maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"],
+        params=[p.name if p.kind == "tensor_map" else _param(p) for p in params])

@@ -11,7 +11,7 @@ from ..errors import DeviceError, LaunchError
 from ..ir.nodes import DTYPES
 from . import driver
 from .driver import check
-from .tensormap import TmaRuleError, encode_im2col, encode_tiled, whole_granules
+from .tensormap import TmaRuleError, check_im2col, check_tiled, encode_im2col, encode_tiled
 
 __all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value"]
 _WARNED = set()
@@ -58,6 +58,31 @@ class TensorArg:
     def __init__(self, name, ptr, shape, strides, dtype, device, stream=None, host=None, keep=None):
         self.name, self.ptr, self.shape, self.strides = name, ptr, shape, strides
         self.dtype, self.device, self.stream, self.host, self.keep = dtype, device, stream, host, keep
+
+    def global_dims(self, whole_granules=False):
+        """cuTensorMapEncode*'s globalDim: the dims, innermost first. whole_granules:
+        the innermost rounded down to whole 16-byte granules, for a store map: a
+        TMA store writes every granule its box touches inside the map, so a map
+        ending mid-granule would write past the tensor (tma-reference.md §6); the
+        kernel's store tail writes the rest of each row."""
+        dims = tuple(reversed(self.shape))
+        if whole_granules and dims:
+            size = DTYPES[self.dtype].size
+            per = max(1, 16 // size)
+            if dims[0] < per:
+                raise TmaRuleError(f"argument {self.name}: its rows are {dims[0]} x {size} bytes, less than the "
+                                   "16-byte granule a TMA store writes")
+            dims = (dims[0] // per * per,) + dims[1:]
+        return dims
+
+    def global_strides(self):
+        """globalStrides: the byte strides of dims 1.., innermost first. A rank-1
+        map has none, but the driver rejects an empty array (seen on the H100):
+        one it ignores."""
+        size = DTYPES[self.dtype].size
+        if len(self.shape) == 1:
+            return (cdiv(self.shape[0] * size, 16) * 16,)
+        return tuple(s * size for s in reversed(self.tma_strides()[:-1]))
 
     def tma_strides(self):
         """Strides for a tensor map: a dim of extent 1 is never stepped over, so
@@ -120,9 +145,13 @@ def torch_call_key(args):
 
 
 class Call:
-    """The state of one launch: its arguments, device, stream, and host copies."""
+    """The state of one launch: its arguments, device, stream, and host copies.
+    A generated host wrapper's `launch(call, *args)` reads, checks, encodes and
+    launches through it. `fallback`: what runs the kernel's thread-copy variant
+    on the same arguments when a TMA rule rules a map out (None: raise)."""
 
-    def __init__(self, kernel_name, loaded, stream, writes, debug=None):
+    def __init__(self, kernel_name, loaded, stream, writes, debug=None, fallback=None):
+        self.fallback = fallback
         self.debug = debug          # debug build: (barrier names, source name), else None
         self.record = None
         self.kernel_name = kernel_name
@@ -239,15 +268,36 @@ class Call:
         return value
 
     # ------------------------------------------------------------ kernel parameters
-    def tensor_map(self, arg, box, element_strides, swizzle, l2_promotion, inner_rounded=False):
-        """inner_rounded: a store map, whose innermost dim ends at the tensor's last
-        whole 16-byte granule (TMA stores write whole granules; threads write the rest)."""
+    def cuTensorMapEncodeTiled(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
+                               boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill):
+        """A tiled tensor map of `arg`: every TMA rule checked first (a TmaRuleError
+        naming the argument and the rule), then the driver's encode, cached.
+        Tuples innermost first, enums by the suffix of their CU_TENSOR_MAP_* name."""
+        self._not_empty(arg)
+        check_tiled(arg, globalDim, boxDim, elementStrides, swizzle)
+        m = encode_tiled(arg.name, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, boxDim,
+                         elementStrides, interleave, swizzle, l2Promotion, oobFill)
+        self.keep.append(m)
+        return m
+
+    def cuTensorMapEncodeIm2col(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
+                                pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
+                                elementStrides, interleave, swizzle, l2Promotion, oobFill):
+        """An im2col tensor map of channels-last `arg`, its rules checked first."""
+        self._not_empty(arg)
+        check_im2col(arg, pixelsPerColumn, channelsPerPixel, tuple(reversed(pixelBoxLowerCorner)),
+                     tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)))
+        m = encode_im2col(arg.name, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
+                          pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
+                          elementStrides, interleave, swizzle, l2Promotion, oobFill)
+        self.keep.append(m)
+        return m
+
+    @staticmethod
+    def _not_empty(arg):
         if 0 in arg.shape:
             raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
                               "a TMA tensor map cannot describe an empty tensor")
-        m = encode_tiled(whole_granules(arg) if inner_rounded else arg, box, element_strides, swizzle, l2_promotion)
-        self.keep.append(m)
-        return m
 
     def debug_record(self):
         host_ptr, dev_ptr = self.loaded(self.device or 0).debug_record()
@@ -271,12 +321,12 @@ class Call:
         self.keep = [k for k in self.keep if isinstance(k, int)]
         self._finish()
 
-    def fall_back(self, err, fallback, *args):
+    def fall_back(self, err, *args):
         """Run the thread-copy variant instead (numpy copies are redone by it)."""
         self.keep = [k for k in self.keep if isinstance(k, int)]
         self.args = [a for a in self.args if a.host is None]
         self._finish()
-        if fallback is None:
+        if self.fallback is None:
             raise err
         if (self.kernel_name, err.message) not in _WARNED:
             _WARNED.add((self.kernel_name, err.message))
@@ -286,23 +336,12 @@ class Call:
                 f"{err.message}: TMA cannot copy it, so kernel {self.kernel_name} runs its thread-copy "
                 "variant (correct, slower); pass fallback=False to tilec.compile to get an error instead"),
                 stacklevel=4)
-        return fallback(*args, stream=self.stream_arg)
-
-    def tensor_map_im2col(self, arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides,
-                          swizzle, l2_promotion):
-        if 0 in arg.shape:
-            raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
-                              "a TMA tensor map cannot describe an empty tensor")
-        m = encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, swizzle,
-                          l2_promotion)
-        self.keep.append(m)
-        return m
+        return self.fallback(*args, stream=self.stream_arg)
 
     def launch(self, grid, threads, smem_bytes, params):
         """`params`: ctypes values and encoded tensor maps, in the kernel's order."""
         try:
-            if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
-                raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
+            check_grid(grid)
             dev = self.device or 0
             loaded = self.loaded(dev)
             driver.make_current(dev)
@@ -335,6 +374,11 @@ class Call:
         for k in self.keep:
             if isinstance(k, int):
                 cu.cuMemFree(k)
+
+
+def check_grid(grid):
+    if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+        raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
 
 
 def pointer(arg):

@@ -19,7 +19,6 @@ class TmaRuleError(LaunchError):
     """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead."""
 
 
-
 def tiled_problems(dtype_size, address, shape, strides, box, element_strides, swizzle="none"):
     """Every TMA rule a tiled map breaks, as messages (empty: legal).
     shape/strides/box/element_strides are outermost first, strides in elements."""
@@ -89,73 +88,45 @@ class TensorMapCache:
 CACHE = TensorMapCache()
 
 
-def _dtype_enum(cu, dtype):
-    return getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype.tmap}")
+def _outermost_first(t):
+    return tuple(reversed(t))
 
 
-def _layout_enums(cu, swizzle, l2_promotion):
-    """interleave, swizzle, L2 promotion, OOB fill: the trailing arguments of both encoders."""
-    return (cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(cu.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_" + swizzle.upper()),
-            getattr(cu.CUtensorMapL2promotion, "CU_TENSOR_MAP_L2_PROMOTION_" +
-                    ("NONE" if l2_promotion == "none" else "L2_" + l2_promotion.upper())),
-            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-
-
-def _global_strides(cu, dtype, shape, strides):
-    """Byte strides of dims 1..rank-1, innermost first. A rank-1 map has none, but
-    the driver rejects an empty array (seen on the H100): pass one it ignores."""
-    if len(shape) == 1:
-        return [cu.cuuint64_t(-(-shape[0] * dtype.size // 16) * 16)]
-    return [cu.cuuint64_t(s * dtype.size) for s in reversed(strides[:-1])]
-
-
-def check_tiled(arg, box, element_strides, swizzle):
-    """Raise TmaRuleError naming every rule a tiled map of `arg` would break
-    (also what the CPU interpreter checks, to fall back exactly when the GPU would)."""
-    problems = tiled_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), box,
-                              element_strides, swizzle)
+def check_tiled(arg, global_dim, box_dim, element_strides, swizzle):
+    """Raise TmaRuleError naming every rule a tiled map of `arg` with these driver
+    arguments (innermost first) would break; the launch and the CPU interpreter
+    both ask, so they fall back exactly alike."""
+    problems = tiled_problems(DTYPES[arg.dtype].size, arg.ptr, _outermost_first(global_dim), arg.tma_strides(),
+                              _outermost_first(box_dim), _outermost_first(element_strides),
+                              "none" if swizzle == "NONE" else swizzle)
     if problems:
         raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
 
 
-def whole_granules(arg):
-    """`arg` as a TMA store map sees it: its innermost dim rounded down to whole
-    16-byte granules. A tiled TMA store writes every granule its box touches
-    inside the map, so a map ending mid-granule would write past the tensor
-    (tma-reference.md §6); the store's StoreTail writes the columns past it."""
-    per = max(1, 16 // DTYPES[arg.dtype].size)
-    inner = arg.shape[-1] // per * per
-    if inner == arg.shape[-1]:
-        return arg
-    if inner == 0:
-        raise TmaRuleError(f"argument {arg.name}: its rows are {arg.shape[-1]} x {DTYPES[arg.dtype].size} bytes, "
-                           "less than the 16-byte granule a TMA store writes")
-    return type(arg)(arg.name, arg.ptr, arg.shape[:-1] + (inner,), arg.strides, arg.dtype, arg.device)
+def _enum(cu, kind, value):
+    """The driver's CU_TENSOR_MAP_<kind>_<value> (a host wrapper passes the suffix)."""
+    enum_type = {"DATA_TYPE": cu.CUtensorMapDataType, "INTERLEAVE": cu.CUtensorMapInterleave,
+                 "SWIZZLE": cu.CUtensorMapSwizzle, "L2_PROMOTION": cu.CUtensorMapL2promotion,
+                 "FLOAT_OOB_FILL": cu.CUtensorMapFloatOOBfill}[kind]
+    return getattr(enum_type, f"CU_TENSOR_MAP_{kind}_{value}")
 
 
-def encode_tiled(arg, box, element_strides, swizzle, l2_promotion):
-    """The tensor map of tensor argument `arg` (a runtime.host.TensorArg)."""
-    key = (arg.dtype, arg.ptr, arg.shape, arg.strides, box, element_strides, swizzle, l2_promotion)
+def encode_tiled(arg_name, data_type, rank, address, global_dim, global_strides, box_dim, element_strides,
+                 interleave, swizzle, l2_promotion, oob_fill):
+    """cuTensorMapEncodeTiled with these arguments (rules already checked), cached."""
+    key = ("tiled", data_type, rank, address, global_dim, global_strides, box_dim, element_strides, interleave,
+           swizzle, l2_promotion, oob_fill)
     m = CACHE.get(key)
-    if m is not None:
-        return m
-    arg_name, dtype, address, shape = arg.name, DTYPES[arg.dtype], arg.ptr, arg.shape
-    strides = arg.tma_strides()
-    check_tiled(arg, box, element_strides, swizzle)
-    from cuda.bindings import driver as cu
-    rank = len(shape)
-    m = check(cu.cuTensorMapEncodeTiled(
-        _dtype_enum(cu, dtype), rank, address,
-        [cu.cuuint64_t(n) for n in reversed(shape)],
-        _global_strides(cu, dtype, shape, strides),
-        [cu.cuuint32_t(b) for b in reversed(box)],
-        [cu.cuuint32_t(e) for e in reversed(element_strides)],
-        *_layout_enums(cu, swizzle, l2_promotion)), f"argument {arg_name}: cuTensorMapEncodeTiled")
-    CACHE.put(key, m)
+    if m is None:
+        from cuda.bindings import driver as cu
+        m = check(cu.cuTensorMapEncodeTiled(
+            _enum(cu, "DATA_TYPE", data_type), rank, address, [cu.cuuint64_t(n) for n in global_dim],
+            [cu.cuuint64_t(n) for n in global_strides], [cu.cuuint32_t(b) for b in box_dim],
+            [cu.cuuint32_t(e) for e in element_strides], _enum(cu, "INTERLEAVE", interleave),
+            _enum(cu, "SWIZZLE", swizzle), _enum(cu, "L2_PROMOTION", l2_promotion),
+            _enum(cu, "FLOAT_OOB_FILL", oob_fill)), f"argument {arg_name}: cuTensorMapEncodeTiled")
+        CACHE.put(key, m)
     return m
-
-
 
 
 def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_per_pixel, pixels_per_column,
@@ -203,24 +174,21 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
         raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
 
 
-def encode_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, swizzle,
-                  l2_promotion):
-    """The im2col tensor map of channels-last tensor argument `arg`."""
-    key = (arg.dtype, arg.ptr, arg.shape, arg.strides, "im2col", pixels_per_column, channels_per_pixel, lower,
-           upper, element_strides, swizzle, l2_promotion)
+def encode_im2col(arg_name, data_type, rank, address, global_dim, global_strides, lower_corner, upper_corner,
+                  channels_per_pixel, pixels_per_column, element_strides, interleave, swizzle, l2_promotion,
+                  oob_fill):
+    """cuTensorMapEncodeIm2col with these arguments (rules already checked), cached."""
+    key = ("im2col", data_type, rank, address, global_dim, global_strides, lower_corner, upper_corner,
+           channels_per_pixel, pixels_per_column, element_strides, interleave, swizzle, l2_promotion, oob_fill)
     m = CACHE.get(key)
-    if m is not None:
-        return m
-    dtype = DTYPES[arg.dtype]
-    strides = arg.tma_strides()
-    check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides)
-    from cuda.bindings import driver as cu
-    m = check(cu.cuTensorMapEncodeIm2col(
-        _dtype_enum(cu, dtype), len(arg.shape), arg.ptr,
-        [cu.cuuint64_t(n) for n in reversed(arg.shape)],
-        _global_strides(cu, dtype, arg.shape, strides),
-        list(reversed(lower)), list(reversed(upper)), channels_per_pixel, pixels_per_column,
-        [cu.cuuint32_t(e) for e in reversed(element_strides)],
-        *_layout_enums(cu, swizzle, l2_promotion)), f"argument {arg.name}: cuTensorMapEncodeIm2col")
-    CACHE.put(key, m)
+    if m is None:
+        from cuda.bindings import driver as cu
+        m = check(cu.cuTensorMapEncodeIm2col(
+            _enum(cu, "DATA_TYPE", data_type), rank, address, [cu.cuuint64_t(n) for n in global_dim],
+            [cu.cuuint64_t(n) for n in global_strides], list(lower_corner), list(upper_corner),
+            channels_per_pixel, pixels_per_column, [cu.cuuint32_t(e) for e in element_strides],
+            _enum(cu, "INTERLEAVE", interleave), _enum(cu, "SWIZZLE", swizzle),
+            _enum(cu, "L2_PROMOTION", l2_promotion), _enum(cu, "FLOAT_OOB_FILL", oob_fill)),
+            f"argument {arg_name}: cuTensorMapEncodeIm2col")
+        CACHE.put(key, m)
     return m

@@ -34,13 +34,11 @@ import os
 import numpy as np
 
 from ...compiler import load_source, lower
-from ...errors import LaunchError
 from ...ir import nodes as ir
-from ...ir.exprs import free_names
-from ...ir.printer import expr as tile_expr
+from ...ir.effects import written_tensors
 from ...passes import PASS_NAMES
 from .. import host
-from ..tensormap import TmaRuleError, check_im2col, check_tiled, whole_granules
+from ..tensormap import check_im2col, check_tiled
 from .args import _scalar_value, _tensor
 from .blocks import InterpretError, _Blocks
 from .numbers import decode, encode
@@ -115,75 +113,84 @@ class InterpretedKernel:
         return self._fallback
 
     def _run_fallback(self, *args, stream=None):
-        return self.fallback._run(args, None)
+        fb = self.fallback
+        return fb._launch(InterpretCall(fb.kernel_ir, None), *args)
 
     def __call__(self, *args, stream=None):
-        return self._run(args, self._run_fallback if self._fallback_allowed else None)
+        k = self.kernel_ir
+        if len(args) != len(k.params):
+            raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
+                            f"({', '.join(p.name for p in k.params)}), got {len(args)}")
+        return self._launch(InterpretCall(k, self._run_fallback if self._fallback_allowed else None), *args)
 
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
         variant = ", thread-copy variant" if not self._tma else ""
         return f"<tilec.InterpretedKernel {self.name}({consts}) on the CPU{variant}>"
 
-    # ---- a launch, as the host wrapper does it (codegen/host.py), then the blocks
-    def _run(self, args, fallback):
-        k = self.kernel_ir
-        if len(args) != len(k.params):
-            raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
-                            f"({', '.join(p.name for p in k.params)}), got {len(args)}")
-        from ...codegen.host import written_tensors
-        call = host.Call(k.name, None, None, written_tensors(k))
-        tensors, host_env, device_env = {}, {}, {}
-        for p, a in zip(k.params, args):
-            if isinstance(p, ir.TensorParam):
-                tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
-            else:
-                host_env[p.name] = call.scalar(a, p.name, p.dtype.name)
-                device_env[p.name] = _scalar_value(a, p.dtype)
-        bound = {}
-        for t in k.tensors:
-            arg = tensors[t.name]
-            for d, e in enumerate(t.shape):
-                if isinstance(e, ir.Var) and e.name not in bound:
-                    bound[e.name] = f"{t.name} dim {d}"
-                    host_env[e.name] = arg.shape[d]
-        for t in k.tensors:
-            arg = tensors[t.name]
-            for d, e in enumerate(t.shape):
-                if isinstance(e, ir.Var) and bound[e.name] != f"{t.name} dim {d}":
-                    call.bind(arg, d, host_env[e.name], e.name, bound[e.name])
-                elif not isinstance(e, ir.Var):
-                    call.expect(arg, d, _host_eval(e, host_env), tile_expr(e))
-        for r in k.requires:
-            values = {n: host_env[n] for n in sorted(free_names(r.cond))}
-            call.require(_host_eval(r.cond, host_env), r.text, values)
-        grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
-        if 0 in grid:
-            return None
-        try:
-            for tm in k.tensor_maps:
-                arg = tensors[tm.tensor]
-                if 0 in arg.shape:
-                    raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
-                                      "a TMA tensor map cannot describe an empty tensor")
-                if tm.kind == "im2col":
-                    check_im2col(arg.tma_arg(), tm.box[0], tm.box[1], tm.lower_corner, tm.upper_corner,
-                                 tm.element_strides)
-                else:
-                    tma_arg = whole_granules(arg.tma_arg()) if tm.inner_rounded else arg.tma_arg()
-                    check_tiled(tma_arg, tm.box, tm.element_strides, tm.swizzle)
-        except TmaRuleError as err:
-            return call.fall_back(err, fallback, *args)
-        if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
-            raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
-        for name in host_env:
-            if name not in device_env:                     # shape symbols: long long in the kernel
-                device_env[name] = np.int64(host_env[name])
+    # ---- a launch: the kernel's own host wrapper, with a Call that runs the blocks
+    @functools.cached_property
+    def host_source(self) -> str:
+        """The host wrapper the GPU backend would run: the interpreter runs it too."""
+        from ...codegen import host as host_codegen
+        return host_codegen.generate(self.kernel_ir, self.source.name)
+
+    @functools.cached_property
+    def _launch(self):
+        namespace = {}
+        exec(compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
+        return namespace["launch"]
+
+
+class InterpretCall(host.Call):
+    """What the host wrapper calls when the interpreter launches: the same binds,
+    requires, TMA rules (and fallback) and grid as on the GPU, with arguments
+    read as numpy views, tensor maps checked but not encoded, and the launch
+    running the kernel's blocks on the CPU."""
+
+    def __init__(self, k: ir.Kernel, fallback):
+        super().__init__(k.name, None, None, written_tensors(k), fallback=fallback)
+        self.k = k
+        self.tensors, self.scalars = {}, {}
+
+    def tensor(self, obj, name, dtype, rank):
+        t = _tensor(obj, name, dtype, rank)
+        self.tensors[name] = t
+        return t.tma_arg()
+
+    def scalar(self, value, name, dtype):
+        super().scalar(value, name, dtype)
+        self.scalars[name] = _scalar_value(value, ir.DTYPES[dtype])
+        return value
+
+    def cuTensorMapEncodeTiled(self, arg, *, globalDim, boxDim, elementStrides, swizzle, **driver_args):
+        self._not_empty(arg)
+        check_tiled(arg, globalDim, boxDim, elementStrides, swizzle)
+
+    def cuTensorMapEncodeIm2col(self, arg, *, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel,
+                                pixelsPerColumn, elementStrides, **driver_args):
+        self._not_empty(arg)
+        check_im2col(arg, pixelsPerColumn, channelsPerPixel, tuple(reversed(pixelBoxLowerCorner)),
+                     tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)))
+
+    def nothing_to_do(self):
+        return None
+
+    def _finish(self):
+        pass
+
+    def launch(self, grid, threads, smem_bytes, params):
+        host.check_grid(grid)
+        env = dict(self.scalars)
+        for p in self.k.tensors:                # shape symbols: long long in the kernel
+            for d, e in enumerate(p.shape):
+                if isinstance(e, ir.Var):
+                    env.setdefault(e.name, np.int64(self.tensors[p.name].shape[d]))
         with np.errstate(all="ignore"):
-            _Blocks(k, tensors, device_env).run(grid)
-        for name in call.writes:
-            if tensors[name].writeback is not None:
-                tensors[name].writeback()
+            _Blocks(self.k, self.tensors, env).run(grid)
+        for name in self.writes:
+            if self.tensors[name].writeback is not None:
+                self.tensors[name].writeback()
         return None
 
 
