@@ -1,0 +1,98 @@
+"""GPU: reduce on the device equals tests/test_reduce.py's numpy references bit for
+bit (float sums in the CUDA's order, integer sums wrapped, maxima exact) and the
+interpreter; every output is a guarded view (tests/guard.py) whose padding must
+be intact. Marked gpu: `python -m pytest -m gpu tests/test_gpu_reduce.py`."""
+import zlib
+
+import numpy as np
+import pytest
+
+import tilec
+from guard import guarded
+from test_reduce import (DTYPES, EXAMPLES, M, N, SWIZZLED, falling_back, make_input, no_fallback, output_shape,
+                         reduce_source, reference, rowsum_reference, run_interpreted, same_bits)
+
+pytestmark = pytest.mark.gpu
+
+
+def to_cuda(x):
+    """A numpy input as a contiguous torch tensor on the GPU (bf16 through f32: exact)."""
+    import torch
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def run_gpu(src, inputs, outputs, fallback_ok=False):
+    """`inputs`: numpy arrays; `outputs`: (shape, tilec dtype). Returns the outputs as
+    numpy arrays after checking that nothing around them was written."""
+    import torch
+    k = tilec.compile(src)
+    outs = [guarded(shape, dt) for shape, dt in outputs]
+    with (falling_back() if fallback_ok else no_fallback()):
+        k(*[to_cuda(x) for x in inputs], *[o.view for o in outs])
+    torch.cuda.synchronize()
+    for o in outs:
+        o.check()
+    return [o.view.cpu().numpy() for o in outs]
+
+
+@pytest.mark.parametrize("space", ["shared", "local"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("dt, adt", DTYPES, ids=lambda v: v)
+def test_reduce_on_the_gpu(dt, adt, op, axis, space):
+    x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
+    src = reduce_source(dt, adt, axis, op, space)
+    shape = output_shape(x.shape, axis)
+    got, = run_gpu(src, [x], [(shape, adt)])
+    assert same_bits(got, reference(x, dt, adt, axis, op))
+    assert same_bits(got, run_interpreted(src, x, shape, adt))
+
+
+def test_integer_sums_wrap_on_the_gpu():
+    x = np.full((M, N), 2**31 - 1, np.int32)
+    got, = run_gpu(reduce_source("i32", "i32", 1, "sum", "local"), [x], [(output_shape(x.shape, 1), "i32")])
+    assert got[0, 0] == np.uint32((64 * (2**31 - 1)) % 2**32).astype(np.int32)
+    assert same_bits(got, reference(x, "i32", "i32", 1, "sum"))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fallback_variant_on_the_gpu(axis):
+    """Rows of 133 floats: TMA cannot describe X, the thread-copy variant runs."""
+    x = make_input((70, 133), "f32", np.random.default_rng(5))
+    got, = run_gpu(reduce_source("f32", "f32", axis, "sum", "local"), [x], [(output_shape(x.shape, axis), "f32")],
+                   fallback_ok=True)
+    assert same_bits(got, reference(x, "f32", "f32", axis, "sum"))
+
+
+def test_more_results_than_threads_on_the_gpu():
+    x = make_input((300, 64), "f32", np.random.default_rng(6))
+    got, = run_gpu(reduce_source("f32", "f32", 1, "max", "local", bm=256, bn=32), [x],
+                   [(output_shape(x.shape, 1, 256, 32), "f32")])
+    assert same_bits(got, reference(x, "f32", "f32", 1, "max", 256, 32))
+
+
+def test_reduce_of_a_swizzled_gemm_operand_on_the_gpu():
+    rng = np.random.default_rng(7)
+    a, b = make_input((100, 64), "f16", rng), make_input((64, 72), "f16", rng)
+    c, r = run_gpu(SWIZZLED, [a, b], [((100, 72), "f32"), ((2, 100), "f32")])
+    assert same_bits(r, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64)[0]] * 2))
+    np.testing.assert_allclose(c, a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (1, 4), (129, 64), (4097, 1000), (77, 301)])
+def test_rowsum_example_on_the_gpu(shape):
+    """Against numpy (sums within float rounding, maxima exact) and the interpreter
+    (bit for bit); 301 columns run the thread-copy variant."""
+    x = (np.random.default_rng(8).standard_normal(shape) - 4).astype(np.float32)
+    src = EXAMPLES / "rowsum.tile"
+    sums, maxes = run_gpu(src, [x], [(shape[:1], "f32"), (shape[:1], "f32")], fallback_ok=shape[1] % 4 != 0)
+    want_sum, want_max = rowsum_reference(x)
+    np.testing.assert_allclose(sums, want_sum, rtol=1e-4, atol=1e-3)
+    assert np.array_equal(maxes, want_max)
+    k = tilec.compile(src, backend="interpret")
+    cs, cm = guarded(shape[:1], np.float32, like="numpy"), guarded(shape[:1], np.float32, like="numpy")
+    with falling_back():
+        k(x, cs.view, cm.view)
+    assert same_bits(sums, cs.view) and same_bits(maxes, cm.view)

@@ -1,0 +1,328 @@
+"""reduce(s, acc, axis = 0 | 1, op = sum | max): the interpreter against independent
+numpy references (bit for bit: float sums are taken in the order the CUDA takes
+them, one thread walking its row or column from the first element), the
+barriers its effects rule alone gets it, and the CUDA through NVRTC with an
+empty log. tests/test_gpu_reduce.py runs the same kernels on the GPU."""
+import contextlib
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.compiler import lower
+from tilec.ir import effects
+from tilec.ir import nodes as ir
+
+from guard import guarded
+from conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+REDUCE = """
+kernel red(X: {dt}[M, N], Y: {adt}[{ydims}]) {{
+    const BM = {bm}, BN = {bn};
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+    shared s: {dt}[BM, BN];
+    {space} r: {adt}[{ext}];
+    copy(X[by * BM, bx * BN], s);
+    reduce(s, r, axis = {axis}, op = {op});
+    copy(r, Y[{origin}]);
+}}
+"""
+# (source dtype, result dtype): floats in float (f64 in double), f16 / bf16 rounded
+# on the way out, integer sums wrapping, an i8 sum widened to i32
+DTYPES = [("f32", "f32"), ("f16", "f32"), ("f16", "f16"), ("bf16", "f32"), ("f64", "f64"), ("i32", "i32"),
+          ("i8", "i32")]
+FLOATS = ("f16", "bf16", "f32", "f64")
+NP = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i32": "int32", "bf16": "bfloat16"}
+# ragged against 32 x 64 tiles in both dims; rows of 16-byte multiples in X and Y (TMA both ways)
+M, N = 72, 144
+
+
+def reduce_source(dt, adt, axis, op, space, bm=32, bn=64):
+    """A kernel whose block (bx, by) reduces its [bm, bn] tile of X into Y: row
+    results at Y[bx, by * bm ...] (axis 1), column results at Y[by, bx * bn ...]."""
+    ydims, ext, origin = (("NB, M", "BM", "bx, by * BM") if axis == 1 else ("MB, N", "BN", "by, bx * BN"))
+    return REDUCE.format(dt=dt, adt=adt, axis=axis, op=op, space=space, bm=bm, bn=bn, ydims=ydims, ext=ext,
+                         origin=origin)
+
+
+def np_dtype(dt):
+    if dt == "bf16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(NP[dt])
+
+
+def make_input(shape, dt, rng):
+    """Integers over the whole i32 range (sums wrap), small ones for i8; normal floats."""
+    if dt == "i32":
+        return rng.integers(-2**31, 2**31, shape).astype(np.int32)
+    if dt == "i8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    return rng.standard_normal(shape).astype(np.float32).astype(np_dtype(dt))
+
+
+def output_shape(x_shape, axis, bm=32, bn=64):
+    m, n = x_shape
+    return (-(-n // bn), m) if axis == 1 else (-(-m // bm), n)
+
+
+def reference(x, dt, adt, axis, op, bm=32, bn=64):
+    """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
+    fill past the edges), each tile reduced along `axis`; float sums accumulated in
+    the CUDA's order (np.add.accumulate runs left to right) in float, or double with
+    an f64 side; integer sums exact (Python ints), then wrapped to the result type;
+    maxima exact. Returns the output array, clipped to its shape."""
+    m, n = x.shape
+    mb, nb = -(-m // bm), -(-n // bn)
+    if dt in FLOATS:
+        acc_t = np.float64 if "f64" in (dt, adt) else np.float32
+        xp = np.zeros((mb * bm, nb * bn), acc_t)
+        xp[:m, :n] = x.astype(np.float32).astype(acc_t) if dt == "bf16" else x.astype(acc_t)
+    else:
+        xp = np.zeros((mb * bm, nb * bn), np.int64)
+        xp[:m, :n] = x
+    tiles = xp.reshape(mb, bm, nb, bn)                  # [by, i, bx, j]
+    if axis == 1:
+        lanes = tiles.transpose(2, 0, 1, 3).reshape(nb, mb * bm, bn)      # [bx, row, j]
+    else:
+        lanes = tiles.transpose(0, 2, 3, 1).reshape(mb, nb * bn, bm)      # [by, column, i]
+    if op == "max":
+        out = lanes.max(axis=-1)
+    elif dt in FLOATS:
+        out = np.add.accumulate(lanes, axis=-1)[..., -1]
+    else:
+        out = np.array([[sum(int(v) for v in lane) % 2**64 for lane in row] for row in lanes], np.uint64)
+    out = out[:, :m] if axis == 1 else out[:, :n]
+    if adt == "bf16" or adt == "f16":
+        return out.astype(np.float32).astype(np_dtype(adt))
+    return out.astype(np_dtype(adt))
+
+
+def same_bits(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@contextlib.contextmanager
+def no_fallback():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        yield
+
+
+@contextlib.contextmanager
+def falling_back():
+    """An argument TMA cannot describe: the thread-copy variant runs (its warning comes
+    once per kernel name and reason, so it is not asserted here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+        yield
+
+
+def run_interpreted(src, x, out_shape, adt, fallback=False):
+    k = tilec.compile(src, backend="interpret")
+    y = guarded(out_shape, np_dtype(adt), like="numpy")
+    if fallback:
+        k.fallback(x, y.view)
+    else:
+        with no_fallback():
+            k(x, y.view)
+    y.check()
+    return y.view
+
+
+# ---------------------------------------------------------------- the interpreter against numpy
+
+@pytest.mark.parametrize("space", ["shared", "local"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("dt, adt", DTYPES, ids=lambda v: v)
+def test_reduce_matches_numpy(dt, adt, op, axis, space):
+    x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
+    got = run_interpreted(reduce_source(dt, adt, axis, op, space), x, output_shape(x.shape, axis), adt)
+    assert same_bits(got, reference(x, dt, adt, axis, op))
+
+
+def test_integer_sums_wrap_like_the_result_type():
+    """i32 values near the top of the range: the exact sum overflows, the result
+    wraps modulo 2^32 (an unsigned 64-bit accumulator, then the conversion)."""
+    x = np.full((M, N), 2**31 - 1, np.int32)
+    got = run_interpreted(reduce_source("i32", "i32", 1, "sum", "local"), x, output_shape(x.shape, 1), "i32")
+    full = (64 * (2**31 - 1)) % 2**32                       # 64 columns of a full tile
+    assert got[0, 0] == np.uint32(full).astype(np.int32)
+    assert got[2, 0] == np.uint32((16 * (2**31 - 1)) % 2**32).astype(np.int32)    # 16 columns of the last tile
+
+
+def test_max_of_a_tile_row_includes_the_zeros_past_the_edge():
+    """Past N, TMA reads zeros, and they take part (the example masks them)."""
+    x = -np.ones((M, N), np.float32)
+    got = run_interpreted(reduce_source("f32", "f32", 1, "max", "shared"), x, output_shape(x.shape, 1), "f32")
+    assert (got[:2] == -1).all() and (got[2] == 0).all()
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fallback_variant(axis):
+    """Rows of 133 floats are not 16-byte multiples: the thread-copy variant, same results."""
+    x = make_input((70, 133), "f32", np.random.default_rng(5))
+    src = reduce_source("f32", "f32", axis, "sum", "local")
+    k = tilec.compile(src, backend="interpret")
+    y = guarded(output_shape(x.shape, axis), np.float32, like="numpy")
+    with falling_back():
+        k(x, y.view)
+    y.check()
+    assert same_bits(y.view, reference(x, "f32", "f32", axis, "sum"))
+    assert same_bits(run_interpreted(src, x, output_shape(x.shape, axis), "f32", fallback=True),
+                     reference(x, "f32", "f32", axis, "sum"))
+
+
+def test_more_results_than_threads():
+    """256 rows, 128 threads: each thread reduces two rows (register slots 0 and 1)."""
+    x = make_input((300, 64), "f32", np.random.default_rng(6))
+    src = reduce_source("f32", "f32", 1, "max", "local", bm=256, bn=32)
+    got = run_interpreted(src, x, output_shape(x.shape, 1, 256, 32), "f32")
+    assert same_bits(got, reference(x, "f32", "f32", 1, "max", 256, 32))
+
+
+SWIZZLED = """
+kernel gr(A: f16[M, K], B: f16[K, N], C: f32[M, N], R: f32[NB, M]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 64));
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    local acc: f32[64, 64];
+    shared r: f32[64];
+    fill(acc, 0.0);
+    copy(A[by * 64, 0], a);
+    copy(B[0, bx * 64], b);
+    gemm(a, b, acc);
+    reduce(a, r, axis = 1, op = sum);
+    copy(acc, C[by * 64, bx * 64]);
+    copy(r, R[bx, by * 64]);
+}
+"""
+
+
+def test_reduce_of_a_swizzled_gemm_operand():
+    """A gemm operand is 128-byte swizzled (layout sw128): reduce reads it through
+    codegen's tl_sw128, and the interpreter through the bytes TMA swizzled."""
+    lw = lower(SWIZZLED)
+    assert lw.kernel.buffer("a").layout == "sw128"
+    assert "tl_sw128(tl_i0, tl_k, 64, 64)" in tilec.compile(SWIZZLED, backend="interpret").cuda_source
+    rng = np.random.default_rng(7)
+    a = make_input((100, 64), "f16", rng)
+    b = make_input((64, 72), "f16", rng)
+    c = guarded((100, 72), np.float32, like="numpy")
+    r = guarded((2, 100), np.float32, like="numpy")
+    with no_fallback():
+        tilec.compile(SWIZZLED, backend="interpret")(a, b, c.view, r.view)
+    c.check()
+    r.check()
+    assert same_bits(r.view, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64)[0]] * 2))
+
+
+# ---------------------------------------------------------------- the example
+
+def rowsum_reference(x):
+    return x.astype(np.float64).sum(axis=1), x.max(axis=1)
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (1, 4), (129, 64), (70, 1000)])
+def test_rowsum_example(shape):
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(shape) - 4).astype(np.float32)     # negative rows: zeros past N would show
+    k = tilec.compile(EXAMPLES / "rowsum.tile", backend="interpret")
+    sums, maxes = guarded(shape[:1], np.float32, like="numpy"), guarded(shape[:1], np.float32, like="numpy")
+    with no_fallback():
+        k(x, sums.view, maxes.view)
+    sums.check()
+    maxes.check()
+    want_sum, want_max = rowsum_reference(x)
+    np.testing.assert_allclose(sums.view, want_sum, rtol=1e-4, atol=1e-3)
+    assert np.array_equal(maxes.view, want_max)
+
+
+def test_rowsum_example_fallback():
+    x = (np.random.default_rng(9).standard_normal((77, 301)) - 4).astype(np.float32)
+    sums, maxes = guarded((77,), np.float32, like="numpy"), guarded((77,), np.float32, like="numpy")
+    with falling_back():
+        tilec.compile(EXAMPLES / "rowsum.tile", backend="interpret")(x, sums.view, maxes.view)
+    sums.check()
+    maxes.check()
+    want_sum, want_max = rowsum_reference(x)
+    np.testing.assert_allclose(sums.view, want_sum, rtol=1e-4, atol=1e-3)
+    assert np.array_equal(maxes.view, want_max)
+
+
+# ---------------------------------------------------------------- effects and barriers
+
+HAZARDS = """
+kernel h(X: f32[M, N], Y: f32[NB, M]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 32));
+    threads 128;
+    shared s: f32[32, 64];
+    shared r: f32[32];
+    copy(X[by * 32, bx * 64], s);
+    reduce(s, r, axis = 1, op = sum);
+    parallel (i, j) in (32, 64) {
+        s[i, j] = s[i, j] + 1.0;
+    }
+    reduce(s, r, axis = 1, op = max);
+    copy(r, Y[bx, by * 32]);
+}
+"""
+
+
+def test_effects_of_reduce():
+    k = lower(HAZARDS).kernel
+    red = [s for s in k.body if isinstance(s, ir.Reduce)]
+    assert [(s.axis, s.op) for s in red] == [(1, "sum"), (1, "max")]
+    assert effects.of(k, red[0]) == effects.Effects(frozenset({"s"}), frozenset({"r"}))
+    assert effects.shared_accesses(k, red[0]) == ({"s"}, {"r"})
+
+
+def test_barriers_around_reduce_come_from_its_effects():
+    """After a TMA load, the mbarrier wait; after a parallel that wrote s, a block
+    barrier; before the TMA store of its shared result, a proxy fence and a block
+    barrier (insert-barriers has no rule of its own for reduce)."""
+    body = lower(HAZARDS).kernel.body
+    at = [i for i, s in enumerate(body) if isinstance(s, ir.Reduce)]
+    assert isinstance(body[at[0] - 1], ir.MbarrierWait)
+    assert isinstance(body[at[1] - 1], ir.SyncThreads) and isinstance(body[at[1] - 2], ir.Parallel)
+    assert [type(s) for s in body[at[1] + 1:at[1] + 4]] == [ir.ProxyFence, ir.SyncThreads, ir.OneThread]
+    assert isinstance(body[at[1] + 3].body[0], ir.TmaStore) and body[at[1] + 3].body[0].buffer == "r"
+
+
+def test_check_barriers_catches_a_missing_barrier_before_reduce():
+    """check-barriers reads reduce's effects too: without the proxy fence and block
+    barrier between reduce's writes of r and the TMA store of r, it refuses the kernel."""
+    from dataclasses import replace
+    from tilec.passes import Options, check_barriers
+    k = lower(HAZARDS).stages["insert-barriers"]
+    body = list(k.body)
+    i = next(i for i, s in enumerate(body) if isinstance(s, ir.Reduce) and s.op == "max")
+    fence = i + 1
+    assert isinstance(body[fence], ir.ProxyFence)
+    del body[fence:fence + 2]                           # the fence and barrier before the TMA store of r
+    with pytest.raises(check_barriers.BarrierBug, match="TMA store of 'r', which threads wrote"):
+        check_barriers.run(replace(k, body=tuple(body)), Options())
+
+
+# ---------------------------------------------------------------- NVRTC
+
+@pytest.mark.parametrize("dt, adt, axis, op, space", [
+    ("f32", "f32", 1, "sum", "shared"), ("f16", "f16", 0, "max", "local"), ("bf16", "f32", 1, "sum", "local"),
+    ("f64", "f64", 0, "sum", "shared"), ("i8", "i32", 1, "sum", "local"), ("i32", "i32", 0, "max", "shared"),
+])
+def test_cuda_compiles_with_an_empty_log(dt, adt, axis, op, space):
+    k = tilec.compile(reduce_source(dt, adt, axis, op, space), arch="sm_90a")
+    assert k.compile_log == "" and k.fallback.compile_log == ""
+    assert "tl_acc" in k.cuda_source
+
+
+def test_swizzled_source_compiles_with_an_empty_log():
+    k = tilec.compile(SWIZZLED, arch="sm_90a")
+    assert k.compile_log == "" and k.fallback.compile_log == ""
