@@ -26,6 +26,31 @@ def load_source(src) -> Source:
     return Source("<string>", str(src))
 
 
+def program_key(source: Source, consts: dict, **variant) -> tuple:
+    """What a kernel built from `source` depends on: the program, its const
+    overrides, the test hook's expect-tx skew, and the variant (arch, debug, ...).
+    tilec.compile's and the interpreter's kernel caches, the disk cache and the
+    names of torch operators are all keyed by it."""
+    return (source.name, source.text, tuple(sorted(consts.items())),
+            os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0")) + tuple(sorted(variant.items()))
+
+
+class Program:
+    """What a compiled Kernel and an InterpretedKernel share: the IR after every
+    pass (`self._lowered`), its inspection, and the thread-copy variant."""
+
+    def ir(self, after: str | None = None) -> str:
+        """The IR after the pass named `after`; with no name, the list of passes."""
+        if after is None:
+            return "\n".join(PASS_NAMES) + "\n"
+        return self._lowered.ir_text(after)
+
+    def tma_table(self) -> str:
+        """`tilec emit --emit tma`: every TMA copy, its map, box and bytes."""
+        from .codegen.report import tma_table
+        return tma_table(self._lowered.kernel)
+
+
 @dataclass
 class Lowered:
     source: Source

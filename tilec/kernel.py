@@ -8,9 +8,8 @@ import threading
 
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
-from .compiler import load_source, lower
+from .compiler import Program, load_source, lower, program_key
 from .errors import CaptureError, TilecError
-from .passes import PASS_NAMES
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
 
@@ -18,7 +17,7 @@ _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
 
 
-class Kernel:
+class Kernel(Program):
     """A compiled tilec kernel. Call it with the kernel's arguments (torch / cupy
     tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
 
@@ -35,8 +34,8 @@ class Kernel:
         self._loaded = {}
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
-        disk_key = cache.key(__version__, source.name, source.text, sorted(self._overrides.items()), arch, tma,
-                             debug, os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"), nvrtc.identity())
+        disk_key = cache.key(__version__, program_key(source, self._overrides, arch=arch, tma=tma, debug=debug),
+                             nvrtc.identity())
         hit = cache.load(disk_key)
         self.from_disk_cache = hit is not None
         if hit is not None:
@@ -75,16 +74,6 @@ class Kernel:
     @property
     def kernel_ir(self):
         return self._lowered.kernel
-
-    def ir(self, after: str | None = None) -> str:
-        """The IR after the pass named `after`; with no name, the list of passes."""
-        if after is None:
-            return "\n".join(PASS_NAMES) + "\n"
-        return self._lowered.ir_text(after)
-
-    def tma_table(self) -> str:
-        from .codegen.report import tma_table
-        return tma_table(self._lowered.kernel)
 
     # ---- running
     def _module(self, device: int):
@@ -183,8 +172,7 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         arch = driver.target_arch()
     if debug is None:
         debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
-    key = (source.name, source.text, tuple(sorted(consts.items())), arch, fallback, debug,
-           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
+    key = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)
     k = _CACHE.get(key)
     if k is None:
         with _CACHE_LOCK:

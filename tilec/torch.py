@@ -27,6 +27,7 @@ import threading
 import torch
 
 from .codegen.host import py_expr
+from .compiler import program_key
 from .errors import LaunchError, TilecError
 from .ir import nodes as ir
 from .ir.effects import written_tensors
@@ -83,8 +84,8 @@ def op(kernel: Kernel, mutates=None) -> TorchOp:
         raise TilecError(f"mutates names {', '.join(map(repr, unknown))}, not a tensor parameter of kernel "
                          f"{kernel.name} ({', '.join(tensors)})")
     # what tilec.compile keys its kernels on, and mutates: the same name for the same program compiled again
-    identity = repr((kernel.source.name, kernel.source.text, sorted(kernel._overrides.items()), kernel.arch,
-                     kernel._fallback_allowed, kernel.debug, sorted(mutates)))
+    identity = repr(program_key(kernel.source, kernel._overrides, arch=kernel.arch,
+                                fallback=kernel._fallback_allowed, debug=kernel.debug, mutates=sorted(mutates)))
     name = f"{kernel.name}_{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
     with _LOCK:
         entry = _OPS.get(name)

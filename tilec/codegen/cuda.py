@@ -134,9 +134,8 @@ class _Printer:
         m, n = acc.shape
         mt = m // (64 * (self.threads // 128))
         tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
-        row = (f"(threadIdx.x / 128) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + "
-               f"(threadIdx.x % 32) / 4 + (tl_r % 4) / 2 * 8")
-        col = f"(tl_r % {n // 2}) / 4 * 8 + (threadIdx.x % 4) * 2"
+        row = f"{_fragment_row(mt, tile)} + (tl_r % 4) / 2 * 8"
+        col = f"(tl_r % {n // 2}) / 4 * 8 + {_FRAGMENT_COL}"
         return mt, mt * n // 2, row, col
 
     def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
@@ -450,9 +449,8 @@ class _Printer:
         row_ok = (f"static_cast<unsigned long long>(tl_y) < static_cast<unsigned long long>(tl_{t.name}_dim{lead})")
         i = ind
         out = [f"{i}{{",
-               f"{i}  const int tl_row = (threadIdx.x / 128) * {64 * mt} + (threadIdx.x % 128) / 32 * 16 + "
-               "(threadIdx.x % 32) / 4;",
-               f"{i}  const int tl_col = (threadIdx.x % 4) * 2;"]
+               f"{i}  const int tl_row = {_fragment_row(mt)};",
+               f"{i}  const int tl_col = {_FRAGMENT_COL};"]
         if outer:
             out += [f"{i}  if ({' && '.join(outer)}) {{"]
             i += "  "
@@ -508,6 +506,16 @@ class _Printer:
             idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
             conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _fragment_row(m_tiles, tile="") -> str:
+    """The first accumulator row a thread holds in wgmma's m64nNk16 fragments:
+    warpgroup g owns rows g * 64 * m_tiles.. (`tile`: + 64 per m64 tile), warp w
+    16 of them, lane l row l / 4 (and row + 8)."""
+    return f"(threadIdx.x / 128) * {64 * m_tiles}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
+
+
+_FRAGMENT_COL = "(threadIdx.x % 4) * 2"     # a lane's first column in each 8-column group
 
 
 # dtype -> (the C type of two adjacent elements, the primitive that packs two floats)

@@ -29,14 +29,12 @@ mbarrier waits, NaN payloads, the last ulp of exp / log / rsqrt.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
-from ...compiler import load_source, lower
+from ...compiler import Program, load_source, lower, program_key
 from ...ir import nodes as ir
 from ...ir.effects import written_tensors
-from ...passes import PASS_NAMES
 from .. import host
 from ..tensormap import check_im2col, check_tiled
 from .args import _scalar_value, _tensor
@@ -65,15 +63,14 @@ _CACHE: dict = {}
 def interpret(source, consts: dict, fallback: bool = True) -> "InterpretedKernel":
     """What `tilec.compile(src, backend="interpret", **consts)` returns (cached)."""
     source = load_source(source)
-    key = (source.name, source.text, tuple(sorted(consts.items())), fallback,
-           os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0"))
+    key = program_key(source, consts, backend="interpret", fallback=fallback)
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = InterpretedKernel(source, consts, fallback)
     return k
 
 
-class InterpretedKernel:
+class InterpretedKernel(Program):
     """A tilec kernel run by the CPU interpreter. Call it with the kernel's
     arguments: numpy arrays and torch tensors (CPU ones are used in place,
     others are copied to the CPU and back), Python numbers for scalars."""
@@ -88,16 +85,6 @@ class InterpretedKernel:
         self.kernel_ir = self._lowered.kernel
         self.name = self.kernel_ir.name
         self.consts = dict(self.kernel_ir.consts)
-
-    # ---- inspection, as on Kernel
-    def ir(self, after: str | None = None) -> str:
-        if after is None:
-            return "\n".join(PASS_NAMES) + "\n"
-        return self._lowered.ir_text(after)
-
-    def tma_table(self) -> str:
-        from ...codegen.report import tma_table
-        return tma_table(self.kernel_ir)
 
     @functools.cached_property
     def cuda_source(self) -> str:
