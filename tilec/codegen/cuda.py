@@ -13,6 +13,7 @@ from .._resources import resource
 from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import walk_expr
+from ..ir.printer import binary
 from .abi import kernel_params
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
@@ -64,9 +65,7 @@ class _Printer:
         if isinstance(e, ir.Var):
             return e.name
         if isinstance(e, ir.BinOp):
-            p = _C_PREC[e.op]
-            text = f"{self.expr(e.lhs, p, double)} {e.op} {self.expr(e.rhs, p + 1, double)}"
-            return f"({text})" if p < prec else text
+            return binary(e, prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
             return f"{e.op}{self.expr(e.operand, 7, double)}"
         if isinstance(e, ir.Call):

@@ -5,13 +5,14 @@ from .._version import __version__
 from ..ir import nodes as ir
 from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
-from ..ir.printer import expr as tile_expr
+from ..ir.printer import binary, expr as tile_expr
 from .abi import kernel_params
 from .cuda import _env
 
 _PY_OPS = {"/": "//", "&&": "and", "||": "or"}
-_PY_PREC = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4,
-            "+": 5, "-": 5, "*": 6, "//": 6, "%": 6}
+_PY_COMPARE = 4            # Python chains comparisons: a < b == c is (a < b) and (b == c)
+_PY_PREC = {"or": 1, "and": 2, "==": _PY_COMPARE, "!=": _PY_COMPARE, "<": _PY_COMPARE, "<=": _PY_COMPARE,
+            ">": _PY_COMPARE, ">=": _PY_COMPARE, "+": 5, "-": 5, "*": 6, "//": 6, "%": 6}
 
 
 def py_expr(e, prec=0) -> str:
@@ -23,9 +24,7 @@ def py_expr(e, prec=0) -> str:
         return e.name
     if isinstance(e, ir.BinOp):
         op = _PY_OPS.get(e.op, e.op)
-        p = _PY_PREC[op]
-        text = f"{py_expr(e.lhs, p)} {op} {py_expr(e.rhs, p + 1)}"
-        return f"({text})" if p < prec else text
+        return binary(e, prec, _PY_PREC, py_expr, op, chains=_PY_PREC[op] != _PY_COMPARE)
     if isinstance(e, ir.UnaryOp):
         return f"(not {py_expr(e.operand, 7)})" if e.op == "!" else f"-{py_expr(e.operand, 7)}"
     if isinstance(e, ir.Call):

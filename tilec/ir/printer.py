@@ -9,6 +9,20 @@ _PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
          "+": 4, "-": 4, "*": 5, "/": 5, "%": 5}
 
 
+def binary(e: ir.BinOp, prec: int, precedence: dict, show, op: str | None = None, chains: bool = True) -> str:
+    """`lhs op rhs` in a language with these operator precedences (higher binds
+    tighter, left-associative), parenthesised where the enclosing `prec` needs:
+    the one core of the IR printer, the CUDA printer and the host-wrapper
+    printer. `show(e, prec)` prints an operand; `op` is the operator as that
+    language spells it; `chains`: False where `a < b < c` means something else
+    (Python's chained comparisons), so both operands of such an operator bind
+    tighter."""
+    op = op or e.op
+    p = precedence[op]
+    text = f"{show(e.lhs, p if chains else p + 1)} {op} {show(e.rhs, p + 1)}"
+    return f"({text})" if p < prec else text
+
+
 def expr(e, prec: int = 0) -> str:
     if isinstance(e, ir.Int):
         return str(e.value)
@@ -17,9 +31,7 @@ def expr(e, prec: int = 0) -> str:
     if isinstance(e, ir.Var):
         return e.name
     if isinstance(e, ir.BinOp):
-        p = _PREC[e.op]
-        text = f"{expr(e.lhs, p)} {e.op} {expr(e.rhs, p + 1)}"
-        return f"({text})" if p < prec else text
+        return binary(e, prec, _PREC, expr)
     if isinstance(e, ir.UnaryOp):
         return f"{e.op}{expr(e.operand, 6)}"
     if isinstance(e, ir.Call):

@@ -1,0 +1,37 @@
+"""The generated host wrapper: one launch path for the GPU and the interpreter,
+and host expressions with Python's meaning of the tile expression."""
+import numpy as np
+import pytest
+
+import tilec
+from tilec.errors import LaunchError
+
+REQUIRE = """
+kernel same_side(A: f32[M, N], B: f32[M, N]) {
+    require (M < 64) == (N < 64);
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared s: f32[8, 32];
+    copy(A[by * 8, bx * 32], s);
+    copy(s, B[by * 8, bx * 32]);
+}
+"""
+
+
+def test_a_comparison_of_comparisons_is_not_a_python_chain():
+    """`(M < 64) == (N < 64)` must not print as Python's chained `M < 64 == N < 64`."""
+    k = tilec.compile(REQUIRE, backend="interpret")
+    assert "call.require((M < 64) == (N < 64), " in k.host_source
+    a = np.arange(100 * 100, dtype=np.float32).reshape(100, 100)
+    b = np.zeros_like(a)
+    k(a, b)                                  # both sides False: the require holds
+    assert np.array_equal(a, b)
+    with pytest.raises(LaunchError, match=r"require \(M < 64\) == \(N < 64\) failed \(M = 100, N = 10\)"):
+        k(a[:, :10].copy(), b[:, :10].copy())
+
+
+def test_the_interpreter_runs_the_kernels_own_host_wrapper():
+    src = REQUIRE.replace("    require (M < 64) == (N < 64);\n", "")
+    interpreted = tilec.compile(src, backend="interpret")
+    assert interpreted.host_source.splitlines()[1:] == \
+        tilec.compile(src, arch="sm_90a").host_source.splitlines()[1:]
