@@ -16,7 +16,6 @@ data the test writes, against the Python launch of the same kernel, bit for bit,
 with every output a view inside a sentinel-filled buffer whose padding must
 stay intact."""
 import ctypes
-import inspect
 import os
 import re
 import shlex
@@ -222,9 +221,10 @@ CHECK:              " bytes is not a multiple of 16 (TMA requires 16-byte aligne
 CHECK:          p.add("dim ", d, " stride ", b, " bytes is outside TMA's 0 .. 2^40");
 CHECK:      int encode_tiled(
 CHECK:        if (m.inner_rounded) {
-CHECK:          dims[m.rank - 1] = shape[m.rank - 1] / per * per;
 CHECK:                          " bytes, less than the 16-byte granule a TMA store writes");
-CHECK:        tma_strides(m.rank, m.elsize, dims, strides, tma);
+CHECK:          dims[m.rank - 1] = shape[m.rank - 1] / per * per;
+CHECK:        if (int rc = empty(m.tensor, m.rank, shape, why)) return rc;
+CHECK:        tma_strides(m.rank, m.elsize, shape, strides, tma);
 CHECK:        tiled_problems(p, m.elsize, address, m.rank, dims, tma);
 CHECK:        const CUresult r = cuTensorMapEncodeTiled(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
 CHECK-NOT:  cuTensorMapEncodeIm2col
@@ -731,14 +731,10 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
 
     def run(k, a, fallback):
         """k's wrapper on arguments `a`: launch(call, *args), the Call made here as
-        tilec.kernel makes it (or, from wrappers that make their own Call,
-        launch(loaded, *args, fallback=))."""
+        tilec.kernel makes it."""
         namespace = {}
         exec(compile(k.host_source, f"<{k.name} host wrapper>", "exec"), namespace)
-        launch = namespace["launch"]
-        if "call" in inspect.signature(launch).parameters:
-            return launch(rt.Call(k.name, None, None, namespace["WRITES"], None, fallback), *a)
-        return launch(None, *a, fallback=fallback)
+        return namespace["launch"](rt.Call(k.name, None, None, namespace["WRITES"], None, fallback), *a)
 
     variants = {}
 
