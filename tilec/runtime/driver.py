@@ -42,6 +42,16 @@ def have_gpu() -> bool:
     return _init()
 
 
+@functools.lru_cache(maxsize=1)
+def several_devices() -> bool:
+    """Whether this machine has more than one GPU (then a thread's current
+    context is never trusted from memory: torch may have switched it)."""
+    if not have_gpu():
+        return False
+    from cuda.bindings import driver as cu
+    return check(cu.cuDeviceGetCount(), "cuDeviceGetCount") > 1
+
+
 @functools.lru_cache(maxsize=None)
 def compute_capability(device: int) -> tuple:
     from cuda.bindings import driver as cu
@@ -76,8 +86,11 @@ _THREAD = threading.local()
 
 def make_current(device: int) -> None:
     """Make `device`'s primary context (the one torch and cupy use) current in
-    this thread; checked with the driver once per thread and device switch."""
-    if getattr(_THREAD, "device", None) == device:
+    this thread. With one GPU, checked with the driver once per thread; with
+    several, every time: torch switches the thread's context on its own
+    (torch.cuda.set_device, `with torch.cuda.device(i)`), and a kernel launched
+    in another device's context would run there, on pointers it cannot use."""
+    if getattr(_THREAD, "device", None) == device and not several_devices():
         return
     from cuda.bindings import driver as cu
     ctx = primary_context(device)
@@ -98,9 +111,10 @@ def launcher(loaded, grid, threads, smem_bytes, params, name):
     head = (loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes)
     address = ctypes.addressof(params)
     device = loaded.device
+    several = several_devices()
 
     def launch_on(stream):
-        if getattr(_THREAD, "device", None) != device:
+        if several or getattr(_THREAD, "device", None) != device:
             make_current(device)
         err = call(*head, stream, address, 0)[0]
         if err is not success and int(err):     # identity first: the common case costs no int()
