@@ -24,7 +24,7 @@ def devices():
         return 0
 
 
-two_gpus = pytest.mark.skipif("devices() < 2", reason="needs two GPUs (this machine has one)")
+two_gpus = pytest.mark.skipif("devices() < 2", reason="needs two GPUs; this machine has fewer")
 
 
 def copy_on(device, shape=(300, 515)):
