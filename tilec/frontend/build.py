@@ -218,7 +218,8 @@ class _Builder(Transformer):
             raise SemanticError("reduce needs its operation: op = sum or op = max", span)
         axis, op = kw["axis"], kw["op"]
         if not (isinstance(axis, ir.Int) and axis.value in (0, 1)):
-            raise SemanticError("reduce's axis must be the literal 0 (reduce each column) or 1 (reduce each row)", axis.span)
+            raise SemanticError("reduce's axis must be the literal 0 (reduce each column) or 1 (reduce each row)",
+                                axis.span)
         if not (isinstance(op, ir.Var) and op.name in ("sum", "max")):
             raise SemanticError("reduce's op must be sum or max", op.span)
         return ir.Reduce(src, dst, axis.value, op.name, src_span=pos[0].span, dst_span=pos[1].span, span=span)
