@@ -342,6 +342,16 @@ def test_generated_cpp_compiles(exported, name):
         assert p.returncode == 0, p.stderr
 
 
+@needs_cxx
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.tile")), ids=lambda p: p.stem)
+def test_every_example_exports_and_compiles(tmp_path, path):
+    k = tilec.compile(str(path), arch="sm_90a", debug=False)
+    tilec_export.generate(k).write(tmp_path)
+    p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
+                        str(tmp_path / f"{k.name}.cc")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
 # ---------------------------------------------------------------- a stand-in libcuda
 
 STUB = r"""

@@ -182,7 +182,8 @@ class _MapDecl:
     fields: list        # (C++ initializer text, comment)
 
 
-def _map_decl(k: ir.Kernel, t: ir.TensorMap) -> _MapDecl:
+def _map_decl(k: ir.Kernel, t: ir.TensorMap, rounded: bool) -> _MapDecl:
+    """rounded: TiledMap has the inner_rounded field (some map of the kernel is rounded)."""
     p = k.param(t.tensor)
     problems = _static_problems(t, p.dtype)
     if problems:
@@ -202,7 +203,7 @@ def _map_decl(k: ir.Kernel, t: ir.TensorMap) -> _MapDecl:
     else:
         body = [("{" + ", ".join(map(str, t.box)) + "}", "box"), (es, "element strides")]
     fields = head + body + tail
-    if t.kind == "tiled":
+    if t.kind == "tiled" and rounded:
         fields.append(("true" if t.inner_rounded else "false",
                        "inner_rounded: a store map ending at the last whole 16-byte granule"))
     return _MapDecl(t.name, t.kind, _source_comment(t.span, ""), fields)
@@ -311,7 +312,8 @@ def generate(kernel, fallback: bool = True) -> Export:
         if fk.tensor_maps or fk.grid != k.grid or fk.requires != k.requires:
             raise TilecError(f"kernel {k.name}: its thread-copy variant does not launch like it; "
                              "export it with fallback off")
-    decls = [_map_decl(k, t) for t in k.tensor_maps]
+    rounded = any(t.inner_rounded for t in k.tensor_maps)
+    decls = [_map_decl(k, t, rounded) for t in k.tensor_maps]
     if k.tensor_maps:
         lines.append("  // The tensor maps: every TMA rule checked before its map is encoded.")
         lines.append("  std::string why;  // the rule an argument breaks")
@@ -374,7 +376,7 @@ def generate(kernel, fallback: bool = True) -> Export:
     helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
     source = _env().get_template("export.cc.j2").render(
         **common, threads=k.threads.value, lines=lines, maps=decls, tiled="tiled" in kinds,
-        im2col="im2col" in kinds, rounded=any(t.inner_rounded for t in k.tensor_maps),
+        im2col="im2col" in kinds, rounded=rounded,
         helpers=sorted(helpers),
         variants=[dict(var=v, file=f, size=len(c), smem=s, what=w, rows=_byte_rows(c))
                   for v, f, c, s, w in variants])
