@@ -41,7 +41,7 @@ from conftest import ROOT, TILEC
 from test_filecheck import FILECHECK
 from test_interpret import im2col_reference
 
-EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d"]
+EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d", "rowsum"]
 # Host expressions the examples do not have: requires over scalars, a division that
 # floors below zero and one by a scalar, max() in the grid, an f32 scalar.
 WEIRD = """
@@ -798,6 +798,7 @@ GOOD = {
     "gemm": [t(0x7f0000000000, (300, 264)), t(0x7f0000100000, (264, 196), (200, 1)),
              t(0x7f0000200000, (300, 196), (200, 1))],
     "conv2d": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)), t(0x7f0000200000, (180, 128))],
+    "rowsum": [t(0x7f0000000000, (300, 1000), (1004, 1)), t(0x7f0000100000, (300,)), t(0x7f0000200000, (300,), (2,))],
     "weird": [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.375],
     "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
     "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
