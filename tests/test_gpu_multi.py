@@ -30,7 +30,7 @@ two_gpus = pytest.mark.skipif("devices() < 2", reason="needs two GPUs; this mach
 def copy_on(device, shape=(300, 515)):
     import torch
     k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"))
-    a = torch.randn(*shape, device=device)
+    a = guarded(shape, "f32", device=device, fill=torch.randn(*shape, device=device)).view   # rows TMA can read
     b = guarded(shape, "f32", device=device)
     k(a, b.view)
     k(a, b.view)                    # the replayed launch too
