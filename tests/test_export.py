@@ -181,6 +181,12 @@ def test_cli_export_errors_cleanly(tmp_path):
     assert "examples/gemm.tile:14:9: error: gemm: the tile width N = 96" in p.stderr
 
 
+def test_a_debug_build_is_not_exported():
+    k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch="sm_90a", debug=True)
+    with pytest.raises(tilec.TilecError, match="a debug build cannot be exported"):
+        tilec_export.generate(k)
+
+
 # ---------------------------------------------------------------- FileCheck over the C++
 
 CHECKS = {

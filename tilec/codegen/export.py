@@ -249,6 +249,9 @@ def generate(kernel, fallback: bool = True) -> Export:
     """The export of `kernel` (a tilec.kernel.Kernel built with tma on and debug off).
     fallback: also export the thread-copy variant (kernel.fallback) and run it when
     an argument breaks a TMA rule, as the Python wrapper does; else that is an error."""
+    if kernel.debug:
+        raise TilecError(f"kernel {kernel.name}: a debug build cannot be exported (its kernel takes a debug "
+                         "record the launcher does not pass); compile it with debug=False")
     k: ir.Kernel = kernel.kernel_ir
     source_name = kernel.source.name
     ex = _HostExpr(k)
