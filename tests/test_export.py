@@ -452,8 +452,10 @@ CUresult cuCtxGetCurrent(CUcontext* c) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; return CUDA_SUCCESS; }
-CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute, CUdevice) {
-  *value = getenv("STUB_MAJOR") ? atoi(getenv("STUB_MAJOR")) : 9;
+CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) {
+  const bool major = attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
+  const char* v = getenv(major ? "STUB_MAJOR" : "STUB_MINOR");
+  *value = v ? atoi(v) : major ? 9 : 0;
   return CUDA_SUCCESS;
 }
 CUresult cuStreamCreate(CUstream* s, unsigned) { *s = reinterpret_cast<CUstream>(0x2000); return CUDA_SUCCESS; }
@@ -941,8 +943,10 @@ def test_stub_c_only_rules(exported, stub_programs, case, args, message):
 @needs_cxx
 @pytest.mark.parametrize("env, message", [
     ({"STUB_NO_CONTEXT": "1"}, "no CUDA context is current in this thread"),
-    ({"STUB_MAJOR": "8"}, "device 0 has compute capability 8.x; tilec kernels use TMA and need Hopper (sm_90) or "
-                          "newer"),
+    ({"STUB_MAJOR": "8", "STUB_MINOR": "6"}, "kernel copy2d was compiled for sm_90a, which does not run on device "
+                                             "0 (compute capability 8.6): export it for that device's architecture"),
+    ({"STUB_MAJOR": "10"}, "kernel copy2d was compiled for sm_90a, which does not run on device 0 (compute "
+                           "capability 10.0)"),
     ({"STUB_LOAD_RESULT": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU"),
     ({"STUB_ENCODE_RESULT": "1"}, "argument A: cuTensorMapEncodeTiled failed: CUDA_ERROR_INVALID_VALUE"),
     ({"STUB_LAUNCH_RESULT": "701"}, "launching copy2d failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),

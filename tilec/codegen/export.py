@@ -377,8 +377,9 @@ def generate(kernel, fallback: bool = True) -> Export:
                   has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H")
     header = _env().get_template("export.h.j2").render(**common)
     helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
+    runs_on, runs_on_note = _runs_on(kernel.arch)
     source = _env().get_template("export.cc.j2").render(
-        **common, threads=k.threads.value, lines=lines, maps=decls, tiled="tiled" in kinds,
+        **common, threads=k.threads.value, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
         im2col="im2col" in kinds, rounded=rounded,
         helpers=sorted(helpers),
         variants=[dict(var=v, file=f, size=len(c), smem=s, what=w, rows=_byte_rows(c))
@@ -386,6 +387,20 @@ def generate(kernel, fallback: bool = True) -> Export:
     files = {f"{k.name}.h": header, f"{k.name}.cc": source}
     files.update({f: c for _, f, c, _, _ in variants})
     return Export(k.name, files)
+
+
+def _runs_on(arch: str) -> tuple:
+    """The device test of a cubin for `arch` (sm_XY or sm_XYa) as C++ over major and
+    minor, and its words: an `a` target runs on exactly its compute capability,
+    another on its major version with a minor one at least its own."""
+    digits = arch.removeprefix("sm_").removesuffix("a")
+    if not digits.isdigit() or len(digits) < 2:
+        raise TilecError(f"cannot export for architecture {arch!r} (sm_XY or sm_XYa)")
+    major, minor = int(digits[:-1]), int(digits[-1])
+    if arch.endswith("a"):
+        return f"major == {major} && minor == {minor}", f"an {arch} cubin runs on compute capability " \
+                                                        f"{major}.{minor} only"
+    return f"major == {major} && minor >= {minor}", f"an {arch} cubin runs on {major}.x from {major}.{minor} on"
 
 
 def _byte_rows(data: bytes, per_line: int = 16) -> list:
