@@ -204,7 +204,6 @@ CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "argument B: dim 0 is ", B
 CHECK-NEXT:                 " (from A dim 0)");
 CHECK:        // {{.*}}examples/copy2d.tile:4: grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
 CHECK-NEXT:   const long long grid[3] = {cdiv(N, 128), cdiv(M, 64), 1};
-CHECK:        if (grid[0] > 2147483647 || grid[1] > 65535 || grid[2] > 65535)
 CHECK:        CUtensorMap tmap_A, tmap_B;
 CHECK-NEXT:   int rc = encode_tiled(tmap_A, tmap_A_rule, A, A_shape, A_strides, why);
 CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_B, tmap_B_rule, B, B_shape, B_strides, why);
@@ -248,6 +247,15 @@ CHECK:      const TiledMap tmap_B_rule = {
 CHECK:          true  // inner_rounded
 CHECK:      Variant tma_variant(tma_variant_cubin, 32768);  // the TMA variant
 CHECK-NEXT: Variant thread_copy_variant(thread_copy_variant_cubin, 32768);
+""",
+    "copy2d.launch": """
+CHECK:      int launch(Variant& v, const long long grid[3], void** params, CUstream stream, char* err, size_t err_len,
+CHECK-NEXT:            const std::string& warning) {
+CHECK-NEXT:   if (grid[0] > 2147483647 || grid[1] > 65535 || grid[2] > 65535)
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "grid [", grid[0], ", ", grid[1], ", ", grid[2],
+CHECK-NEXT:                 "] is over CUDA's limits (2^31-1, 65535, 65535)");
+CHECK:        if (!function_in_current_context(v, &f, why)) return fail(err, err_len, TILEC_EDEVICE, why);
+CHECK-NEXT:   const CUresult r = cuLaunchKernel(f, static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]),
 """,
     "im2col": """
 CHECK:      int encode_im2col(
@@ -914,7 +922,30 @@ def test_stub_bad_arguments_get_pythons_message(exported, stub_programs, python_
         assert calls == stub_expectation(k, cubin, lines)
         return
     rc, err, calls = run_stub(exported, stub_programs, name, args)
-    assert (rc, err, calls) == (code, want, [])
+    assert (rc, err) == (code, want)
+    if case == "grid":      # checked at the launch, after the maps, as Call.launch does
+        assert [c for c in calls if not c.startswith("encode")] == []
+    else:
+        assert calls == []
+
+
+@needs_cxx
+def test_stub_grid_is_checked_after_the_maps(exported, stub_programs, python_driver, monkeypatch):
+    """A grid over CUDA's limits and a TMA rule broken: without the thread-copy
+    variant the rule is the error, with it the grid (as Call.launch checks the
+    grid after the maps, the variant's launch too)."""
+    args = [t(0x7f0000000000, (65535 * 64 + 1, 4), (5, 1)), t(0x7f0000100000, (65535 * 64 + 1, 4))]
+    d, k = exported["copy2d"]
+    strict = python_launch(k, args, python_driver, monkeypatch)
+    assert strict == ("error", "argument A: row stride 20 bytes is not a multiple of 16 (TMA requires 16-byte "
+                               "aligned strides)")
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d_strict", args)
+    assert (rc, err) == (2, strict[1])
+    with_fallback = python_launch(k, args, python_driver, monkeypatch, fallback=True)
+    assert with_fallback == ("error", "grid [1, 65536, 1] is over CUDA's limits (2^31-1, 65535, 65535)")
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", args)
+    assert (rc, err) == (1, with_fallback[1])
+    assert not any(c.startswith(("load", "launch")) for c in calls)
 
 
 @needs_cxx

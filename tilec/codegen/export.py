@@ -34,7 +34,6 @@ SWIZZLE_ENUM = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZ
                 "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}
 L2_ENUM = {"none": "CU_TENSOR_MAP_L2_PROMOTION_NONE", "64B": "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
            "128B": "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "256B": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
-GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
 class _HostExpr:
@@ -303,9 +302,6 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append(f"  const long long grid[3] = {{{', '.join(grid)}}};")
     lines.append("  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)")
     lines.append("    return succeed(err, err_len, \"\");  // an empty grid: no block to run")
-    lines.append(f"  if (grid[0] > {GRID_LIMITS[0]} || grid[1] > {GRID_LIMITS[1]} || grid[2] > {GRID_LIMITS[2]})")
-    lines.append(fail("TILEC_EARG", "grid [", ("v", "grid[0]"), ", ", ("v", "grid[1]"), ", ", ("v", "grid[2]"),
-                      "] is over CUDA's limits (2^31-1, 65535, 65535)"))
 
     params = _param_refs(k)
     fb = None
