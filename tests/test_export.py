@@ -1201,6 +1201,27 @@ def test_gpu_gemm_from_cpp_equals_python(tmp_path):
 
 @pytest.mark.gpu
 @needs_cxx
+def test_gpu_conv2d_from_cpp_equals_python(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 9, 10, 64)).astype(np.float16)
+    wt = (rng.standard_normal((576, 128)) / 24).astype(np.float16)
+    g = _gpu_case(tmp_path, "conv2d", [(x, x), (wt, wt)], (180, 128), "f16")
+    ref = im2col_reference(x, 3, 1, 1, 1).astype(np.float32) @ wt.astype(np.float32)
+    assert np.allclose(g.view.astype(np.float32), ref, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_scale_from_cpp_equals_python(tmp_path):
+    """A scalar through the C signature; X a view in a wider pitch."""
+    rng = np.random.default_rng(6)
+    x_buffer = rng.standard_normal((33, 304)).astype(np.float32)
+    g = _gpu_case(tmp_path, "scale", [(x_buffer, x_buffer[:, :300])], (33, 300), "f32", scalars=(0.5,))
+    assert np.array_equal(g.view, x_buffer[:, :300] * np.float32(0.5) + np.float32(1.0))
+
+
+@pytest.mark.gpu
+@needs_cxx
 def test_gpu_bad_argument_from_cpp(tmp_path):
     """On the real driver: a bad argument gets its code and the Python wrapper's
     message, and nothing runs (the output's padding and inside keep the sentinel)."""
