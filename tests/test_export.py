@@ -50,6 +50,7 @@ kernel weird(X: f16[M, N], Y: f16[M, N], n: i32, beta: f32) {
     require M % 2 == 0 && n > -3;
     require (N - 70) / 4 >= -1;
     require N / n >= 1;
+    require (M < 64) == (N < 64) || M % 4 == 0 && N > 0;
     grid (bx, by) = (cdiv(N, BN), max(cdiv(M, BM), 1));
     threads 128;
     shared s: f16[BM, BN];
@@ -885,6 +886,8 @@ BAD = {
                         "argument X: 32 channels is not a multiple of the K tile width 64"),
     "floor below zero": ("weird", [t(0x7f0000000000, (32, 65)), t(0x7f0000100000, (32, 65)), 2, 1.0], 1,
                          "require (N - 70) / 4 >= -1 failed (N = 65)"),
+    "comparisons of comparisons": ("weird", [t(0x7f0000000000, (34, 128)), t(0x7f0000100000, (34, 128)), 2, 1.0],
+                                   1, "require (M < 64) == (N < 64) || M % 4 == 0 && N > 0 failed (M = 34, N = 128)"),
     "require scalar": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), -3, 1.0], 1,
                        "require M % 2 == 0 && n > -3 failed (M = 32, n = -3)"),
     "innermost extent 1": ("copy3", [t(0x7f0000000000, (3, 5, 1), (5, 1, 7)), t(0x7f0000100000, (3, 5, 1))], 2,

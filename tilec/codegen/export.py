@@ -16,6 +16,7 @@ from .._version import __version__
 from ..errors import TilecError
 from ..ir import nodes as ir
 from ..ir.exprs import free_names
+from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
 from ..runtime import tensormap
 from .abi import kernel_params
@@ -28,8 +29,11 @@ SCALAR_CTYPES = {"f32": "float", "f64": "double", "i8": "int8_t", "u8": "uint8_t
                  "f16": "uint16_t", "bf16": "uint16_t", "f8e4m3": "uint8_t", "f8e5m2": "uint8_t"}
 BITS_NOTE = {"f16": "IEEE half bits", "bf16": "bfloat16 bits", "f8e4m3": "e4m3 bits", "f8e5m2": "e5m2 bits"}
 
-_C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
+# C's precedences, but comparisons on one level printed unchained, so a comparison
+# of comparisons is parenthesised ((M < 64) == (N < 64)), as gcc's -Wparentheses wants.
+_C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
            "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
+_COMPARE = 3
 SWIZZLE_ENUM = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
                 "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}
 L2_ENUM = {"none": "CU_TENSOR_MAP_L2_PROMOTION_NONE", "64B": "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
@@ -97,9 +101,10 @@ class _HostExpr:
                 fn = "floordiv" if e.op == "/" else "floormod"
                 self.helpers.add(fn)
                 return f"{fn}({self(e.lhs)}, {self(e.rhs)})"
-            p = _C_PREC[e.op]
-            text = f"{self(e.lhs, p)} {e.op} {self(e.rhs, p + 1)}"
-            return f"({text})" if p < prec else text
+            def show(x, p):     # && inside || parenthesised too (-Wparentheses)
+                text = self(x, p)
+                return f"({text})" if e.op == "||" and isinstance(x, ir.BinOp) and x.op == "&&" else text
+            return binary(e, prec, _C_PREC, show, chains=_C_PREC[e.op] != _COMPARE)
         if isinstance(e, ir.UnaryOp):
             return f"{e.op}{self(e.operand, 7)}"
         if isinstance(e, ir.Call) and e.func in ("min", "max"):
