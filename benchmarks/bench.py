@@ -87,6 +87,24 @@ def bench_copy(rows):
                  nbytes / t_torch / 1e9, "GB/s", ratio))
 
 
+def bench_copy_prehopper(rows):
+    """copy2d as sm_80 / sm_86 / sm_89 get it (no TMA: bounds-checked thread
+    copies through shared memory), built for this GPU: the thread-copy variant of
+    the sm_90a kernel, line for line the CUDA sm_80 gets (tests/test_arch.py)."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/copy2d.tile"), arch="sm_90a").fallback
+    assert "cp.async.bulk" not in k.ptx and "mbarrier" not in k.ptx
+    M = N = 16384                                       # 1 GiB of f32
+    a = torch.randn(M, N, device="cuda")
+    b = torch.empty_like(a)
+    nbytes = 2 * a.numel() * a.element_size()
+    k(a, b)
+    assert torch.equal(a, b), "the pre-Hopper copy2d gave a wrong answer"
+    t_tilec, t_torch, ratio = compare(lambda: k(a, b), lambda: b.copy_(a))
+    rows.append(("copy2d pre-Hopper lowering 16384^2 f32", "torch copy_", nbytes / t_tilec / 1e9,
+                 nbytes / t_torch / 1e9, "GB/s", ratio))
+
+
 def bench_ragged(rows):
     """Outputs whose rows end mid-granule, as views of padded buffers (a column slice),
     against the aligned shape in the same rounds: the store maps end at the last
@@ -315,8 +333,8 @@ def bench_compile(rows):
 
 def main():
     rows = []
-    benches = (bench_compile, bench_copy, bench_ragged, bench_scale, bench_im2col, bench_gemm, bench_gemm_f8,
-               bench_conv2d, bench_host)
+    benches = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
+               bench_gemm_f8, bench_conv2d, bench_host)
     wanted = set(sys.argv[1:])
     unknown = wanted - {b.__name__[len("bench_"):] for b in benches}
     if unknown:

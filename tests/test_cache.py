@@ -41,7 +41,7 @@ def test_miss_then_hit(cache_dir):
 def test_key_covers_consts_arch_and_source(cache_dir):
     tilec.compile(COPY2D, BM=32)
     tilec.compile(COPY2D, BM=16)
-    tilec.compile(COPY2D, BM=32, arch="sm_90")
+    tilec.compile(COPY2D, BM=32, arch="sm_100a")
     tilec.compile(COPY2D.replace("threads 128", "threads 64"), BM=32)
     assert len(entries(cache_dir)) == 4
 

@@ -9,6 +9,8 @@ from .errors import TilecError
 from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
+ARCH_HELP = ("the target: sm_80, sm_86, sm_89 (no TMA: thread copies, no gemm), sm_90a, sm_100a, sm_120a "
+             "(default: the GPU's, sm_90a without one)")
 
 
 def _consts(pairs):
@@ -24,24 +26,32 @@ def _consts(pairs):
     return out
 
 
+def _arch(args):
+    """--arch, checked (tilec.arch.NAMES); without it the GPU's, sm_90a with none."""
+    from .arch import get
+    from .runtime.driver import target_arch
+    return get(args.arch if args.arch is not None else target_arch()).name
+
+
 def _cmd_emit(args):
     from .compiler import lower
     from .kernel import compile as compile_kernel
     consts = _consts(args.define)
+    arch = _arch(args)
     if args.emit == "ir":
-        lowered = lower(args.file, consts)
+        lowered = lower(args.file, consts, arch=arch)
         text = lowered.ir_text(args.after or PASS_NAMES[-1])
     elif args.after:
         raise TilecError("--after goes with --emit ir")
     else:
-        k = compile_kernel(args.file, **consts)
+        k = compile_kernel(args.file, arch=arch, **consts)
         text = {"cuda": k.cuda_source, "host": k.host_source, "ptx": k.ptx}.get(args.emit) or k.tma_table()
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def _cmd_check(args):
     from .kernel import compile as compile_kernel
-    k = compile_kernel(args.file, **_consts(args.define))
+    k = compile_kernel(args.file, arch=_arch(args), **_consts(args.define))
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
 
 
@@ -64,10 +74,12 @@ def main(argv=None) -> int:
     e.add_argument("--emit", choices=EMITS, default="cuda")
     e.add_argument("--after", help="with --emit ir: the pass to print the IR after (default: the last)")
     e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help="override a const")
+    e.add_argument("--arch", help=ARCH_HELP)
     e.set_defaults(run=_cmd_emit)
     c = sub.add_parser("check", help="parse, check and compile; exit 0 or print the errors")
     c.add_argument("file")
     c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
+    c.add_argument("--arch", help=ARCH_HELP)
     c.set_defaults(run=_cmd_check)
     x = sub.add_parser("export", help="write the kernel as a cubin, a C header and a C++ launcher (no Python "
                                       "needed to run it)")

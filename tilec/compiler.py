@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from .errors import Source, TilecError
 from .frontend import parse
 from .ir import nodes as ir
@@ -67,10 +68,13 @@ class Lowered:
         return print_kernel(self.stages[after])
 
 
-def lower(src, consts: dict | None = None, tma: bool = True) -> Lowered:
+def lower(src, consts: dict | None = None, tma: bool = True, arch: str = DEFAULT_ARCH) -> Lowered:
+    """`tma=False`: the thread-copy variant. An architecture without TMA
+    (sm_80 / sm_86 / sm_89) always gets the thread-copy lowering."""
     source = load_source(src)
     consts = dict(consts or {})
-    opts = Options(consts, tma, int(os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0")))
+    target = get_arch(arch)
+    opts = Options(consts, tma and target.tma, int(os.environ.get("TILEC_TEST_EXPECT_TX_SKEW", "0")), target.name)
     k = parse(source)
     stages = {"parse": k}
     verify(k, "parse")

@@ -8,6 +8,7 @@ import threading
 
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
+from .arch import get as get_arch
 from .compiler import Program, load_source, lower, program_key
 from .errors import CaptureError, TilecError
 from ._version import __version__
@@ -42,7 +43,7 @@ class Kernel(Program):
             meta, cubin = hit
         else:
             lw = self._lowered
-            cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug)
+            cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug, arch)
             compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
             meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
                     "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name, debug),
@@ -68,7 +69,7 @@ class Kernel(Program):
     def _lowered(self):
         """The IR after every pass (built on demand: a disk-cache hit skips it)."""
         if self._lowered_ir is None:
-            self._lowered_ir = lower(self.source, self._overrides, tma=self._tma)
+            self._lowered_ir = lower(self.source, self._overrides, tma=self._tma, arch=self.arch)
         return self._lowered_ir
 
     @property
@@ -82,14 +83,15 @@ class Kernel(Program):
             with self._load_lock:
                 m = self._loaded.get(device)
                 if m is None:
-                    m = driver.LoadedKernel(self.cubin, self.name, device, self._smem_bytes)
+                    m = driver.LoadedKernel(self.cubin, self.name, device, self._smem_bytes, self.arch)
                     self._loaded[device] = m
         return m
 
     @property
     def fallback(self) -> "Kernel":
         """The thread-copy variant: runs when an argument breaks a TMA rule at launch
-        (e.g. rows that are not 16-byte aligned). Compiled on first use."""
+        (e.g. rows that are not 16-byte aligned). Compiled on first use. For sm_90a
+        it is the lowering sm_80 / sm_86 / sm_89 get (tilec.arch), on a GPU that runs it."""
         if self._fallback is None:
             with self._load_lock:
                 if self._fallback is None:
@@ -159,7 +161,10 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     debug (default: TILEC_DEBUG=1): bound every mbarrier wait (~1 s); a kernel
     that would hang raises a DeviceError naming the barrier, phase, bytes and line.
     backend: "cuda" (default), or "interpret" (default when TILEC_INTERPRET=1): run
-    the same lowered IR on the CPU with numpy (tilec.runtime.interpret)."""
+    the same lowered IR on the CPU with numpy (tilec.runtime.interpret).
+    arch: one of tilec.arch.NAMES (sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_120a;
+    default: the GPU's, sm_90a without one). Before sm_90 there is no TMA: copies
+    are thread copies, and `gemm` (wgmma) is sm_90a only."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
@@ -170,6 +175,7 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         raise TilecError(f"unknown backend '{backend}' (cuda or interpret)")
     if arch is None:
         arch = driver.target_arch()
+    arch = get_arch(arch).name
     if debug is None:
         debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
     key = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)

@@ -10,6 +10,7 @@ import jinja2
 
 from .._version import __version__
 from .._resources import resource
+from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import walk_expr
@@ -538,7 +539,7 @@ def _used(named_values, body) -> list:
     return [(n, v) for n, v in named_values if re.search(rf"\b{n}\b", text)]
 
 
-def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=None) -> list:
+def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=None, arch: str = DEFAULT_ARCH) -> list:
     stmts = list(ir.walk_stmts(k.body))
     need = []
 
@@ -549,10 +550,11 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     for name, macro in (("f16", "f16"), ("bf16", "bf16")):
         if name in dtypes:
             add(macro)
+    f8 = "f8" if get_arch(arch).fp8_cvt else "f8_soft"     # no fp8 cvt before sm_89
     if "f8e4m3" in dtypes:
-        add("f8", "f8e4m3_t", "e4m3")
+        add(f8, "f8e4m3_t", "e4m3")
     if "f8e5m2" in dtypes:
-        add("f8", "f8e5m2_t", "e5m2")
+        add(f8, "f8e5m2_t", "e5m2")
     if k.tensor_maps:
         add("tensor_map")
     if k.tensor_maps or k.barriers or any(b.layout == "sw128" for b in k.buffers):
@@ -603,9 +605,10 @@ def _param_decl(k: ir.Kernel, p) -> str:
     return f"const {ctype(p.dtype)} {p.name}"
 
 
-def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
-    """The kernel's CUDA. `debug`: every mbarrier wait is bounded (~1 s); on expiry
-    it records which barrier, phase, expect-tx bytes and .tile line, and traps."""
+def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DEFAULT_ARCH) -> str:
+    """The kernel's CUDA for `arch` (k lowered for it). `debug`: every mbarrier wait
+    is bounded (~1 s); on expiry it records which barrier, phase, expect-tx bytes
+    and .tile line, and traps."""
     pr = _Printer(k, debug)
     body = pr.block(k.body)
     prologue = []
@@ -637,7 +640,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         prologue.append(f"const int {name} = blockIdx.{axis};")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
-        version=__version__, source_name=source_name, kernel_name=k.name, consts=consts,
-        primitives=_primitives(k, pr.uses_math, pr.debug, pr), threads=pr.threads,
+        version=__version__, source_name=source_name, kernel_name=k.name, consts=consts, arch=arch,
+        primitives=_primitives(k, pr.uses_math, pr.debug, pr, arch), threads=pr.threads,
         params=[_param_decl(k, p) for p in kernel_params(k, pr.debug)] or ["void"],
         prologue=prologue, body=body)

@@ -24,5 +24,7 @@ PASS_NAMES = ("parse",) + tuple(p.NAME for p in PIPELINE)
 @dataclass(frozen=True)
 class Options:
     consts: dict = field(default_factory=dict)   # const overrides
-    tma: bool = True                             # False: the thread-copy fallback variant
+    tma: bool = True                             # False: the thread-copy fallback variant, and every
+                                                 # kernel for an architecture without TMA (compiler.lower)
     expect_tx_skew: int = 0                      # test hook: a deliberately wrong expect-tx
+    arch: str = "sm_90a"                         # the target (tilec.arch.NAMES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import effects
 from ..ir import nodes as ir
@@ -25,10 +26,15 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts = {}
     threads = k.threads.value
+    target = get_arch(opts.arch)
 
     def plan(s):
         if not isinstance(s, ir.Gemm):
             return s
+        if not target.wgmma:
+            raise SemanticError(f"gemm needs Hopper's warpgroup MMA (wgmma.mma_async), which only sm_90a has; "
+                                f"{target.name} ({target.family}) has none: compile this kernel for sm_90a",
+                                s.span)
         a, b, acc = k.buffer(s.a), k.buffer(s.b), k.buffer(s.acc)
         for t, want in ((a, "shared"), (b, "shared"), (acc, "local")):
             if t.scope != want:

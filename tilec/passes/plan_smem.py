@@ -1,9 +1,11 @@
 """plan-smem: place shared tiles in dynamic shared memory (128-byte aligned, as
-TMA destinations need) and size it; the host opts in above 48 KB."""
+TMA destinations need) and size it, within the target's limit per block
+(tilec.arch); the host opts in above 48 KB."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
 
@@ -11,7 +13,6 @@ NAME = "plan-smem"
 
 ALIGN = 128
 SWIZZLE_ALIGN = 1024            # the 128-byte swizzle pattern follows address bits 7-9
-MAX_DYNAMIC_SMEM = 232448       # 227 KB per block on Hopper
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -30,10 +31,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             b = replace(b, smem_offset=offset)
             offset += b.ring_bytes
         buffers.append(b)
-    if offset > MAX_DYNAMIC_SMEM - 8 * len(k.barriers):
+    target = get_arch(opts.arch)
+    if offset > target.smem_per_block - 8 * len(k.barriers):
         big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)
-        raise SemanticError(f"shared tiles need {offset} bytes; a Hopper block has at most "
-                            f"{MAX_DYNAMIC_SMEM} bytes of shared memory", big.span)
+        raise SemanticError(f"shared tiles need {offset} bytes; {target.block} has at most "
+                            f"{target.smem_per_block} bytes of shared memory", big.span)
     if any(b.layout == "sw128" for b in buffers):
         offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
     return replace(k, buffers=tuple(buffers), smem_bytes=offset)

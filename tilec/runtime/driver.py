@@ -63,13 +63,19 @@ def compute_capability(device: int) -> tuple:
 
 
 def target_arch(device: int = 0) -> str:
-    """sm_90a on Hopper and when there is no GPU (what tilec compiles for in CI)."""
+    """The architecture to compile for: sm_90a when there is no GPU (what tilec
+    compiles for in CI), else the newest one of tilec.arch.NAMES whose cubin runs
+    on the device (sm_80 / sm_86 / sm_89 on Ampere and Ada, sm_90a on Hopper,
+    sm_100a / sm_120a on Blackwell); a DeviceError for a GPU none of them runs on."""
+    from ..arch import NAMES, for_device
     if not have_gpu():
         return "sm_90a"
     major, minor = compute_capability(device)
-    # Before Hopper there is no TMA: compile for sm_90a anyway; launching there
-    # raises a DeviceError that says Hopper is needed.
-    return f"sm_{major}{minor}a" if major >= 9 else "sm_90a"
+    arch = for_device(major, minor)
+    if arch is None:
+        raise DeviceError(f"device {device} has compute capability {major}.{minor}, and tilec compiles for "
+                          f"{', '.join(NAMES)}: none of their cubins runs on it")
+    return arch
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,12 +131,16 @@ def launcher(loaded, grid, threads, smem_bytes, params, name):
 class LoadedKernel:
     """A cubin loaded into one device's primary context."""
 
-    def __init__(self, cubin: bytes, name: str, device: int, smem_bytes: int):
+    def __init__(self, cubin: bytes, name: str, device: int, smem_bytes: int, arch: str = "sm_90a"):
         from cuda.bindings import driver as cu
-        major, _ = compute_capability(device)
-        if major < 9:
-            raise DeviceError(f"device {device} has compute capability {major}.x; "
-                              "tilec kernels use TMA and need Hopper (sm_90) or newer")
+        from ..arch import for_device, runs_on
+        major, minor = compute_capability(device)
+        if not runs_on(arch, major, minor):
+            fits = for_device(major, minor)
+            hint = f"compile it with arch='{fits}' (or leave arch out)" if fits else \
+                "no architecture tilec compiles for runs there"
+            raise DeviceError(f"kernel {name} was compiled for {arch}, which does not run on device {device} "
+                              f"(compute capability {major}.{minor}): {hint}")
         make_current(device)
         self.module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
