@@ -7,6 +7,7 @@ failure."""
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -312,3 +313,61 @@ def test_fp8_on_ampere_uses_the_software_conversions():
     for arch in ("sm_80", "sm_86"):
         cuda = tilec.compile(src, arch=arch).cuda_source
         assert "satfinite" not in cuda and "This target has no fp8 cvt" in cuda
+
+
+# ---------------------------------------------------------------- each lowering on the CPU interpreter
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_100a"])
+def test_the_interpreter_runs_each_architectures_lowering(arch):
+    """tilec.compile(..., backend="interpret", arch=...) runs the IR lowered for
+    that architecture: thread copies before sm_90, TMA from it; same results."""
+    rng = np.random.default_rng(1)
+    copy2d = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), backend="interpret", arch=arch)
+    assert copy2d.arch == arch and ("tma.load" in copy2d.ir("plan-smem")) == (arch not in PRE_HOPPER)
+    a = rng.standard_normal((333, 516)).astype(np.float32)     # rows TMA can copy: no fallback
+    b = np.zeros_like(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        copy2d(a, b)
+    assert np.array_equal(a, b)
+    if arch in PRE_HOPPER:      # no TMA, so no TMA rule: rows of 2068 bytes run as they are, no warning
+        a7 = rng.standard_normal((33, 517)).astype(np.float32)
+        b7 = np.zeros_like(a7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", tilec.TmaFallbackWarning)
+            copy2d(a7, b7)
+        assert np.array_equal(a7, b7)
+
+    scale = tilec.compile(str(ROOT / "examples" / "scale.tile"), backend="interpret", arch=arch)
+    y = np.zeros_like(a)
+    scale(a, y, 2.0)
+    assert np.array_equal(y, a * 2 + 1)
+
+    im2col = str(ROOT / "examples" / "im2col.tile")
+    x = rng.standard_normal((2, 9, 9, 64)).astype(np.float16)
+    got, want = np.zeros((2 * 9 * 9, 9 * 64), np.float16), np.ones((2 * 9 * 9, 9 * 64), np.float16)
+    tilec.compile(im2col, backend="interpret", arch=arch)(x, got)
+    tilec.compile(im2col, backend="interpret", arch="sm_90a")(x, want)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f8e4m3", "f8e5m2"])
+def test_the_interpreter_agrees_across_architectures_on_narrow_floats(dt):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    np_dt = {"bf16": ml_dtypes.bfloat16, "f8e4m3": ml_dtypes.float8_e4m3fn, "f8e5m2": ml_dtypes.float8_e5m2}[dt]
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((70, 128)) * 8).astype(np_dt)
+    outs = []
+    for arch in ("sm_80", "sm_90a"):
+        b, c = np.zeros_like(a), np.zeros(a.shape, np.float32)
+        tilec.compile(DTYPE_PROGRAM.format(dt=dt), backend="interpret", arch=arch)(a, b, c)
+        outs.append((b.view(np.uint8 if a.itemsize == 1 else np.uint16), c))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    assert np.array_equal(outs[0][1], a.astype(np.float32) * 2)
+
+
+def test_the_interpreter_refuses_gemm_and_unknown_architectures():
+    with pytest.raises(SemanticError, match="gemm needs Hopper's warpgroup MMA"):
+        tilec.compile(str(ROOT / "examples" / "gemm.tile"), backend="interpret", arch="sm_86")
+    with pytest.raises(TilecError, match="unknown architecture 'sm_75'"):
+        tilec.compile(str(ROOT / "examples" / "copy2d.tile"), backend="interpret", arch="sm_75")

@@ -163,14 +163,15 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     backend: "cuda" (default), or "interpret" (default when TILEC_INTERPRET=1): run
     the same lowered IR on the CPU with numpy (tilec.runtime.interpret).
     arch: one of tilec.arch.NAMES (sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_120a;
-    default: the GPU's, sm_90a without one). Before sm_90 there is no TMA: copies
-    are thread copies, and `gemm` (wgmma) is sm_90a only."""
+    default: the GPU's, sm_90a without one; with backend="interpret", sm_90a).
+    Before sm_90 there is no TMA: copies are thread copies, and `gemm` (wgmma)
+    is sm_90a only."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
     if backend == "interpret":
         from .runtime.interpret import interpret
-        return interpret(source, consts, fallback)
+        return interpret(source, consts, fallback, get_arch(arch or "sm_90a").name)
     if backend != "cuda":
         raise TilecError(f"unknown backend '{backend}' (cuda or interpret)")
     if arch is None:

@@ -60,13 +60,14 @@ def _host_eval(e, env):
 _CACHE: dict = {}
 
 
-def interpret(source, consts: dict, fallback: bool = True) -> "InterpretedKernel":
-    """What `tilec.compile(src, backend="interpret", **consts)` returns (cached)."""
+def interpret(source, consts: dict, fallback: bool = True, arch: str = "sm_90a") -> "InterpretedKernel":
+    """What `tilec.compile(src, backend="interpret", **consts)` returns (cached):
+    the IR lowered for `arch` (sm_80 / sm_86 / sm_89: thread copies, tilec.arch)."""
     source = load_source(source)
-    key = program_key(source, consts, backend="interpret", fallback=fallback)
+    key = program_key(source, consts, backend="interpret", fallback=fallback, arch=arch)
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = InterpretedKernel(source, consts, fallback)
+        k = _CACHE[key] = InterpretedKernel(source, consts, fallback, arch=arch)
     return k
 
 
@@ -75,13 +76,14 @@ class InterpretedKernel(Program):
     arguments: numpy arrays and torch tensors (CPU ones are used in place,
     others are copied to the CPU and back), Python numbers for scalars."""
 
-    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True):
+    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True, arch: str = "sm_90a"):
         self.source = load_source(source)
         self._overrides = dict(overrides)
         self._fallback_allowed = fallback
         self._tma = tma
+        self.arch = arch
         self._fallback = None
-        self._lowered = lower(self.source, self._overrides, tma=tma)
+        self._lowered = lower(self.source, self._overrides, tma=tma, arch=arch)
         self.kernel_ir = self._lowered.kernel
         self.name = self.kernel_ir.name
         self.consts = dict(self.kernel_ir.consts)
@@ -90,13 +92,14 @@ class InterpretedKernel(Program):
     def cuda_source(self) -> str:
         """The CUDA the GPU backend would compile from the same IR."""
         from ...codegen import cuda
-        return cuda.generate(self.kernel_ir, self.source.name)
+        return cuda.generate(self.kernel_ir, self.source.name, arch=self.arch)
 
     @property
     def fallback(self) -> "InterpretedKernel":
         """The thread-copy variant (every global<->shared copy a thread copy, no mbarriers)."""
         if self._fallback is None:
-            self._fallback = InterpretedKernel(self.source, self._overrides, fallback=False, tma=False)
+            self._fallback = InterpretedKernel(self.source, self._overrides, fallback=False, tma=False,
+                                               arch=self.arch)
         return self._fallback
 
     def _run_fallback(self, *args, stream=None):
