@@ -159,6 +159,22 @@ kernel big(A: f32[M, N], B: f32[M, N]) {
                                                 f"has at most {limit} bytes of shared memory")
 
 
+def test_an_absurd_tile_names_the_architectures_limit():
+    src = """
+kernel huge(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[4096, 4096];
+    copy(A[0, 0], s);
+}
+"""
+    for arch, block, limit in (("sm_90a", "a Hopper block", 232448), ("sm_86", "an sm_86 (Ampere) block", 101376)):
+        with pytest.raises(SemanticError) as e:
+            tilec.compile(src, arch=arch)
+        assert str(e.value).splitlines()[0] == (f"<string>:5:5: error: shared tile 's' is 67108864 bytes; {block} "
+                                                f"has at most {limit} bytes of shared memory")
+
+
 def test_cache_keys_include_the_architecture():
     path = str(ROOT / "examples" / "copy2d.tile")
     a, b = tilec.compile(path, arch="sm_80"), tilec.compile(path, arch="sm_86")

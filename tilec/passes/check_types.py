@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import FLOAT_CALLS, linear, walk_expr
@@ -25,8 +26,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.tensors:
         for d in p.shape:
             _only_kinds(d, {"symbol"}, "a tensor shape")
+    target = get_arch(opts.arch)
     for b in k.buffers:
-        _fits(b, t)
+        _fits(b, t, target)
     for p in k.scalars:
         if p.dtype.name.startswith("f8"):
             raise SemanticError(f"scalar parameter '{p.name}': fp8 scalars are not supported; pass an f32",
@@ -41,13 +43,13 @@ MAX_SHARED_TILE = 2**24         # bytes: far past the 232448 a block can have (p
 MAX_LOCAL_PER_THREAD = 1024     # elements of a local tile per thread (registers, then local memory)
 
 
-def _fits(b: ir.Buffer, threads: int):
+def _fits(b: ir.Buffer, threads: int, target):
     """A tile far too large is rejected here, at its declaration, before later
     passes expand it (one TMA load per 128-byte chunk, one register per element);
     plan-tma and plan-smem give the precise limits for the rest."""
     if b.scope == "shared" and b.bytes > MAX_SHARED_TILE:
-        raise SemanticError(f"shared tile '{b.name}' is {b.bytes} bytes; a Hopper block has at most "
-                            "232448 bytes of shared memory", b.span)
+        raise SemanticError(f"shared tile '{b.name}' is {b.bytes} bytes; {target.block} has at most "
+                            f"{target.smem_per_block} bytes of shared memory", b.span)
     per_thread = -(-b.elements // threads)
     if b.scope == "local" and per_thread > MAX_LOCAL_PER_THREAD:
         raise SemanticError(f"local tile '{b.name}' puts {per_thread} elements in each of the {threads} threads; "
