@@ -387,3 +387,98 @@ def test_the_interpreter_refuses_gemm_and_unknown_architectures():
         tilec.compile(str(ROOT / "examples" / "gemm.tile"), backend="interpret", arch="sm_86")
     with pytest.raises(TilecError, match="unknown architecture 'sm_75'"):
         tilec.compile(str(ROOT / "examples" / "copy2d.tile"), backend="interpret", arch="sm_75")
+
+
+# ---------------------------------------------------------------- the thread copies' CUDA, run on the CPU
+
+_CPU_SHIM = r"""
+#include <barrier>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+struct tl_dim3 { unsigned x, y, z; };
+thread_local tl_dim3 threadIdx;
+tl_dim3 blockIdx;
+std::barrier<>* tl_block_barrier;
+inline void __syncthreads() { tl_block_barrier->arrive_and_wait(); }
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __restrict__ __restrict
+#define __align__(n) alignas(n)
+alignas(1024) unsigned char tl_cpu_smem[1 << 18];
+"""
+
+_CPU_MAIN = r"""
+int main(int argc, char** argv) {  // M N offA sA0 sA1 offB sB0 sB1 lenA lenB; A's and B's buffers on stdin
+  long long v[10];
+  for (int i = 0; i < 10; ++i) v[i] = atoll(argv[i + 1]);
+  std::vector<unsigned char> a(v[8] * sizeof(T) + 64), b(v[9] * sizeof(T) + 64);
+  T* A = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(a.data()) + 63) / 64 * 64);
+  T* B = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data()) + 63) / 64 * 64);
+  if (fread(A, sizeof(T), v[8], stdin) != size_t(v[8]) || fread(B, sizeof(T), v[9], stdin) != size_t(v[9])) return 2;
+  for (unsigned by = 0; by < (v[0] + BM - 1) / BM; ++by)
+    for (unsigned bx = 0; bx < (v[1] + BN - 1) / BN; ++bx) {
+      blockIdx = {bx, by, 0};
+      std::barrier<> bar(THREADS);
+      tl_block_barrier = &bar;
+      std::vector<std::thread> threads;
+      for (unsigned t = 0; t < THREADS; ++t)
+        threads.emplace_back([&, t] {
+          threadIdx = {t, 0, 0};
+          copy2d(A + v[2], v[0], v[1], v[3], v[4], B + v[5], v[0], v[1], v[6], v[7]);
+        });
+      for (auto& th : threads) th.join();
+    }
+  fwrite(B, sizeof(T), v[9], stdout);
+}
+"""
+
+CPU_COPY = """
+kernel copy2d(A: {dt}[M, N], B: {dt}[M, N]) {{
+    const BM = {bm}, BN = {bn};
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads {threads};
+    shared s: {dt}[BM, BN];
+    copy(A[by * BM, bx * BN], s);
+    copy(s, B[by * BM, bx * BN]);
+}}
+"""
+
+# M, N, A's offset and strides, B's offset and strides (elements): 16-byte vectors, vectors with a
+# partial last one, offsets that keep or break the alignment, strided columns, a single element
+CPU_CASES = [(100, 300, 0, 300, 1, 0, 300, 1), (100, 301, 0, 304, 1, 0, 304, 1), (70, 301, 16, 304, 1, 32, 320, 1),
+             (70, 301, 1, 304, 1, 3, 305, 1), (70, 130, 0, 260, 2, 0, 131, 1), (1, 1, 0, 1, 1, 0, 1, 1),
+             (65, 129, 0, 144, 1, 0, 129, 1)]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the generated CUDA for the CPU")
+@pytest.mark.parametrize("dt, ctype, bm, bn, threads", [("f32", "float", 64, 128, 128), ("i8", "signed char", 8, 48, 64),
+                                                        ("f64", "double", 16, 64, 96)])
+def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads):
+    """The CUDA sm_80 gets for copy2d (16-byte vector copies when the rows allow,
+    element copies otherwise) built with g++, one std::thread per CUDA thread and
+    a std::barrier for __syncthreads: every element lands, nothing else is written."""
+    k = tilec.compile(CPU_COPY.format(dt=dt, bm=bm, bn=bn, threads=threads), arch="sm_80")
+    assert "tl_v16" in k.cuda_source
+    cuda = k.cuda_source.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
+                                 "unsigned char* const tl_smem = tl_cpu_smem;")
+    main = _CPU_MAIN.replace("THREADS", str(threads)).replace("BM", str(bm)).replace("BN", str(bn))
+    (tmp_path / "k.cc").write_text(_CPU_SHIM + f"using T = {ctype};\n" + cuda + main)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-fno-strict-aliasing", "-pthread", "-w", "-o", str(tmp_path / "k"),
+                    str(tmp_path / "k.cc")], check=True)
+    npt = {"f32": np.float32, "i8": np.int8, "f64": np.float64}[dt]
+    for m, n, off_a, a0, a1, off_b, b0, b1 in CPU_CASES:
+        len_a, len_b = off_a + (m - 1) * a0 + (n - 1) * a1 + 1, off_b + (m - 1) * b0 + (n - 1) * b1 + 8
+        a = (np.random.default_rng(m + n).standard_normal(len_a) * 50).astype(npt)
+        b = np.full(len_b, 77, npt)
+        out = subprocess.run([str(tmp_path / "k")] + [str(x) for x in (m, n, off_a, a0, a1, off_b, b0, b1, len_a, len_b)],
+                             input=a.tobytes() + b.tobytes(), capture_output=True, check=True, timeout=120).stdout
+        i, j = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
+        want = b.copy()
+        want[off_b + i * b0 + j * b1] = a[off_a + i * a0 + j * a1]
+        got = np.frombuffer(out, npt)
+        assert np.array_equal(got, want), ((m, n, off_a, a0, a1, off_b, b0, b1), int((got != want).sum()))

@@ -55,6 +55,7 @@ class _Printer:
         self.uses_sw128 = False
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
+        self.uses_vec16 = False     # 16-byte vector thread copies
 
     # ---------------------------------------------------------- expressions
     def expr(self, e, prec=0, double=False) -> str:
@@ -353,6 +354,90 @@ class _Printer:
         return self.thread_loop(acc.shape, ["tl_i0"], body, ind)
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:
+        vector = self.vector_copy(s, ind + "  ")
+        if vector is None:
+            return self.element_copy(s, ind)
+        cond, lines = vector
+        return [f"{ind}if ({cond}) {{  // whole 16-byte vectors: contiguous rows, 16-byte aligned"] + lines + \
+            [f"{ind}}} else {{"] + self.element_copy(s, ind + "  ") + [f"{ind}}}"]
+
+    def vector_copy(self, s: ir.ThreadCopy, ind):
+        """A global <-> shared copy between a row-major shared tile and a tensor of
+        the same dtype whose tile rows are whole 16-byte vectors: (the block-uniform
+        test that the tensor's rows are contiguous and the tile's vectors 16-byte
+        aligned in it, the copy in 16-byte vectors) or None. Vectors that cross the
+        tensor's last column go element by element, rows outside it read zeros."""
+        src_b, dst_b = self.k.buffer(s.src.name), self.k.buffer(s.dst.name)
+        tile, region = (src_b, s.dst) if src_b is not None else (dst_b, s.src)
+        t = self.k.param(region.name)
+        if (src_b is None) == (dst_b is None) or not isinstance(t, ir.TensorParam) or tile.scope != "shared" \
+                or tile.layout != "row" or tile.stages != 1 or tile.dtype != t.dtype or 16 % t.dtype.size:
+            return None
+        per, width = 16 // t.dtype.size, s.shape[-1]
+        if per < 2 or width % per or tuple(tile.shape) != tuple(s.shape):
+            return None
+        self.uses_vec16 = True
+        last, lead = len(t.shape) - 1, len(t.shape) - len(s.shape)
+        names = [f"tl_i{d}" for d in range(len(s.shape))]
+        coords = [self.expr(c, 5) + (f" + {names[d - lead]}" if d >= lead else "") for d, c in enumerate(region.starts)]
+        cond = " && ".join([f"tl_{t.name}_stride{last} == 1",
+                            f"(reinterpret_cast<unsigned long long>({t.name}) & 15) == 0"] +
+                           [f"tl_{t.name}_stride{d} % {per} == 0" for d in range(last)] +
+                           [f"({self.expr(region.starts[-1], 6)}) % {per} == 0"])
+        rows_ok = " && ".join(f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>"
+                              f"(tl_{t.name}_dim{d})" for d, c in enumerate(coords[:last])) or "true"
+        row = "".join(f" + static_cast<long long>({c}) * tl_{t.name}_stride{d}" for d, c in enumerate(coords[:last]))
+        n, ct = math.prod(s.shape) // per, ctype(t.dtype)
+        lines, index = [f"  const int tl_e = tl_v * {per};"], []
+        for d, name in enumerate(names):
+            stride = math.prod(s.shape[d + 1:])
+            idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
+            index.append(f"{idx} % {s.shape[d]}" if d else idx)
+            lines.append(f"  const int {name} = {index[-1]};")
+        in_row = (f"static_cast<unsigned long long>(tl_x + tl_l) < static_cast<unsigned long long>"
+                  f"(tl_{t.name}_dim{last})")
+        whole = f"tl_x >= 0 && tl_x + {per} <= tl_{t.name}_dim{last}"
+        lines += [f"  {'const ' if src_b is not None else ''}{ct}* const tl_s = &{self.element(tile, [ir.Var(x) for x in names])};",
+                  f"  const long long tl_x = {coords[last]};"]
+        if src_b is None:       # global -> shared
+            lines += [f"  if ({rows_ok}) {{",
+                      f"    const {ct}* const tl_row = {t.name}{row};",
+                      f"    if ({whole}) {{",
+                      f"      *reinterpret_cast<tl_v16*>(tl_s) = *reinterpret_cast<const tl_v16*>(tl_row + tl_x);",
+                      "    } else {",
+                      "      #pragma unroll",
+                      f"      for (int tl_l = 0; tl_l < {per}; ++tl_l) "
+                      f"tl_s[tl_l] = {in_row} ? tl_row[tl_x + tl_l] : static_cast<{ct}>(0);",
+                      "    }",
+                      "  } else {",
+                      "    *reinterpret_cast<tl_v16*>(tl_s) = tl_v16{0, 0};",
+                      "  }"]
+        else:                   # shared -> global
+            lines += [f"  if ({rows_ok}) {{",
+                      f"    {ct}* const tl_row = {t.name}{row};",
+                      f"    if ({whole}) {{",
+                      f"      *reinterpret_cast<tl_v16*>(tl_row + tl_x) = *reinterpret_cast<const tl_v16*>(tl_s);",
+                      "    } else {",
+                      "      #pragma unroll",
+                      f"      for (int tl_l = 0; tl_l < {per}; ++tl_l) if ({in_row}) tl_row[tl_x + tl_l] = tl_s[tl_l];",
+                      "    }",
+                      "  }"]
+        slots = -(-n // self.threads)
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_slot = 0; tl_slot < {slots}; ++tl_slot) {{",
+               f"{ind}  const int tl_v = tl_slot * {self.threads} + threadIdx.x;  // one 16-byte vector"]
+        inner = ind + "  "
+        if n % self.threads:
+            out.append(f"{inner}if (tl_v < {n}) {{")
+            inner += "  "
+        rest = lines[1 + len(names):]
+        declared = [f"  const int {name} = {value};" for name, value in _used(zip(names, index), rest)]
+        out += [inner + line[2:] for line in [lines[0]] + declared + rest]
+        if n % self.threads:
+            out.append(f"{ind}  }}")
+        out.append(f"{ind}}}")
+        return cond, out
+
+    def element_copy(self, s: ir.ThreadCopy, ind) -> list:
         names = [f"tl_i{d}" for d in range(len(s.shape))]
         src_b, dst_b = self.k.buffer(s.src.name), self.k.buffer(s.dst.name)
         lines = []
@@ -584,6 +669,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("sw128")
     if pr is not None and pr.pair_stores:
         add("pack2", sorted(pr.pair_stores))
+    if pr is not None and pr.uses_vec16:
+        add("vec16")
     return need
 
 
