@@ -99,6 +99,14 @@ def test_every_dtype_on_every_architecture(dt, arch):
     check_matrix_entry(src, "<string>", src, arch)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_debug_builds_on_every_architecture(arch):
+    """debug=True bounds mbarrier waits where there are mbarriers (sm_90a and newer)."""
+    k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch=arch, debug=True)
+    assert k.cubin[:4] == ELF and k.compile_log == "", k.compile_log
+    assert ("mbarrier_wait_bounded" in k.cuda_source) == (arch not in PRE_HOPPER)
+
+
 def test_the_matrix_covers_examples_with_and_without_gemm():
     names = {p.stem for p in PROGRAMS}
     assert {"copy2d", "scale", "im2col", "rowsum", "gemm", "gemm_f8", "conv2d"} <= names
