@@ -403,7 +403,7 @@ class _Printer:
             lines += [f"  if ({rows_ok}) {{",
                       f"    const {ct}* const tl_row = {t.name}{row};",
                       f"    if ({whole}) {{",
-                      f"      *reinterpret_cast<tl_v16*>(tl_s) = *reinterpret_cast<const tl_v16*>(tl_row + tl_x);",
+                      "      *reinterpret_cast<tl_v16*>(tl_s) = *reinterpret_cast<const tl_v16*>(tl_row + tl_x);",
                       "    } else {",
                       "      #pragma unroll",
                       f"      for (int tl_l = 0; tl_l < {per}; ++tl_l) "
@@ -416,7 +416,7 @@ class _Printer:
             lines += [f"  if ({rows_ok}) {{",
                       f"    {ct}* const tl_row = {t.name}{row};",
                       f"    if ({whole}) {{",
-                      f"      *reinterpret_cast<tl_v16*>(tl_row + tl_x) = *reinterpret_cast<const tl_v16*>(tl_s);",
+                      "      *reinterpret_cast<tl_v16*>(tl_row + tl_x) = *reinterpret_cast<const tl_v16*>(tl_s);",
                       "    } else {",
                       "      #pragma unroll",
                       f"      for (int tl_l = 0; tl_l < {per}; ++tl_l) if ({in_row}) tl_row[tl_x + tl_l] = tl_s[tl_l];",
@@ -562,14 +562,8 @@ class _Printer:
         """Element (m0 + i0, k0 + i1) of an im2col view read straight from X, and the
         test that it is inside the matrix and its tap inside the image (else zero)."""
         x = self.k.param(v.tensor)
-        xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"tl_{x.name}_dim{d}") for d in range(len(x.shape))))
-        m = ir.BinOp("+", r.starts[0], ir.Var(names[0]))
-        kk = ir.BinOp("+", r.starts[1], ir.Var(names[1]))
-        n, origins = im2col.row(v, xd, m)
-        c, offsets = im2col.column(v, xd, kk)
-        coords = [n] + [ir.BinOp("+", o, off) for o, off in zip(origins, offsets)] + [c]
-        conds = [f"{self.expr(m, 4)} < {self.expr(im2col.rows(v, xd), 4)}",
-                 f"{self.expr(kk, 4)} < {self.expr(im2col.columns(v, xd), 4)}"]
+        (m, kk), coords, (rows, columns) = im2col.element(v, x, r.starts, names)
+        conds = [f"{self.expr(m, 4)} < {self.expr(rows, 4)}", f"{self.expr(kk, 4)} < {self.expr(columns, 4)}"]
         idx = []
         for d, e in enumerate(coords):
             ce = self.expr(e, 5)

@@ -40,6 +40,21 @@ def column(v: ir.Im2colView, x: ir.TensorParam, k) -> tuple:
     return _b("%", k, channels), tuple(offsets)
 
 
+def element(v: ir.Im2colView, x: ir.TensorParam, starts, names) -> tuple:
+    """Element (m0 + i0, k0 + i1) of view `v` as threads read it straight from X
+    (codegen's thread copy and the interpreter's): (the view row and column, the
+    coordinates (n, spatial..., c) into X, the view's (rows, columns)). X's dims
+    are the kernel parameters tl_X_dimD; the element is read when row < rows,
+    column < columns and each spatial coordinate is inside its dim (else zero)."""
+    xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"tl_{x.name}_dim{d}") for d in range(len(x.shape))))
+    m = ir.BinOp("+", starts[0], ir.Var(names[0]))
+    k = ir.BinOp("+", starts[1], ir.Var(names[1]))
+    n, origins = row(v, xd, m)
+    c, offsets = column(v, xd, k)
+    coords = [n] + [ir.BinOp("+", o, off) for o, off in zip(origins, offsets)] + [c]
+    return (m, k), coords, (rows(v, xd), columns(v, xd))
+
+
 def rows(v: ir.Im2colView, x: ir.TensorParam):
     """N * prod(O): the number of view rows."""
     n = x.shape[0]

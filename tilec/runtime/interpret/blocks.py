@@ -478,15 +478,10 @@ class _Blocks:
         x = self.k.param(v.tensor)
         exprs = self._view_exprs.get(id(s))
         if exprs is None:
-            xd = ir.TensorParam(x.name, x.dtype, tuple(ir.Var(f"tl_{x.name}_dim{d}") for d in range(len(x.shape))))
-            m = ir.BinOp("+", s.src.starts[0], ir.Var("tl_i0"))
-            kk = ir.BinOp("+", s.src.starts[1], ir.Var("tl_i1"))
-            n, origins = im2col.row(v, xd, m)
-            c, offsets = im2col.column(v, xd, kk)
-            coords = [n] + [ir.BinOp("+", o, off) for o, off in zip(origins, offsets)] + [c]
-            tests = [ir.BinOp("<", m, im2col.rows(v, xd)), ir.BinOp("<", kk, im2col.columns(v, xd))]
+            (m, kk), coords, (rows, columns) = im2col.element(v, x, s.src.starts, ("tl_i0", "tl_i1"))
+            tests = [ir.BinOp("<", m, rows), ir.BinOp("<", kk, columns)]
             for d in range(1, len(coords) - 1):     # unsigned compares: 0 <= coord < dim
-                tests += [ir.BinOp(">=", coords[d], ir.Int(0)), ir.BinOp("<", coords[d], xd.shape[d])]
+                tests += [ir.BinOp(">=", coords[d], ir.Int(0)), ir.BinOp("<", coords[d], ir.Var(f"tl_{x.name}_dim{d}"))]
             exprs = self._view_exprs[id(s)] = (coords, tests)
         coords, tests = exprs
         tensor = self.tensors[x.name]
