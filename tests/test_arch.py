@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest

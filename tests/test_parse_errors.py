@@ -3,7 +3,7 @@ user sees (`file:line:col: error: message`, the source line, a caret line and
 an optional note). Pure front end: no NVRTC, no GPU."""
 import pytest
 
-from tilec import ParseError, SemanticError, TilecError, UnsupportedError
+from tilec import ParseError, SemanticError, TilecError
 from tilec.compiler import lower
 from tilec.errors import Source
 

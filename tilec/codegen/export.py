@@ -330,7 +330,7 @@ def generate(kernel, fallback: bool = True) -> Export:
             fb_params = _param_refs(fb.kernel_ir)
             lines.append("  if (rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
             lines += _wrap("    void* thread_copy_params[] = {", fb_params or ["nullptr"], "};")
-            lines.append(f"    return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,")
+            lines.append("    return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,")
             lines.append(f"                  why + \": TMA cannot copy it, so kernel {k.name} ran its thread-copy "
                          "variant (correct, slower)\");")
             lines.append("  }")
