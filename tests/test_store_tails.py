@@ -322,3 +322,40 @@ def test_gpu_conv2d_epilogue_writes_only_its_view(f, c, n, hw):
     y.check()
     ref = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2).float(), w.float(), padding=1)
     torch.testing.assert_close(y.view.float(), ref.permute(0, 2, 3, 1).reshape(-1, f), rtol=2e-2, atol=1e-1)
+
+
+COLS = """
+kernel taps(X: f16[N, H, W, 16], Y: f16[NP, KC]) {
+    const BM = 64, BK = 64;
+    require NP == N * H * W;
+    grid (bx, by) = (cdiv(KC, BK), cdiv(NP, BM));
+    threads 128;
+    let Xc = im2col(X, kernel = (3, 3), stride = 1, pad = 1, dilation = 1);
+    shared t: f16[BM, BK];
+    copy(Xc[by * BM, bx * BK], t);
+    copy(t, Y[by * BM, bx * BK]);
+}
+"""
+
+
+@pytest.mark.parametrize("kc", [1, 7, 64, 65, 100, 143, 144])
+def test_a_tile_of_several_taps_writes_only_its_view(kc):
+    """A 'cols' tile (16-channel chunks, one TMA load per tap) stored chunk by
+    chunk into a Y of any width: the store tail indexes the chunks too."""
+    k = tilec.compile(COLS, backend="interpret")
+    assert "layout cols" in k.ir("plan-tma") and "store.tail" in k.ir("plan-tma")
+    x = np.random.default_rng(kc).standard_normal((2, 5, 6, 16)).astype(np.float16)
+    y = guarded((2 * 5 * 6, kc), "f16", like="numpy")
+    run_interpreted(COLS, x, y.view)
+    y.check()
+    assert np.array_equal(y.view, im2col_reference(x, 3, 1, 1, 1)[:, :kc])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kc", [1, 7, 65, 143, 144])
+def test_gpu_a_tile_of_several_taps_writes_only_its_view(kc):
+    x = np.random.default_rng(kc).standard_normal((2, 5, 6, 16)).astype(np.float16)
+    y = guarded((2 * 5 * 6, kc), "f16")
+    launch(COLS, on_gpu(x, "f16").view, y.view)
+    y.check()
+    assert np.array_equal(y.view.cpu().numpy(), im2col_reference(x, 3, 1, 1, 1)[:, :kc])
