@@ -195,6 +195,61 @@ def bench_gemm(rows):
                          flops / t_torch / 1e12, "TFLOP", ratio))
 
 
+GEMM_TUNE = {"BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5)}     # 16 candidates (BN=256 x 5 stages: refused)
+
+
+def bench_autotune(rows):
+    """gemm.tile autotuned over 16 candidates (tilec/autotune.py): the cold tune
+    (a fresh disk cache: compile every candidate, time them on the real
+    tensors, run the winner) and the warm start in a cleared process cache (the
+    choice and the winner's cubin read from disk, one call), then the tuned
+    kernel against cuBLAS."""
+    import os
+    import tempfile
+    import torch
+    from tilec import autotune
+    saved = os.environ.get("TILEC_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["TILEC_CACHE_DIR"] = d
+        try:
+            path = str(ROOT / "examples/gemm.tile")
+            for n in (4096, 8192):
+                a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                c = torch.empty(n, n, device="cuda", dtype=torch.float16)
+                _CACHE.clear()
+                autotune._CHOICES.clear()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                k = tilec.compile(path, tune=GEMM_TUNE, key=("M", "N", "K"))
+                k(a, b, c)
+                torch.cuda.synchronize()
+                cold = time.perf_counter() - t
+                want = a @ b
+                err = ((c.float() - want.float()).norm() / want.float().norm()).item()
+                assert err < 1e-2, f"tuned gemm f16 {n}: relative error {err}"
+                best = " ".join(f"{k_}={v}" for k_, v in k.best_config.items())
+                rows.append((f"autotune gemm 16 candidates {n}^3 cold (compile + timing)", "-", cold, 0, "s", None))
+                _CACHE.clear()
+                autotune._CHOICES.clear()
+                t = time.perf_counter()
+                k = tilec.compile(path, tune=GEMM_TUNE, key=("M", "N", "K"))
+                k(a, b, c)
+                warm = time.perf_counter() - t
+                rows.append((f"autotune gemm {n}^3 warm from disk (+1 call)", "-", warm * 1e3, 0, "ms", None))
+                flops = 2 * n ** 3
+                t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c))
+                rows.append((f"tuned gemm f16 {n}^3 ({best})", "torch.matmul", flops / t_tilec / 1e12,
+                             flops / t_torch / 1e12, "TFLOP", ratio))
+        finally:
+            if saved is None:
+                os.environ.pop("TILEC_CACHE_DIR", None)
+            else:
+                os.environ["TILEC_CACHE_DIR"] = saved
+            _CACHE.clear()
+            autotune._CHOICES.clear()
+
+
 # conv2d.tile's consts per layer (BM x BN tiles, pipeline stages), the best of a
 # sweep on the H100 (benchmarks/NOTES.md): 128-row tiles as wide as F allows
 # (up to 256, then with 4 stages), 3 stages otherwise.
@@ -334,7 +389,7 @@ def bench_compile(rows):
 def main():
     rows = []
     benches = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
-               bench_gemm_f8, bench_conv2d, bench_host)
+               bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
     wanted = set(sys.argv[1:])
     unknown = wanted - {b.__name__[len("bench_"):] for b in benches}
     if unknown:

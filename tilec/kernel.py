@@ -16,6 +16,7 @@ from .runtime import cache, driver, host, nvrtc
 
 _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
+_KEY_LOCKS: dict = {}       # program key -> the lock its first compile holds
 
 
 class Kernel(Program):
@@ -153,7 +154,7 @@ def _capturing() -> bool:
 
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
-            backend: str | None = None, **consts) -> Kernel:
+            backend: str | None = None, tune: dict | None = None, key=(), **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
@@ -165,12 +166,20 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     arch: one of tilec.arch.NAMES (sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_120a;
     default: the GPU's, sm_90a without one; with backend="interpret", sm_90a).
     Before sm_90 there is no TMA: copies are thread copies, and `gemm` (wgmma)
-    is sm_90a only."""
+    is sm_90a only.
+    tune: {const: (values, ...), ...}, key: names of shape symbols / scalars:
+    an autotuned kernel (tilec.autotune.TunedKernel): the first call with new
+    key values compiles every candidate, times them on its arguments and keeps
+    the fastest (cached in memory and on disk). With backend="interpret" the
+    first candidate that compiles is returned, untimed."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
     if backend == "interpret":
         from .runtime.interpret import interpret
+        if tune is not None:
+            from .autotune import first_interpreted
+            return first_interpreted(source, consts, tune, key, fallback, get_arch(arch or "sm_90a").name)
         return interpret(source, consts, fallback, get_arch(arch or "sm_90a").name)
     if backend != "cuda":
         raise TilecError(f"unknown backend '{backend}' (cuda or interpret)")
@@ -179,14 +188,21 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     arch = get_arch(arch).name
     if debug is None:
         debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
-    key = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)
-    k = _CACHE.get(key)
+    if tune is not None:
+        from .autotune import tuned
+        return tuned(source, consts, tune, key, arch, fallback, debug)
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)
+    k = _CACHE.get(pkey)
     if k is None:
+        # one lock per program, so that different programs (autotuning's candidates)
+        # lower in parallel threads; NVRTC itself is serialised (runtime/nvrtc.py)
         with _CACHE_LOCK:
-            k = _CACHE.get(key)
+            lock = _KEY_LOCKS.setdefault(pkey, threading.Lock())
+        with lock:
+            k = _CACHE.get(pkey)
             if k is None:
                 k = Kernel(source, consts, arch, fallback, debug=debug)
-                _CACHE[key] = k
+                _CACHE[pkey] = k
     return k
 
 

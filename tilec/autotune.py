@@ -1,0 +1,438 @@
+"""Autotuning: `tilec.compile(src, tune={"BN": (128, 256), ...}, key=("M", "N", "K"))`.
+
+The first call with new key values (the named shape symbols and scalars, read
+from the call's arguments the way the host wrapper binds them) compiles every
+candidate of the tune space (the cartesian product, in order; those the
+compiler refuses are skipped with their messages), times them on the call's
+own arguments with CUDA events, restores the tensors the kernel writes, runs
+the fastest once for the real result and remembers the choice: in memory and
+in the disk cache beside the cubins, keyed by the program and its consts, the
+architecture, the tune space, the key values, the GPU's name and tilec's build.
+A warm start reads the choice and compiles (or loads) only the winner.
+
+Compiles run in threads, but lowering holds the GIL and NVRTC is serialised
+(runtime/nvrtc.py's lock), so the threads do not overlap: gemm.tile's 16
+candidates took 3.2 s one after another and 3.4 s in 16 threads (2-core CPU
+machine, no GPU); ~0.2 s of each is NVRTC.
+
+Not timed (the first candidate that compiles is taken): TILEC_AUTOTUNE=0,
+arguments that are not all CUDA torch tensors and numbers (numpy arrays are
+copied through the host on every call; cupy has no event timing here), and
+backend="interpret" (timing on the CPU means nothing)."""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import statistics
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from . import kernel as kernel_mod
+from ._version import __version__
+from .compiler import program_key
+from .errors import CaptureError, TilecError
+from .runtime import cache, nvrtc
+
+_CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
+_CHOICES_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("TILEC_AUTOTUNE", "1") not in ("0", "", "off", "false")
+
+
+def candidates(tune: dict) -> list:
+    """The tune space's cartesian product, in order: a list of {name: value}."""
+    if not isinstance(tune, dict) or not tune:
+        raise TilecError("tune= takes a non-empty dict {const name: (value, ...)}")
+    names, values = [], []
+    for name, vals in tune.items():
+        if isinstance(vals, (int, str)) or not len(tuple(vals)):
+            raise TilecError(f"tune[{name!r}]: a non-empty tuple of values, got {vals!r}")
+        names.append(name)
+        values.append(tuple(vals))
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def _space(tune: dict) -> tuple:
+    return tuple((name, tuple(vals)) for name, vals in tune.items())
+
+
+def _describe(cfg: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+# ---- the kernel's signature, without the parser (a warm start must not load lark)
+
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_HEAD = re.compile(r"\bkernel\s+\w+\s*\(([^)]*)\)")
+_PARAM = re.compile(r"\s*(\w+)\s*:\s*\w+\s*(?:\[([^\]]*)\])?\s*(?:,|$)")
+
+
+def signature(source) -> list:
+    """[(param name, [dim names or None] for a tensor, None for a scalar), ...]
+    in argument order. A regular expression over the header; the parser
+    (tilec.frontend) when the header is anything it does not read exactly."""
+    text = _COMMENT.sub(" ", source.text)
+    m = _HEAD.search(text)
+    if m:
+        params, pos, body = [], 0, m.group(1)
+        while pos < len(body) and body[pos:].strip():
+            p = _PARAM.match(body, pos)
+            if p is None:
+                break
+            dims = None if p.group(2) is None else \
+                [d.strip() if d.strip().isidentifier() else None for d in p.group(2).split(",")]
+            params.append((p.group(1), dims))
+            pos = p.end()
+        else:
+            return params
+    from .frontend import parse
+    from .ir import nodes as ir
+    k = parse(source)
+    return [(p.name, [d.name if isinstance(d, ir.Var) else None for d in p.shape]
+             if isinstance(p, ir.TensorParam) else None) for p in k.params]
+
+
+def _shape(obj):
+    shape = getattr(obj, "shape", None)
+    if shape is None and hasattr(obj, "__cuda_array_interface__"):
+        shape = obj.__cuda_array_interface__["shape"]
+    if shape is None:
+        raise TilecError(f"autotune: cannot read the shape of a {type(obj).__name__} argument")
+    return tuple(int(s) for s in shape)
+
+
+def key_reader(sig: list, key: tuple):
+    """A function args -> the key values: for a shape symbol, the dim of the
+    first tensor that declares it (as the host wrapper binds it); for a scalar,
+    its value."""
+    getters = []
+    for name in key:
+        getter = None
+        for i, (pname, dims) in enumerate(sig):
+            if dims is None and pname == name:
+                getter = (lambda i: lambda args: args[i])(i)
+                break
+            if dims is not None and name in dims:
+                getter = (lambda i, d: lambda args: _shape(args[i])[d])(i, dims.index(name))
+                break
+        if getter is None:
+            raise TilecError(f"autotune key {name!r} is neither a shape symbol nor a scalar parameter of the kernel "
+                             f"({', '.join(p for p, _ in sig)})")
+        getters.append(getter)
+    nparams = len(sig)
+
+    def read(args):
+        if len(args) != nparams:
+            raise TilecError(f"the kernel takes {nparams} arguments ({', '.join(p for p, _ in sig)}), "
+                             f"got {len(args)}")
+        return tuple(g(args) for g in getters)
+    return read
+
+
+# ---- hooks the tests replace
+
+def _compile_one(source, consts: dict, arch: str, fallback: bool, debug: bool):
+    return kernel_mod.compile(source, arch=arch, fallback=fallback, debug=debug, **consts)
+
+
+def _run(kernel, args, stream):
+    return kernel(*args, stream=stream)
+
+
+def _can_time(args) -> bool:
+    """Every argument a CUDA torch tensor or a number."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    return all(isinstance(a, (int, float)) or (isinstance(a, torch.Tensor) and a.is_cuda) for a in args)
+
+
+def _device_name(args) -> str:
+    torch = sys.modules.get("torch")
+    for a in args:
+        if torch is not None and isinstance(a, torch.Tensor) and a.is_cuda:
+            return torch.cuda.get_device_name(a.device)
+    from cuda.bindings import driver as cu
+    from .runtime.driver import check
+    check(cu.cuInit(0), "cuInit")
+    dev = check(cu.cuDeviceGet(0), "cuDeviceGet")
+    return check(cu.cuDeviceGetName(64, dev), "cuDeviceGetName").rstrip(b"\0").decode()
+
+
+def _time(kernel, args, stream, budget_s: float = 0.02) -> float:
+    """The median time of one launch, CUDA events on the launch stream: one
+    warm-up, then as many repeats (3 to 20) as fit in about `budget_s`."""
+    import torch
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
+
+    def once():
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(s)
+        kernel(*args, stream=stream)
+        b.record(s)
+        b.synchronize()
+        return a.elapsed_time(b) * 1e-3
+    once()                                   # warm-up: module load, tensor maps
+    first = once()
+    reps = max(3, min(20, int(budget_s / max(first, 1e-6))))
+    return statistics.median([first] + [once() for _ in range(reps - 1)])
+
+
+# ---- progress
+
+class _Progress:
+    """One line on stderr, redrawn, when stderr is a terminal; nothing otherwise."""
+
+    def __init__(self, name: str, total: int):
+        self.out = sys.stderr
+        self.on = bool(getattr(self.out, "isatty", lambda: False)())
+        self.name, self.total, self.done = name, total, 0
+
+    def step(self, what: str):
+        self.done += 1
+        if self.on:
+            n = 20 * self.done // max(self.total, 1)
+            self.out.write(f"\rtilec autotune {self.name} [{'#' * n}{'.' * (20 - n)}] "
+                           f"{self.done}/{self.total} {what}\033[K")
+            self.out.flush()
+
+    def finish(self, line: str):
+        if self.on:
+            self.out.write(f"\rtilec autotune {self.name}: {line}\033[K\n")
+            self.out.flush()
+
+
+# ---- the tuned kernel
+
+class TunedKernel:
+    """What `tilec.compile(src, tune=..., key=...)` returns: call it like a
+    Kernel. `best_config` is the tuned consts chosen for the last call's key,
+    `kernel` that Kernel (its attributes are readable here too: `k.cuda_source`),
+    `tune_report()` the candidates' times and the refused ones' messages."""
+
+    def __init__(self, source, consts: dict, tune: dict, key: tuple, arch: str, fallback: bool, debug: bool):
+        self.source = source
+        self.arch = arch
+        self._consts = dict(consts)
+        self._tune = {k: tuple(v) for k, v in tune.items()}
+        self._candidates = candidates(self._tune)
+        self._key = tuple(key)
+        self._fallback_allowed, self.debug = fallback, debug
+        self._read_key = key_reader(signature(source), self._key)
+        self._chosen: dict = {}          # key values -> (Kernel, consts)
+        self._reports: dict = {}         # key values -> report lines
+        self._lock = threading.Lock()
+        self.kernel = None
+        self.best_config = None
+        self._last_key = None
+
+    # ---- calling
+    def __call__(self, *args, stream=None):
+        kv = self._read_key(args)
+        hit = self._chosen.get(kv)
+        if hit is None:
+            with self._lock:
+                hit = self._chosen.get(kv)
+                if hit is None:
+                    k, cfg, ran = self._choose(kv, args, stream)
+                    self._chosen[kv] = hit = (k, cfg)
+                    self._set_last(kv, hit)
+                    if ran:
+                        return None
+        self._set_last(kv, hit)
+        return _run(hit[0], args, stream)
+
+    def _set_last(self, kv, hit):
+        self._last_key = kv
+        self.kernel, self.best_config = hit[0], dict(hit[1])
+
+    def _program_key(self):
+        return program_key(self.source, self._consts, arch=self.arch, fallback=self._fallback_allowed,
+                           debug=self.debug)
+
+    def _disk_key(self, kv, args) -> str:
+        return cache.key("autotune", __version__, self._program_key(), _space(self._tune), self._key, kv,
+                         _device_name(args), nvrtc.identity())
+
+    def _compile(self, cfg):
+        overlap = set(cfg) & set(self._consts)
+        if overlap:
+            raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
+        return _compile_one(self.source, {**self._consts, **cfg}, self.arch, self._fallback_allowed, self.debug)
+
+    def _first(self, kv, why: str):
+        errors = []
+        for cfg in self._candidates:
+            try:
+                k = self._compile(cfg)
+            except TilecError as e:
+                errors.append((cfg, e))
+                continue
+            self._reports[kv] = [f"{_describe(c)}: refused: {e}" for c, e in errors] + \
+                                [f"{_describe(cfg)}: chosen untimed ({why})"]
+            return k, cfg
+        raise errors[0][1]
+
+    def _choose(self, kv, args, stream):
+        """(Kernel, its tuned consts, whether it already ran on these arguments)."""
+        if kernel_mod._capturing():
+            raise CaptureError(
+                f"autotuned kernel {self._name()} was called during CUDA graph capture with key "
+                f"{dict(zip(self._key, kv))} it has not been tuned for: tuning compiles and times candidates, "
+                "which cannot be captured. Tune before capturing: call it once with the same shapes first")
+        if not enabled():
+            return (*self._first(kv, "TILEC_AUTOTUNE=0"), False)
+        if not _can_time(args):
+            return (*self._first(kv, "arguments not all CUDA torch tensors: not timed"), False)
+        dkey = self._disk_key(kv, args)
+        cfg = _CHOICES.get(dkey)
+        report = None
+        if cfg is None:
+            hit = cache.load(dkey)
+            if hit is not None:
+                cfg, report = hit[0].get("best"), hit[0].get("report")
+        if cfg is not None:
+            try:
+                k = self._compile(cfg)
+            except TilecError:
+                k = None              # a stale choice: tune again
+            if k is not None:
+                _CHOICES[dkey] = cfg
+                self._reports[kv] = report or [f"{_describe(cfg)}: chosen earlier (cached)"]
+                return k, cfg, False
+        k, cfg, report = self._tune_now(kv, args, stream)
+        with _CHOICES_LOCK:
+            _CHOICES[dkey] = cfg
+        cache.store(dkey, {"best": cfg, "report": report}, b"")
+        self._reports[kv] = report
+        return k, cfg, True
+
+    def _tune_now(self, kv, args, stream):
+        n = len(self._candidates)
+        progress = _Progress(self._name(), 2 * n)
+        compiled, refused = {}, {}
+        with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 4)) as pool:
+            futures = {pool.submit(self._compile, cfg): i for i, cfg in enumerate(self._candidates)}
+            for f in as_completed(futures):
+                i = futures[f]
+                try:
+                    compiled[i] = f.result()
+                except TilecError as e:
+                    refused[i] = e
+                progress.step("compiling")
+        if not compiled:
+            progress.finish("no candidate compiles")
+            raise refused[min(refused)]
+        progress.total = n + len(compiled)
+        writes = _written_args(signature(self.source), compiled.values())
+        saved = {i: _save(args[i]) for i in writes}
+        times = {}
+        try:
+            for i in sorted(compiled):
+                try:
+                    times[i] = _time(compiled[i], args, stream)
+                except TilecError as e:        # a launch the candidate refuses (e.g. too much shared memory)
+                    refused[i] = e
+                for j, t in saved.items():
+                    _restore(args[j], t)
+                progress.step("timing")
+        finally:
+            for j, t in saved.items():
+                _restore(args[j], t)
+        if not times:
+            progress.finish("no candidate runs")
+            raise refused[min(refused)]
+        best = min(times, key=lambda i: (times[i], i))
+        for i in compiled:
+            if i != best:
+                compiled[i]._prepared.clear()      # drop the references to the caller's tensors
+        winner = compiled[best]
+        _run(winner, args, stream)
+        report = []
+        for i, cfg in enumerate(self._candidates):
+            if i in times:
+                mark = "  <- chosen" if i == best else ""
+                report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
+            else:
+                report.append(f"{_describe(cfg)}: refused: {refused[i]}")
+        progress.finish(f"{_describe(self._candidates[best])} ({times[best] * 1e3:.4f} ms; "
+                        f"{len(times)} timed, {len(refused)} refused)")
+        return winner, self._candidates[best], report
+
+    # ---- inspection
+    def _name(self) -> str:
+        m = re.search(r"\bkernel\s+(\w+)", _COMMENT.sub(" ", self.source.text))
+        return m.group(1) if m else self.source.name
+
+    def tune_report(self, key=None) -> str:
+        """One line per candidate for the last key (or `key`, a tuple of values):
+        its time, the chosen one marked, or the compiler's message."""
+        kv = self._last_key if key is None else tuple(key)
+        lines = self._reports.get(kv)
+        if lines is None:
+            return "not tuned yet for this key\n"
+        head = f"autotune {self._name()} key {dict(zip(self._key, kv))}:"
+        return "\n".join([head] + ["  " + line for line in lines]) + "\n"
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("kernel", "best_config"):
+            raise AttributeError(name)
+        if self.kernel is None:
+            raise AttributeError(f"{name}: the tuned kernel has not been called yet, so no candidate is chosen")
+        return getattr(self.kernel, name)
+
+    def __repr__(self):
+        space = ", ".join(f"{k}={v}" for k, v in self._tune.items())
+        return f"<tilec.TunedKernel {self._name()} tune {space} key {self._key} for {self.arch}>"
+
+
+def _save(a):
+    return a.clone() if hasattr(a, "clone") else a.copy()
+
+
+def _restore(a, saved):
+    if hasattr(a, "copy_"):
+        a.copy_(saved)
+    else:
+        a[...] = saved
+
+
+def _written_args(sig, kernels) -> list:
+    names = set()
+    for k in kernels:
+        names.update(k._writes)
+    return [i for i, (pname, _) in enumerate(sig) if pname in names]
+
+
+def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
+    """tilec.compile's tune= path: one TunedKernel per program, space and key (cached)."""
+    if isinstance(key, str):
+        key = (key,)
+    tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
+    candidates(tune)
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune),
+                       tune_key=tuple(key))
+    k = kernel_mod._CACHE.get(pkey)
+    if k is None:
+        with kernel_mod._CACHE_LOCK:
+            k = kernel_mod._CACHE.get(pkey)
+            if k is None:
+                k = kernel_mod._CACHE[pkey] = TunedKernel(source, consts, tune, tuple(key), arch, fallback, debug)
+    return k
+
+
+def first_interpreted(source, consts, tune, key, fallback, arch):
+    """backend="interpret": the first candidate the compiler accepts, untimed."""
+    from .runtime.interpret import interpret
+    errors = []
+    for cfg in candidates(tune):
+        try:
+            return interpret(source, {**consts, **cfg}, fallback, arch)
+        except TilecError as e:
+            errors.append(e)
+    raise errors[0]
