@@ -377,7 +377,7 @@ class TunedKernel:
         if lines is None:
             return "not tuned yet for this key\n"
         head = f"autotune {self._name()} key {dict(zip(self._key, kv))}:"
-        return "\n".join([head] + ["  " + line for line in lines]) + "\n"
+        return "\n".join([head] + ["  " + line.replace("\n", "\n      ") for line in lines]) + "\n"
 
     def __getattr__(self, name):
         if name.startswith("_") or name in ("kernel", "best_config"):
