@@ -241,6 +241,14 @@ def bench_autotune(rows):
                 t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c))
                 rows.append((f"tuned gemm f16 {n}^3 ({best})", "torch.matmul", flops / t_tilec / 1e12,
                              flops / t_torch / 1e12, "TFLOP", ratio))
+                from triton_matmul import matmul as triton_matmul   # Triton's autotuned matmul, the other peer
+                c2 = torch.empty_like(c)
+                triton_matmul(a, b, c2)                             # autotunes once per shape
+                err = ((c2.float() - want.float()).norm() / want.float().norm()).item()
+                assert err < 1e-2, f"triton matmul {n}: relative error {err}"
+                t_tilec, t_triton, ratio = compare(lambda: k(a, b, c), lambda: triton_matmul(a, b, c2))
+                rows.append((f"tuned gemm f16 {n}^3 ({best})", "triton autotuned", flops / t_tilec / 1e12,
+                             flops / t_triton / 1e12, "TFLOP", ratio))
         finally:
             if saved is None:
                 os.environ.pop("TILEC_CACHE_DIR", None)
