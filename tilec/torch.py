@@ -26,6 +26,7 @@ import threading
 
 import torch
 
+from .codegen.abi import shape_bindings
 from .codegen.host import py_expr
 from .compiler import program_key
 from .errors import LaunchError, TilecError
@@ -129,17 +130,11 @@ def fake_impl(k: ir.Kernel):
     bound by its first bare appearance and checked everywhere else, as in the
     host wrapper (codegen.host.generate); a check on a symbolic size becomes a
     torch._check assertion. The `require`s are left to the launch."""
-    binds, checks, bound_from = [], [], {}
-    for t in k.tensors:
-        for d, e in enumerate(t.shape):
-            if isinstance(e, ir.Var) and e.name not in bound_from:
-                bound_from[e.name] = f"{t.name} dim {d}"
-                binds.append((e.name, t.name, d))
-            elif isinstance(e, ir.Var):
-                checks.append((t.name, d, e.name, f"{e.name} = {{}} (from {bound_from[e.name]})"))
-            else:
-                checks.append((t.name, d, py_expr(e), f"the declaration says {tile_expr(e)} = {{}}"))
-    checks = [(t, d, builtins.compile(code, "<shape>", "eval"), text) for t, d, code, text in checks]
+    bound, dims = shape_bindings(k)
+    binds = [(b.symbol, b.tensor, b.dim) for b in bound]
+    checks = [(c.tensor, c.dim, builtins.compile(py_expr(c.expr), "<shape>", "eval"),
+               f"{c.expr.name} = {{}} (from {c.bound_from})" if c.bound_from
+               else f"the declaration says {tile_expr(c.expr)} = {{}}") for c in dims]
     params = k.params
 
     def fake(*args):

@@ -1,5 +1,7 @@
 """The kernel's parameter list, shared by the CUDA and host-wrapper generators so
-that what one declares the other packs, in the same order."""
+that what one declares the other packs, in the same order; and how a launch
+reads the shape symbols from its arguments, shared by every launcher (the
+Python host wrapper, the exported C++, the torch operator's fake implementation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,6 +9,39 @@ from typing import Optional
 
 from ..ir import nodes as ir
 from ..ir.effects import names_used
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Dim `dim` of tensor `tensor` is shape symbol `symbol`'s first bare appearance:
+    it binds the symbol."""
+    symbol: str
+    tensor: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class DimCheck:
+    """Every other dim: it must equal `expr`, a symbol bound at `bound_from`
+    ("T dim d"), or an expression of symbols and consts (bound_from "")."""
+    tensor: str
+    dim: int
+    expr: ir.Expr
+    bound_from: str
+
+
+def shape_bindings(k: ir.Kernel) -> tuple:
+    """(binds, checks) in argument order: a symbol is bound by its first bare
+    appearance in a tensor's shape and checked everywhere else."""
+    binds, checks, bound = [], [], {}
+    for t in k.tensors:
+        for d, e in enumerate(t.shape):
+            if isinstance(e, ir.Var) and e.name not in bound:
+                bound[e.name] = f"{t.name} dim {d}"
+                binds.append(Bind(e.name, t.name, d))
+            else:
+                checks.append(DimCheck(t.name, d, e, bound[e.name] if isinstance(e, ir.Var) else ""))
+    return binds, checks
 
 
 @dataclass(frozen=True)

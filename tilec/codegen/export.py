@@ -19,7 +19,7 @@ from ..ir.exprs import free_names
 from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
 from ..runtime import tensormap
-from .abi import kernel_params
+from .abi import kernel_params, shape_bindings
 from .cuda import _env
 
 # Scalar parameters by value: the kernel's own parameter type, bit for bit
@@ -271,23 +271,19 @@ def generate(kernel, fallback: bool = True) -> Export:
 
     # Shape symbols: bound by their first bare appearance, checked everywhere else
     # (codegen/host.py's rule). Bindings are printed for the names used below.
-    bound, binding = {}, {}
+    binds, dims = shape_bindings(k)
+    binding = {b.symbol: f"  const long long {b.symbol} = {b.tensor}_shape[{b.dim}];  // {b.tensor} dim {b.dim}"
+               for b in binds}
     checks = []
-    for t in k.tensors:
-        for d, e in enumerate(t.shape):
-            got = f"{t.name}_shape[{d}]"
-            if isinstance(e, ir.Var) and e.name not in bound:
-                bound[e.name] = f"{t.name} dim {d}"
-                binding[e.name] = f"  const long long {e.name} = {got};  // {t.name} dim {d}"
-            elif isinstance(e, ir.Var):
-                checks.append(f"  if ({got} != {ex(e)})")
-                checks.append(fail("TILEC_EARG", f"argument {t.name}: dim {d} is ", ("v", got), f" but {e.name} = ",
-                                   ("v", e.name), f" (from {bound[e.name]})"))
-            else:
-                value = ex(e)
-                checks.append(f"  if ({got} != {value})")
-                checks.append(fail("TILEC_EARG", f"argument {t.name}: dim {d} is ", ("v", got),
-                                   f" but the declaration says {tile_expr(e)} = ", ("v", value)))
+    for c in dims:
+        got, value = f"{c.tensor}_shape[{c.dim}]", ex(c.expr)
+        checks.append(f"  if ({got} != {value})")
+        if c.bound_from:
+            checks.append(fail("TILEC_EARG", f"argument {c.tensor}: dim {c.dim} is ", ("v", got),
+                               f" but {c.expr.name} = ", ("v", c.expr.name), f" (from {c.bound_from})"))
+        else:
+            checks.append(fail("TILEC_EARG", f"argument {c.tensor}: dim {c.dim} is ", ("v", got),
+                               f" but the declaration says {tile_expr(c.expr)} = ", ("v", value)))
     if checks:
         lines.append("  // every other appearance of a symbol, and the dims declared as expressions")
         lines += checks
@@ -342,7 +338,7 @@ def generate(kernel, fallback: bool = True) -> Export:
 
     launched = kernel_params(k) + (kernel_params(fb.kernel_ir) if fb else [])
     names = ex.names | {p.name for p in launched if p.kind == "symbol"}
-    bindings = [binding[n] for n in bound if n in names]
+    bindings = [binding[n] for n in binding if n in names]
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
     entry = ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]

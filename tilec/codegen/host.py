@@ -6,7 +6,7 @@ from ..ir import nodes as ir
 from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import binary, expr as tile_expr
-from .abi import kernel_params
+from .abi import kernel_params, shape_bindings
 from .cuda import _env
 
 _PY_OPS = {"/": "//", "&&": "and", "||": "or"}
@@ -91,16 +91,11 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         else:
             arguments.append(f'call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
     # shape symbols: bound by their first bare appearance, checked everywhere else
-    binds, checks, bound = [], [], {}
-    for t in k.tensors:
-        for d, e in enumerate(t.shape):
-            if isinstance(e, ir.Var) and e.name not in bound:
-                bound[e.name] = f"{t.name} dim {d}"
-                binds.append(f"{e.name} = arg_{t.name}.shape[{d}]")
-            elif isinstance(e, ir.Var):
-                checks.append(f'call.bind(arg_{t.name}, {d}, {e.name}, "{e.name}", "{bound[e.name]}")')
-            else:
-                checks.append(f'call.expect(arg_{t.name}, {d}, {py_expr(e)}, "{tile_expr(e)}")')
+    bound, dims = shape_bindings(k)
+    binds = [f"{b.symbol} = arg_{b.tensor}.shape[{b.dim}]" for b in bound]
+    checks = [f'call.bind(arg_{c.tensor}, {c.dim}, {c.expr.name}, "{c.expr.name}", "{c.bound_from}")'
+              if c.bound_from else f'call.expect(arg_{c.tensor}, {c.dim}, {py_expr(c.expr)}, "{tile_expr(c.expr)}")'
+              for c in dims]
     for r in k.requires:
         values = "{" + ", ".join(f'"{n}": {n}' for n in sorted(free_names(r.cond))) + "}"
         checks.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
