@@ -275,10 +275,8 @@ class Call:
         Tuples innermost first, enums by the suffix of their CU_TENSOR_MAP_* name."""
         self._not_empty(arg)
         check_tiled(arg, globalDim, boxDim, elementStrides, swizzle)
-        m = encode_tiled(arg.name, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, boxDim,
-                         elementStrides, interleave, swizzle, l2Promotion, oobFill)
-        self.keep.append(m)
-        return m
+        return self._encoded(encode_tiled, arg.name, tensorDataType, tensorRank, globalAddress, globalDim,
+                             globalStrides, boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill)
 
     def cuTensorMapEncodeIm2col(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
                                 pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
@@ -287,9 +285,13 @@ class Call:
         self._not_empty(arg)
         check_im2col(arg, pixelsPerColumn, channelsPerPixel, tuple(reversed(pixelBoxLowerCorner)),
                      tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)))
-        m = encode_im2col(arg.name, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
-                          pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
-                          elementStrides, interleave, swizzle, l2Promotion, oobFill)
+        return self._encoded(encode_im2col, arg.name, tensorDataType, tensorRank, globalAddress, globalDim,
+                             globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel,
+                             pixelsPerColumn, elementStrides, interleave, swizzle, l2Promotion, oobFill)
+
+    def _encoded(self, encode, *driver_args):
+        """The driver's encode of a map whose rules held (kept alive for the launch)."""
+        m = encode(*driver_args)
         self.keep.append(m)
         return m
 

@@ -32,11 +32,11 @@ import functools
 
 import numpy as np
 
+from ...codegen.abi import shape_bindings
 from ...compiler import Program, load_source, lower, program_key
 from ...ir import nodes as ir
 from ...ir.effects import written_tensors
 from .. import host
-from ..tensormap import check_im2col, check_tiled
 from .args import _scalar_value, _tensor
 from .blocks import InterpretError, _Blocks
 from .numbers import decode, encode
@@ -153,15 +153,8 @@ class InterpretCall(host.Call):
         self.scalars[name] = _scalar_value(value, ir.DTYPES[dtype])
         return value
 
-    def cuTensorMapEncodeTiled(self, arg, *, globalDim, boxDim, elementStrides, swizzle, **driver_args):
-        self._not_empty(arg)
-        check_tiled(arg, globalDim, boxDim, elementStrides, swizzle)
-
-    def cuTensorMapEncodeIm2col(self, arg, *, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel,
-                                pixelsPerColumn, elementStrides, **driver_args):
-        self._not_empty(arg)
-        check_im2col(arg, pixelsPerColumn, channelsPerPixel, tuple(reversed(pixelBoxLowerCorner)),
-                     tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)))
+    def _encoded(self, encode, *driver_args):
+        return None             # the rules were checked (host.Call); the blocks need no encoded map
 
     def nothing_to_do(self):
         return None
@@ -171,17 +164,18 @@ class InterpretCall(host.Call):
 
     def launch(self, grid, threads, smem_bytes, params):
         host.check_grid(grid)
-        env = dict(self.scalars)
-        for p in self.k.tensors:                # shape symbols: long long in the kernel
-            for d, e in enumerate(p.shape):
-                if isinstance(e, ir.Var):
-                    env.setdefault(e.name, np.int64(self.tensors[p.name].shape[d]))
+        env = {**self.scalars, **_shape_symbols(self.k, self.tensors)}
         with np.errstate(all="ignore"):
             _Blocks(self.k, self.tensors, env).run(grid)
         for name in self.writes:
             if self.tensors[name].writeback is not None:
                 self.tensors[name].writeback()
         return None
+
+
+def _shape_symbols(k: ir.Kernel, tensors: dict) -> dict:
+    """Each shape symbol as the kernel receives it (a long long), read where it is bound."""
+    return {b.symbol: np.int64(tensors[b.tensor].shape[b.dim]) for b in shape_bindings(k)[0]}
 
 
 def run(k: ir.Kernel, args, grid=None):
@@ -192,11 +186,9 @@ def run(k: ir.Kernel, args, grid=None):
     for p, a in zip(k.params, args):
         if isinstance(p, ir.TensorParam):
             tensors[p.name] = _tensor(a, p.name, p.dtype.name, len(p.shape))
-            for d, e in enumerate(p.shape):
-                if isinstance(e, ir.Var):
-                    env.setdefault(e.name, np.int64(tensors[p.name].shape[d]))
         else:
             env[p.name] = _scalar_value(a, p.dtype)
+    env.update(_shape_symbols(k, tensors))
     if grid is None:
         host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.int64)}
         grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
