@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._version import __version__
+from ..arch import get as get_arch
 from ..errors import TilecError
 from ..ir import nodes as ir
 from ..ir.exprs import free_names
@@ -387,17 +388,14 @@ def generate(kernel, fallback: bool = True) -> Export:
 
 
 def _runs_on(arch: str) -> tuple:
-    """The device test of a cubin for `arch` (sm_XY or sm_XYa) as C++ over major and
-    minor, and its words: an `a` target runs on exactly its compute capability,
-    another on its major version with a minor one at least its own."""
-    digits = arch.removeprefix("sm_").removesuffix("a")
-    if not digits.isdigit() or len(digits) < 2:
-        raise TilecError(f"cannot export for architecture {arch!r} (sm_XY or sm_XYa)")
-    major, minor = int(digits[:-1]), int(digits[-1])
-    if arch.endswith("a"):
-        return f"major == {major} && minor == {minor}", f"an {arch} cubin runs on compute capability " \
-                                                        f"{major}.{minor} only"
-    return f"major == {major} && minor >= {minor}", f"an {arch} cubin runs on {major}.x from {major}.{minor} on"
+    """tilec.arch.runs_on, the device test of a cubin for `arch`, as C++ over major
+    and minor, and its words."""
+    a = get_arch(arch)
+    if a.specific:
+        return f"major == {a.major} && minor == {a.minor}", f"an {a.name} cubin runs on compute capability " \
+                                                            f"{a.major}.{a.minor} only"
+    return f"major == {a.major} && minor >= {a.minor}", f"an {a.name} cubin runs on {a.major}.x from " \
+                                                        f"{a.major}.{a.minor} on"
 
 
 def _byte_rows(data: bytes, per_line: int = 16) -> list:
