@@ -417,13 +417,7 @@ def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
     candidates(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune),
                        tune_key=tuple(key))
-    k = kernel_mod._CACHE.get(pkey)
-    if k is None:
-        with kernel_mod._CACHE_LOCK:
-            k = kernel_mod._CACHE.get(pkey)
-            if k is None:
-                k = kernel_mod._CACHE[pkey] = TunedKernel(source, consts, tune, tuple(key), arch, fallback, debug)
-    return k
+    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, tuple(key), arch, fallback, debug))
 
 
 def first_interpreted(source, consts, tune, key, fallback, arch):

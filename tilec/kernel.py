@@ -191,18 +191,22 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     if tune is not None:
         from .autotune import tuned
         return tuned(source, consts, tune, key, arch, fallback, debug)
-    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)
+    return cached(program_key(source, consts, arch=arch, fallback=fallback, debug=debug),
+                  lambda: Kernel(source, consts, arch, fallback, debug=debug))
+
+
+def cached(pkey, make):
+    """The kernel cached under program key `pkey`, made by `make()` on first use.
+    One lock per key, so that different programs (autotuning's candidates) lower
+    in parallel threads; NVRTC itself is serialised (runtime/nvrtc.py)."""
     k = _CACHE.get(pkey)
     if k is None:
-        # one lock per program, so that different programs (autotuning's candidates)
-        # lower in parallel threads; NVRTC itself is serialised (runtime/nvrtc.py)
         with _CACHE_LOCK:
             lock = _KEY_LOCKS.setdefault(pkey, threading.Lock())
         with lock:
             k = _CACHE.get(pkey)
             if k is None:
-                k = Kernel(source, consts, arch, fallback, debug=debug)
-                _CACHE[pkey] = k
+                k = _CACHE[pkey] = make()
     return k
 
 
