@@ -74,35 +74,28 @@ def host_time_per_call(fn, calls=10_000):
 
 
 def bench_copy(rows):
-    import torch
-    k = tilec.compile(str(ROOT / "examples/copy2d.tile"))
-    M = N = 16384                                       # 1 GiB of f32
-    a = torch.randn(M, N, device="cuda")
-    b = torch.empty_like(a)
-    nbytes = 2 * a.numel() * a.element_size()           # read + write
-    k(a, b)
-    assert torch.equal(a, b), "copy2d gave a wrong answer"
-    t_tilec, t_torch, ratio = compare(lambda: k(a, b), lambda: b.copy_(a))
-    rows.append(("copy2d 16384x16384 f32 (1 GiB)", "torch copy_", nbytes / t_tilec / 1e9,
-                 nbytes / t_torch / 1e9, "GB/s", ratio))
+    _copy_against_torch(rows, tilec.compile(str(ROOT / "examples/copy2d.tile")), "copy2d 16384x16384 f32 (1 GiB)")
 
 
 def bench_copy_prehopper(rows):
     """copy2d as sm_80 / sm_86 / sm_89 get it (no TMA: bounds-checked thread
     copies through shared memory), built for this GPU: the thread-copy variant of
     the sm_90a kernel, line for line the CUDA sm_80 gets (tests/test_arch.py)."""
-    import torch
     k = tilec.compile(str(ROOT / "examples/copy2d.tile"), arch="sm_90a").fallback
     assert "cp.async.bulk" not in k.ptx and "mbarrier" not in k.ptx
-    M = N = 16384                                       # 1 GiB of f32
-    a = torch.randn(M, N, device="cuda")
+    _copy_against_torch(rows, k, "copy2d pre-Hopper lowering 16384^2 f32")
+
+
+def _copy_against_torch(rows, k, label):
+    """Copy kernel `k` on 1 GiB of f32 (16384^2) next to torch's copy_."""
+    import torch
+    a = torch.randn(16384, 16384, device="cuda")
     b = torch.empty_like(a)
-    nbytes = 2 * a.numel() * a.element_size()
+    nbytes = 2 * a.numel() * a.element_size()           # read + write
     k(a, b)
-    assert torch.equal(a, b), "the pre-Hopper copy2d gave a wrong answer"
+    assert torch.equal(a, b), f"{label}: a wrong answer"
     t_tilec, t_torch, ratio = compare(lambda: k(a, b), lambda: b.copy_(a))
-    rows.append(("copy2d pre-Hopper lowering 16384^2 f32", "torch copy_", nbytes / t_tilec / 1e9,
-                 nbytes / t_torch / 1e9, "GB/s", ratio))
+    rows.append((label, "torch copy_", nbytes / t_tilec / 1e9, nbytes / t_torch / 1e9, "GB/s", ratio))
 
 
 def bench_ragged(rows):
