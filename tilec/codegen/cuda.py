@@ -306,13 +306,7 @@ class _Printer:
         if guarded:
             out.append(f"{inner}if (tl_slot * {self.threads} + threadIdx.x < {n}) {{")
             inner += "  "
-        indices = []
-        for d, name in enumerate(names):
-            stride = math.prod(shape[d + 1:])
-            idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
-            if d > 0:
-                idx = f"{idx} % {shape[d]}" if stride != 1 else f"tl_e % {shape[d]}"
-            indices.append((name, idx))
+        indices = list(zip(names, _unflatten(shape)))
         declared = [f"{inner}const int {name} = {idx};" for name, idx in _used(indices, body)]
         if declared:
             declared.insert(0, f"{inner}const int tl_e = tl_slot * {self.threads} + threadIdx.x;")
@@ -388,12 +382,8 @@ class _Printer:
                               f"(tl_{t.name}_dim{d})" for d, c in enumerate(coords[:last])) or "true"
         row = "".join(f" + static_cast<long long>({c}) * tl_{t.name}_stride{d}" for d, c in enumerate(coords[:last]))
         n, ct = math.prod(s.shape) // per, ctype(t.dtype)
-        lines, index = [f"  const int tl_e = tl_v * {per};"], []
-        for d, name in enumerate(names):
-            stride = math.prod(s.shape[d + 1:])
-            idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
-            index.append(f"{idx} % {s.shape[d]}" if d else idx)
-            lines.append(f"  const int {name} = {index[-1]};")
+        lines, index = [f"  const int tl_e = tl_v * {per};"], _unflatten(s.shape)
+        lines += [f"  const int {name} = {idx};" for name, idx in zip(names, index)]
         in_row = (f"static_cast<unsigned long long>(tl_x + tl_l) < static_cast<unsigned long long>"
                   f"(tl_{t.name}_dim{last})")
         whole = f"tl_x >= 0 && tl_x + {per} <= tl_{t.name}_dim{last}"
@@ -480,8 +470,7 @@ class _Printer:
         per, width = ir.granule_elements(t.dtype), s.shape[-1]
         inner = f"tl_{t.name}_dim{len(t.shape) - 1}"
         names = [f"tl_i{d}" for d in range(len(s.shape))]
-        rows = [(n, f"tl_e / {per * math.prod(s.shape[d + 1:-1])}" + (f" % {s.shape[d]}" if d else ""))
-                for d, n in enumerate(names[:-1])]
+        rows = list(zip(names[:-1], _unflatten(s.shape[:-1], per)))
         ptr, cond = self.global_element(ir.Region(t.name, s.coords, ()), names, "dst")
         value = self.element(b, [ir.Var(n) for n in names])
         i = ind
@@ -585,6 +574,16 @@ class _Printer:
             idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
             conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _unflatten(shape, unit=1) -> list:
+    """The tile index of flat element tl_e / unit (row-major over `shape`), per dim."""
+    out = []
+    for d, extent in enumerate(shape):
+        stride = math.prod(shape[d + 1:]) * unit
+        idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
+        out.append(f"{idx} % {extent}" if d else idx)
+    return out
 
 
 def _fragment_row(m_tiles, tile="") -> str:
