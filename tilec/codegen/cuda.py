@@ -52,7 +52,7 @@ class _Printer:
         self.threads = k.threads.value
         self.uses_math = False
         self.last_commented = None
-        self.uses_sw128 = False
+        self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
@@ -98,10 +98,10 @@ class _Printer:
             # only ever inside a thread loop over the whole tile (check-types)
             return f"{b.name}[tl_r]" if b.layout == "wgmma" else f"{b.name}[tl_slot]"
         idx = [self.expr(i, 5) for i in indices]
-        if b.layout == "sw128":
-            self.uses_sw128 = True
+        if b.swizzle:
+            self.swizzles.add(b.swizzle)
             rows, cols = b.shape
-            return f"{b.name}[tl_sw128({idx[0]}, {idx[1]}, {rows}, {128 // b.dtype.size})]"
+            return f"{b.name}[tl_sw{b.swizzle}({idx[0]}, {idx[1]}, {rows}, {b.swizzle // b.dtype.size})]"
         if b.layout == "cols":      # column chunks of b.chunk elements, each row-major
             rows, w = b.shape[0], b.chunk
             return f"{b.name}[({idx[1]}) / {w} * {rows * w} + ({idx[0]}) * {w} + ({idx[1]}) % {w}]"
@@ -130,14 +130,14 @@ class _Printer:
     def fragment_index(self, acc: ir.Buffer):
         """(m64 tiles per warpgroup, registers per thread, and the row and column
         expressions of register tl_r): wgmma's m64nNk16 layout, where warpgroup g
-        owns rows g*64*m_tiles.., warp w 16 of them, registers r and r + 1 two
-        adjacent columns of one row."""
+        owns rows (g / wg_cols)*64*m_tiles.. and columns (g % wg_cols)*nw.., warp w
+        16 of the rows, registers r and r + 1 two adjacent columns of one row."""
         m, n = acc.shape
-        mt = m // (64 * (self.threads // 128))
-        tile = f" + (tl_r / {n // 2}) * 64" if mt > 1 else ""
-        row = f"{_fragment_row(mt, tile)} + (tl_r % 4) / 2 * 8"
-        col = f"(tl_r % {n // 2}) / 4 * 8 + {_FRAGMENT_COL}"
-        return mt, mt * n // 2, row, col
+        mt, nw = _fragment_tiles(acc, self.threads)
+        tile = f" + (tl_r / {nw // 2}) * 64" if mt > 1 else ""
+        row = f"{_fragment_row(acc, self.threads, tile)} + (tl_r % 4) / 2 * 8"
+        col = f"{_fragment_col(acc, self.threads)}(tl_r % {nw // 2}) / 4 * 8 + {_FRAGMENT_COL}"
+        return mt, mt * nw // 2, row, col
 
     def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
         """Register r of a thread holds accumulator element (i, j) (fragment_index)."""
@@ -269,30 +269,47 @@ class _Printer:
         raise TypeError(f"cannot print {type(s).__name__}")
 
     def gemm(self, s: ir.Gemm, ind) -> list:
-        """acc += a @ b: per k16 step, one wgmma per m64 row tile of this warpgroup.
-        a is K-major, b is N-major ([K, N]) or K-major ([N, K], transpose_b), both
-        in 128-byte swizzled chunks of 64 16-bit elements (rows of 128 bytes)."""
+        """acc += a @ b: per K step (32 bytes of K), one wgmma per m64 row tile of
+        this warpgroup, over its N / wg_cols columns. a is K-major ([M, K]) or
+        M-major ([K, M], transpose_a), b N-major ([K, N]) or K-major ([N, K],
+        transpose_b); each in column chunks whose rows are `swizzle` bytes
+        (TMA's swizzle of that size): a descriptor's stride byte offset is the
+        distance between 8-row groups (8 rows of a chunk) and, for the M/N-major
+        operand, its leading byte offset the distance between chunks."""
         a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
-        m, kdim = a.shape
-        n = acc.shape[1]
+        kdim = a.shape[0] if s.transpose_a else a.shape[1]
+        m, n = acc.shape
+        nw = n // s.wg_cols
         dt, esize = a.dtype.name, a.dtype.size
-        kstep, chunk_elems = 32 // esize, 128 // esize     # each wgmma reads 32 bytes of K
-        self.mma_shapes.add((n, dt, not s.transpose_b))
-        fn = f"wgmma_m64n{n}k{kstep}_{dt}_{'bk' if s.transpose_b else 'bn'}"
+        kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
+        self.mma_shapes.add((nw, dt, s.transpose_a, not s.transpose_b))
+        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if s.transpose_a else ''}{'bk' if s.transpose_b else 'bn'}"
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
-        out = [f"{ind}wgmma_fence();"]
+        wg_row = "threadIdx.x / 128" if s.wg_cols == 1 else f"threadIdx.x / {128 * s.wg_cols}"
+        wg_col = f"threadIdx.x / 128 % {s.wg_cols}"
         rows_per_wg = 64 * s.m_tiles
+        sa, sb = a.swizzle, b.swizzle
+        wa, wb = sa // esize, sb // esize                    # elements per chunk row
+        out = [f"{ind}wgmma_fence();"]
         for kk in range(kdim // kstep):
-            chunk, within = divmod(kk * kstep, chunk_elems)
-            if s.transpose_b:
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{chunk * n * 128 + within * esize}, 16, 1024)"
-            else:
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{kk * 16 * 128}, {kdim * 128}, 1024)"
+            k0 = kk * kstep
+            if s.transpose_b:       # [N, K]: chunks of wb K columns, N rows each
+                chunk, within = divmod(k0, wb)
+                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, 16, {8 * sb}, {sb})"
+            else:                   # [K, N]: chunks of wb N columns, K rows each
+                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {kdim * sb}, {8 * sb}, {sb})"
             for t in range(s.m_tiles):
-                a_off = f"{chunk * m * 128 + t * 64 * 128 + within * esize}"
-                a_desc = f"wgmma_desc({a.name}, {a_stage}(threadIdx.x / 128) * {rows_per_wg * 128} + {a_off}, 16, 1024)"
-                out.append(f"{ind}{fn}({acc.name} + {t * n // 2}, {a_desc}, {b_desc});")
+                if s.transpose_a:   # [K, M]: chunks of wa M columns, K rows each
+                    a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {kdim * sa}, {8 * sa}, {sa})"
+                else:               # [M, K]: chunks of wa K columns, M rows each
+                    chunk, within = divmod(k0, wa)
+                    a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, 16, {8 * sa}, {sa})"
+                out.append(f"{ind}{fn}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
         return out
 
@@ -511,20 +528,19 @@ class _Printer:
         address are computed once (64-bit), then its columns stored. (Per-element
         index math made NVVM and ptxas take twice as long on gemm.tile.)"""
         t = self.k.param(s.dst.name)
-        n = acc.shape[1]
-        mt = self.fragment_index(acc)[0]
+        mt, nw = _fragment_tiles(acc, self.threads)
         lead = len(t.shape) - 2
         starts = [self.expr(e, 5) for e in s.dst.starts]
         outer = [f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})"
                  for d, c in enumerate(starts[:lead])]
         offset = "".join(f" + static_cast<long long>({c}) * tl_{t.name}_stride{d}"
                          for d, c in enumerate(starts[:lead]))
-        value = _converted(f"{acc.name}[tl_h / 2 * {n // 2} + tl_j * 4 + tl_h % 2 * 2 + tl_p]", acc.dtype, t.dtype)
+        value = _converted(f"{acc.name}[tl_h / 2 * {nw // 2} + tl_j * 4 + tl_h % 2 * 2 + tl_p]", acc.dtype, t.dtype)
         row_ok = (f"static_cast<unsigned long long>(tl_y) < static_cast<unsigned long long>(tl_{t.name}_dim{lead})")
         i = ind
         out = [f"{i}{{",
-               f"{i}  const int tl_row = {_fragment_row(mt)};",
-               f"{i}  const int tl_col = {_FRAGMENT_COL};"]
+               f"{i}  const int tl_row = {_fragment_row(acc, self.threads)};",
+               f"{i}  const int tl_col = {_fragment_col(acc, self.threads)}{_FRAGMENT_COL};"]
         if outer:
             out += [f"{i}  if ({' && '.join(outer)}) {{"]
             i += "  "
@@ -535,7 +551,7 @@ class _Printer:
                 f"{i}    if ({row_ok}) {{",
                 f"{i}      {ctype(t.dtype)}* const tl_out = {t.name}{offset} + tl_y * tl_{t.name}_stride{lead};",
                 f"{i}      #pragma unroll",
-                f"{i}      for (int tl_j = 0; tl_j < {n // 8}; ++tl_j) {{",
+                f"{i}      for (int tl_j = 0; tl_j < {nw // 8}; ++tl_j) {{",
                 f"{i}        #pragma unroll",
                 f"{i}        for (int tl_p = 0; tl_p < 2; ++tl_p) {{",
                 f"{i}          const long long tl_x = static_cast<long long>({starts[lead + 1]}) + tl_j * 8 + tl_col + tl_p;",
@@ -586,11 +602,25 @@ def _unflatten(shape, unit=1) -> list:
     return out
 
 
-def _fragment_row(m_tiles, tile="") -> str:
+def _fragment_tiles(acc: ir.Buffer, threads: int):
+    """(m64 tiles, columns) of the accumulator that one warpgroup holds."""
+    rows = threads // 128 // acc.wg_cols
+    return acc.shape[0] // (64 * rows), acc.shape[1] // acc.wg_cols
+
+
+def _fragment_row(acc: ir.Buffer, threads: int, tile="") -> str:
     """The first accumulator row a thread holds in wgmma's m64nNk16 fragments:
-    warpgroup g owns rows g * 64 * m_tiles.. (`tile`: + 64 per m64 tile), warp w
-    16 of them, lane l row l / 4 (and row + 8)."""
-    return f"(threadIdx.x / 128) * {64 * m_tiles}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
+    warpgroup g owns rows (g / wg_cols) * 64 * m_tiles.. (`tile`: + 64 per m64
+    tile), warp w 16 of them, lane l row l / 4 (and row + 8)."""
+    mt, _ = _fragment_tiles(acc, threads)
+    group = "threadIdx.x / 128" if acc.wg_cols == 1 else f"threadIdx.x / {128 * acc.wg_cols}"
+    return f"({group}) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
+
+
+def _fragment_col(acc: ir.Buffer, threads: int) -> str:
+    """The first column of the warpgroup's share ('' when one warpgroup spans N), ending in ' + '."""
+    _, nw = _fragment_tiles(acc, threads)
+    return "" if acc.wg_cols == 1 else f"(threadIdx.x / 128 % {acc.wg_cols}) * {nw} + "
 
 
 _FRAGMENT_COL = "(threadIdx.x % 4) * 2"     # a lane's first column in each 8-column group
@@ -635,7 +665,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add(f8, "f8e5m2_t", "e5m2")
     if k.tensor_maps:
         add("tensor_map")
-    if k.tensor_maps or k.barriers or any(b.layout == "sw128" for b in k.buffers):
+    if k.tensor_maps or k.barriers or any(b.swizzle for b in k.buffers):
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
@@ -655,11 +685,11 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("math")
     if pr is not None and pr.mma_shapes:
         add("wgmma_common")
-        for n, dt, b_n_major in sorted(pr.mma_shapes):
+        for n, dt, a_m_major, b_n_major in sorted(pr.mma_shapes):
             ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
-            add("wgmma_mma", n, dt, b_n_major, ptx, 32 // ir.DTYPES[dt].size)
-    if pr is not None and pr.uses_sw128:
-        add("sw128")
+            add("wgmma_mma", n, dt, a_m_major, b_n_major, ptx, 32 // ir.DTYPES[dt].size)
+    for swizzle in sorted(pr.swizzles if pr is not None else ()):
+        add("swizzled", swizzle)
     if pr is not None and pr.pair_stores:
         add("pack2", sorted(pr.pair_stores))
     if pr is not None and pr.uses_vec16:
@@ -692,9 +722,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
     pr = _Printer(k, debug)
     body = pr.block(k.body)
     prologue = []
-    if k.smem_bytes and any(b.layout == "sw128" for b in k.buffers):
+    if k.smem_bytes and any(b.swizzle for b in k.buffers):
         prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem_raw[];")
-        prologue.append("// 128-byte swizzled tiles need 1024-byte aligned shared addresses")
+        prologue.append("// swizzled tiles need 1024-byte aligned shared addresses")
         prologue.append("unsigned char* const tl_smem = tl_smem_raw + ((1024u - (smem_addr(tl_smem_raw) & 1023u)) & 1023u);")
     elif k.smem_bytes:
         prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem[];")

@@ -139,14 +139,19 @@ class ScalarParam:
     span: Optional[Span] = SPAN
 
 
+# swizzled shared layouts (gemm operands) -> bytes per row of a column chunk
+SWIZZLED = {"sw128": 128, "sw64": 64, "sw32": 32}
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A block-wide tile: scope 'shared' (shared memory) or 'local' (registers).
 
     layout: 'row' (shared: row-major; local: element e of the flattened tile in
-    thread e % threads), 'sw128' (shared, a gemm operand: column chunks of
-    128 bytes, TMA's 128-byte swizzle, what wgmma descriptors read),
-    'wgmma' (local, a gemm accumulator: wgmma's m64nNk16 fragment layout),
+    thread e % threads), 'sw128' / 'sw64' / 'sw32' (shared, a gemm operand:
+    column chunks whose rows are 128 / 64 / 32 bytes, in TMA's swizzle of that
+    size, what wgmma descriptors read), 'wgmma' (local, a gemm accumulator:
+    wgmma's m64nNk16 fragment layout; `wg_cols` warpgroups split its columns),
     'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
     K tile of an im2col view that spans several filter taps, one TMA load each)."""
     name: str
@@ -158,7 +163,13 @@ class Buffer:
     stages: int = 1         # copies in a pipelined loop's ring (shared)
     chunk: int = 0          # 'cols': elements per column chunk
     alias: str = ""         # placed over this tile's memory (used only after its last use)
+    wg_cols: int = 1        # 'wgmma': warpgroups side by side over the columns
     span: Optional[Span] = SPAN
+
+    @property
+    def swizzle(self) -> int:
+        """Bytes per row of a swizzled layout's column chunk (0: not swizzled)."""
+        return SWIZZLED.get(self.layout, 0)
 
     @property
     def elements(self) -> int:
@@ -174,7 +185,7 @@ class Buffer:
     @property
     def stage_bytes(self) -> int:
         """Distance between the copies of a pipelined tile (keeps each aligned)."""
-        align = 1024 if self.layout == "sw128" else 128
+        align = 1024 if self.swizzle else 128
         return -(-self.bytes // align) * align
 
     @property
@@ -275,14 +286,18 @@ class Fill(Stmt):
 
 @dataclass(frozen=True)
 class Gemm(Stmt):
-    """acc += a @ b (b is [K, N], or [N, K] with transpose_b) on wgmma; after
-    plan-gemm, `warpgroups` warpgroups each own `m_tiles` m64 row tiles."""
+    """acc += a @ b (a is [M, K], or [K, M] with transpose_a; b is [K, N], or
+    [N, K] with transpose_b) on wgmma; after plan-gemm, `warpgroups`
+    warpgroups, `wg_cols` of them side by side over N, each own `m_tiles` m64
+    row tiles of N / wg_cols columns."""
     a: str
     b: str
     acc: str
     transpose_b: bool
     warpgroups: int = 0
     m_tiles: int = 0
+    transpose_a: bool = False
+    wg_cols: int = 1
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
     span: Optional[Span] = SPAN
 

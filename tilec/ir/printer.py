@@ -72,8 +72,9 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.Fill):
         return [f"{ind}fill {s.buffer}, {expr(s.value)}{L}"]
     if isinstance(s, ir.Gemm):
-        tb = ", transpose_b" if s.transpose_b else ""
+        tb = (", transpose_a" if s.transpose_a else "") + (", transpose_b" if s.transpose_b else "")
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
+        wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
     if isinstance(s, ir.Reduce):
@@ -186,6 +187,7 @@ def kernel(k: ir.Kernel) -> str:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
         where += f" chunk {b.chunk}" if b.layout == "cols" else ""
+        where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
         where += f" over {b.alias}" if b.alias else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)

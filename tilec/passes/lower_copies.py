@@ -73,7 +73,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
             for inner in ir.walk_stmts(s.body):
                 if isinstance(inner, ir.Copy) and k.space(inner.dst.name) == "shared":
                     b = k.buffer(inner.dst.name)
-                    if b.layout == "sw128":
+                    if b.swizzle:
                         rings[b.name] = b.ring_bytes
     new = []
     for i, s in enumerate(k.body):

@@ -1,13 +1,15 @@
 """plan-gemm: map each `gemm(a, b, acc)` onto Hopper warpgroup MMA.
 
-The block's threads form warpgroups of 128; warpgroup g owns rows
-[g * 64 * m_tiles, (g + 1) * 64 * m_tiles) of the accumulator, one
-wgmma.mma_async m64nNk16 (k32 for 8-bit operands) per m64 row tile and K
-step, N = the tile width.
+The block's threads form warpgroups of 128, split over M where the tile has
+m64 row tiles enough, the rest over N: warpgroup g owns rows
+(g / wg_cols) * 64 * m_tiles.. and columns (g % wg_cols) * N / wg_cols.. of
+the accumulator, one wgmma.mma_async m64nNk16 (k32 for 8-bit operands) per
+m64 row tile and K step, N = its column count.
 The operands are read by wgmma from shared memory through matrix descriptors,
-so `a` and `b` get the 'sw128' layout (128-byte column chunks with TMA's
-128-byte swizzle, written directly by TMA); `acc` gets the 'wgmma' fragment
-layout (registers)."""
+so `a` and `b` get a swizzled layout (column chunks whose rows are 128, 64 or
+32 bytes, the widest that tiles the operand's contiguous extent, in TMA's
+swizzle of that size, written directly by TMA); `acc` gets the 'wgmma'
+fragment layout (registers)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -24,7 +26,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    layouts = {}
+    layouts, splits = {}, {}
     threads = k.threads.value
     target = get_arch(opts.arch)
 
@@ -41,44 +43,51 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                 raise SemanticError(f"gemm: '{t.name}' must be a {want} tile", s.span)
         if len(a.shape) != 2 or len(b.shape) != 2 or len(acc.shape) != 2:
             raise SemanticError("gemm multiplies 2-D tiles", s.span)
-        m, ka = a.shape
+        m, ka = (reversed(a.shape) if s.transpose_a else a.shape)
         n, kb = (b.shape if s.transpose_b else reversed(b.shape))
         if ka != kb or tuple(acc.shape) != (m, n):
+            ashape = f"[{ka}, {m}]" if s.transpose_a else f"[{m}, {ka}]"
             bshape = f"[{n}, {kb}]" if s.transpose_b else f"[{kb}, {n}]"
-            raise SemanticError(f"gemm shapes do not chain: a [{m}, {ka}] @ b {bshape} into acc "
+            raise SemanticError(f"gemm shapes do not chain: a {ashape} @ b {bshape} into acc "
                                 f"{list(acc.shape)}", s.span)
         if a.dtype.name not in MMA_DTYPES or b.dtype != a.dtype:
             raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, not "
                                 f"{a.dtype.name} and {b.dtype.name}", s.span)
-        if a.dtype.size == 1 and not s.transpose_b:
-            raise SemanticError(f"an {a.dtype.name} gemm reads b K-major (wgmma takes 8-bit operands in no "
-                                "other order): declare b as [N, K] and write gemm(a, b, acc, transpose_b = true)",
-                                s.span)
+        esize = a.dtype.size
+        if esize == 1 and (s.transpose_a or not s.transpose_b):
+            raise SemanticError(f"an {a.dtype.name} gemm reads a and b K-major (wgmma takes 8-bit operands in no "
+                                "other order): declare a as [M, K] and b as [N, K] and write "
+                                "gemm(a, b, acc, transpose_b = true)", s.span)
         if acc.dtype.name != "f32":
             raise SemanticError(f"gemm accumulates in f32; '{acc.name}' is {acc.dtype.name}", s.span)
         if threads % 128:
             raise SemanticError(f"gemm runs on warpgroups of 128 threads; threads is {threads}", s.span)
         wg = threads // 128
-        if m % (64 * wg):
-            raise SemanticError(f"gemm: {wg} warpgroups split the {m} rows of '{a.name}' into m64 tiles; "
-                                f"the rows must be a multiple of {64 * wg}", s.span)
-        if n % 64 or n > 256:
-            raise SemanticError(f"gemm: the tile width N = {n} must be a multiple of 64 of at most 256 "
-                                "(one wgmma m64nNk16, 128-byte swizzled chunks)", s.span)
-        chunk = 128 // a.dtype.size
-        if ka % chunk:
-            raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {chunk} (128-byte swizzled chunks "
-                                f"of {a.dtype.name})", s.span)
-        for t, lay in ((a, "sw128"), (b, "sw128"), (acc, "wgmma")):
+        rows, cols = _split(wg, m, n, s.span)
+        kstep = 32 // esize
+        if ka % kstep:
+            raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
+                                f"of K: {kstep} {a.dtype.name} elements)", s.span)
+        # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
+        a_sw = _swizzle(m // rows if s.transpose_a else ka, esize)
+        b_sw = _swizzle(ka if s.transpose_b else n // cols, esize)
+        if not b_sw:
+            raise SemanticError(f"gemm: an N-major b ([K, N]) is read in swizzled chunks of 16 to 64 columns; "
+                                f"each warpgroup's {n // cols} columns are not a multiple of {32 // esize}: "
+                                "make N a multiple of 16 per warpgroup, or declare b as [N, K] and write "
+                                "transpose_b = true", s.span)
+        for t, lay in ((a, f"sw{a_sw}"), (b, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
-                raise SemanticError(f"'{t.name}' is used by two gemms in different roles", s.span)
+                raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
-        return replace(s, warpgroups=wg, m_tiles=m // (64 * wg))
+        splits[acc.name] = cols
+        return replace(s, warpgroups=wg, m_tiles=m // (64 * rows), wg_cols=cols)
 
     body = map_body(k.body, plan)
     if not layouts:
         return k
-    buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout)) for b in k.buffers)
+    buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols))
+                    for b in k.buffers)
     k = replace(k, body=body, buffers=buffers)
     _check_uses(k)
     return k
@@ -87,11 +96,39 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 def _check_uses(k):
     """Swizzled operand tiles are written by TMA loads only (copies from a global
     tensor or an im2col view) and are not copied out."""
-    swizzled = {b.name for b in k.buffers if b.layout == "sw128"}
+    swizzled = {b.name for b in k.buffers if b.swizzle}
     for s in ir.walk_stmts(k.body):
         e = effects.of(k, s)
         loaded = isinstance(s, ir.Copy) and k.space(s.src.name) in ("global", "view")
         copied_out = {s.src.name} if isinstance(s, ir.Copy) else set()
         for n in sorted(((set() if loaded else e.writes) | copied_out) & swizzled):
-            raise SemanticError(f"'{n}' is a gemm operand (128-byte swizzled for wgmma): fill it with a TMA "
+            raise SemanticError(f"'{n}' is a gemm operand (swizzled for wgmma): fill it with a TMA "
                                 "copy from a global tensor, and read it with gemm only", s.span)
+
+
+def _split(wg, m, n, span):
+    """(warpgroups over M, warpgroups over N): over M while each keeps whole m64
+    tiles (what the m64nNk16 instruction computes), the rest over N, where each
+    warpgroup's columns must be a multiple of 8 and at most 256 (one wgmma)."""
+    rows = wg
+    while rows > 1 and m % (64 * rows):
+        rows -= 1
+    while wg % rows:
+        rows -= 1
+    cols = wg // rows
+    if m % (64 * rows):
+        raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 64 (wgmma computes m64 tiles)",
+                            span)
+    if n % cols or (n // cols) % 8 or n // cols > 256:
+        if cols == 1:
+            raise SemanticError(f"gemm: the tile width N = {n} must be a multiple of 8 of at most 256 (one wgmma "
+                                "m64nNk16 per warpgroup)", span)
+        raise SemanticError(f"gemm: {wg} warpgroups over {m} rows are {rows} over M and {cols} over N, so each "
+                            f"takes N / {cols} of the N = {n} columns, which must be a multiple of 8 of at most "
+                            "256 (one wgmma m64nNk16 per warpgroup)", span)
+    return rows, cols
+
+
+def _swizzle(extent, esize) -> int:
+    """The widest swizzle (128, 64 or 32 bytes) whose rows tile `extent` elements; 0 if none."""
+    return next((sw for sw in (128, 64, 32) if extent * esize % sw == 0), 0)

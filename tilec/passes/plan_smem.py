@@ -26,7 +26,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if b.alias:
             b = replace(b, alias="")
         if b.scope == "shared":
-            align = SWIZZLE_ALIGN if b.layout == "sw128" else ALIGN
+            align = SWIZZLE_ALIGN if b.swizzle else ALIGN
             offset = -(-offset // align) * align
             b = replace(b, smem_offset=offset)
             offset += b.ring_bytes
@@ -36,6 +36,6 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)
         raise SemanticError(f"shared tiles need {offset} bytes; {target.block} has at most "
                             f"{target.smem_per_block} bytes of shared memory", big.span)
-    if any(b.layout == "sw128" for b in buffers):
+    if any(b.swizzle for b in buffers):
         offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
     return replace(k, buffers=tuple(buffers), smem_bytes=offset)

@@ -34,10 +34,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         rank = len(tensor.shape)
         shape = tuple(buf.shape)
         swizzle, chunks = "none", 1
-        if buf.layout == "sw128":
-            # 128-byte column chunks with TMA's 128-byte swizzle: what wgmma reads
-            width = 128 // tensor.dtype.size
-            swizzle, chunks = "128B", shape[-1] // width
+        if buf.swizzle:
+            # column chunks of rows of 128, 64 or 32 bytes in TMA's swizzle of that size: what wgmma reads
+            width = buf.swizzle // tensor.dtype.size
+            swizzle, chunks = f"{buf.swizzle}B", shape[-1] // width
             shape = shape[:-1] + (width,)
         elif buf.layout == "cols":
             # one box per column chunk (a tile of several im2col filter taps)
@@ -132,11 +132,12 @@ def _plan_im2col(k, s, maps):
                                 v.span)
     n, origins = im2col.row(v, x, m0)
     swizzle, width = "none", bk
-    if buf.layout == "sw128":       # a gemm operand: one 128-byte swizzled chunk per pixel row
-        if bk * esize != 128:
-            raise SemanticError(f"an im2col tile read by gemm must be 128 bytes wide ({128 // esize} channels "
-                                f"of {x.dtype.name}), not {bk}", s.span)
-        swizzle = "128B"
+    if buf.swizzle:                 # a gemm operand: one swizzled chunk per pixel row
+        if bk * esize != buf.swizzle:
+            raise SemanticError(f"an im2col tile read by gemm must be one swizzled chunk of 32, 64 or 128 bytes "
+                                f"({', '.join(str(w // esize) for w in (32, 64, 128))} channels of {x.dtype.name}), "
+                                f"not {bk}", s.span)
+        swizzle = f"{buf.swizzle}B"
     elif buf.layout == "cols":      # several taps: one load of `chunk` channels each
         width = buf.chunk
     key = (x.name, "im2col", v.name, bm, width, swizzle)

@@ -104,20 +104,23 @@ def write_box(array, starts, box, data):
 
 
 
-def _sw128_offsets(rows, width, r, c):
-    """codegen's tl_sw128(r, c, rows, width): element (r, c) of a tile of 128-byte
-    swizzled column chunks (C's truncating / and %)."""
-    per16 = width // 8
+def _swizzled_offsets(rows, width, units, r, c):
+    """codegen's tl_sw<bytes>(r, c, rows, width): element (r, c) of a tile of
+    swizzled column chunks whose rows are `units` 16-byte units (C's truncating
+    / and %); the unit index XORs with the row's 128-byte line (address bits
+    7.. of the pattern)."""
+    per16 = width // units
     cc = np.fmod(c, width)
     chunk = (c - cc) // width
-    return chunk * rows * width + r * width + ((cc // per16) ^ np.fmod(r, 8)) * per16 + cc % per16
+    line = np.fmod(r // (8 // units), units)
+    return chunk * rows * width + r * width + ((cc // per16) ^ line) * per16 + cc % per16
 
 
 def _tile_offsets(b, r, c):
     """Element (r, c) of a 2-D shared tile in a chunked layout, in elements from its
-    start: codegen's tl_sw128 for 'sw128', column chunks of b.chunk for 'cols'."""
-    if b.layout == "sw128":
-        return _sw128_offsets(b.shape[0], 128 // b.dtype.size, r, c)
+    start: codegen's tl_sw<bytes> for swizzled layouts, column chunks of b.chunk for 'cols'."""
+    if b.swizzle:
+        return _swizzled_offsets(b.shape[0], b.swizzle // b.dtype.size, b.swizzle // 16, r, c)
     w = b.chunk
     cc = np.fmod(c, w)
     return (c - cc) // w * (b.shape[0] * w) + r * w + cc
@@ -501,7 +504,7 @@ class _Blocks:
         return out
 
     def gemm(self, s, env):
-        """acc += a @ b (b is [N, K] with transpose_b), products and sums in f32 as
+        """acc += a @ b (a is [K, M] with transpose_a, b [N, K] with transpose_b), products and sums in f32 as
         wgmma accumulates; the order of its sums is not modelled (compare with a
         tolerance). Operands are read in their layout (the swizzle TMA wrote);
         the wgmma descriptors themselves are not interpreted."""
@@ -511,7 +514,8 @@ class _Blocks:
         bv = decode(self.tile(b, stage), b.dtype).astype(F32)
         # einsum's own loop, not BLAS: a multithreaded BLAS can be slower than this
         # on small tiles by a hundred times (seen on a 2-core machine)
-        product = np.einsum("ik,nk->in" if s.transpose_b else "ik,kn->in", av, bv)
+        spec = f"{'ki' if s.transpose_a else 'ik'},{'nk' if s.transpose_b else 'kn'}->in"
+        product = np.einsum(spec, av, bv)
         total = decode(self.tile(acc), acc.dtype).astype(F32) + product
         self.set_tile(acc, encode(total, acc.dtype))
 
@@ -579,10 +583,10 @@ class _Blocks:
 
     def _element_index(self, b, indices, env, where):
         """Element `b[indices]` where codegen puts it (row-major flattening or the
-        sw128 swizzle, not bounds-checked), as an index into all of shared memory."""
+        swizzle, not bounds-checked), as an index into all of shared memory."""
         whole, base = self.whole[b.name]
         idx = [np.asarray(self.ev(i, env), np.int64) for i in indices]
-        if b.layout in ("sw128", "cols"):
+        if b.swizzle or b.layout == "cols":
             flat = _tile_offsets(b, idx[0], idx[1])
         else:
             flat = np.int64(0)

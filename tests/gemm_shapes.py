@@ -1,0 +1,67 @@
+"""Generated gemm kernels over the wgmma tile shapes plan-gemm takes: tile sizes,
+K depths (128-, 64- and 32-byte swizzled operand rows), warpgroups split over M
+or N, and each operand in either major order. Shared by the CPU and GPU tests."""
+
+GEMM = """
+kernel g(A: {dt}[{ashape}], B: {dt}[{bshape}], C: {ct}[M, N]) {{
+    const BM = {bm}, BN = {bn}, BK = {bk};
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads {threads};
+    shared a: {dt}[{atile}];
+    shared b: {dt}[{btile}];
+    local acc: f32[BM, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = {stages}) {{
+        copy(A[{acoord}], a);
+        copy(B[{bcoord}], b);
+        gemm(a, b, acc{flags});
+    }}
+    copy(acc, C[by * BM, bx * BN]);
+}}
+"""
+
+# (BM, BN, BK, threads): what each one exercises
+SHAPES = [
+    (128, 128, 64, 256),    # 2 warpgroups over M, 128-byte rows (the examples' shape)
+    (64, 256, 64, 256),     # BM = 64: 2 warpgroups over N, 128 columns each
+    (64, 128, 64, 256),     # 2 warpgroups over N, 64 columns each
+    (128, 128, 32, 256),    # K depth 32: 64-byte swizzle
+    (128, 128, 16, 256),    # K depth 16: 32-byte swizzle
+    (64, 64, 32, 128),      # one warpgroup
+    (128, 96, 64, 256),     # N = 96: N-major b in 64-byte chunks
+    (64, 192, 64, 256),     # over N, 96 columns each
+    (192, 128, 64, 384),    # 3 warpgroups over M
+    (128, 256, 32, 256),    # wide and shallow
+    (64, 48, 48, 256),      # 24 columns per warpgroup: K-major b only; K = 48: 32-byte swizzle, 3 chunks
+]
+
+
+def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", ct="f32", stages=2):
+    return GEMM.format(
+        dt=dt, ct=ct, bm=bm, bn=bn, bk=bk, threads=threads, stages=stages,
+        ashape="K, M" if transpose_a else "M, K", bshape="N, K" if transpose_b else "K, N",
+        atile="BK, BM" if transpose_a else "BM, BK", btile="BN, BK" if transpose_b else "BK, BN",
+        acoord="k * BK, by * BM" if transpose_a else "by * BM, k * BK",
+        bcoord="bx * BN, k * BK" if transpose_b else "k * BK, bx * BN",
+        flags=(", transpose_a = true" if transpose_a else "") + (", transpose_b = true" if transpose_b else ""))
+
+
+def refused(bn, threads, bm, transpose_b) -> bool:
+    """N-major b needs each warpgroup's columns in whole 32-byte (16-element) rows."""
+    wg = threads // 128
+    rows = wg
+    while rows > 1 and bm % (64 * rows):
+        rows -= 1
+    return not transpose_b and (bn // (wg // rows)) % 16 != 0
+
+
+def cases():
+    for shape in SHAPES:
+        for ta in (False, True):
+            for tb in (False, True):
+                yield shape, ta, tb
+
+
+def case_id(c):
+    (bm, bn, bk, th), ta, tb = c
+    return f"{bm}x{bn}x{bk}t{th}" + ("-ta" if ta else "") + ("-tb" if tb else "")

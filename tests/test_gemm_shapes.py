@@ -1,0 +1,68 @@
+"""CPU: every wgmma tile shape plan-gemm takes compiles through NVRTC with an
+empty log, its IR says how the warpgroups split, the interpreter's result equals
+numpy's, and the shapes it cannot take are refused at the gemm's line."""
+import numpy as np
+import pytest
+
+import tilec
+from gemm_shapes import case_id, cases, refused, source
+from guard import guarded
+
+CASES = list(cases())
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_shape_compiles_cleanly(case):
+    (bm, bn, bk, th), ta, tb = case
+    src = source(bm, bn, bk, th, ta, tb)
+    if refused(bn, th, bm, tb):
+        with pytest.raises(tilec.TilecError, match=r"<string>:13:9: error: gemm: an N-major b"):
+            tilec.compile(src, arch="sm_90a")
+        return
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == "", k.compile_log
+    assert "wgmma.mma_async" in k.ptx
+    ir_text = k.ir("plan-smem")
+    wg = th // 128
+    over_n = 1 if bm % (64 * wg) == 0 else wg // (bm // 64)
+    assert (f", {over_n} across N" in ir_text) == (over_n > 1)
+    swz = next(s for s in (128, 64, 32) if (bk * 2) % s == 0)
+    a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
+    assert a_line.startswith(f"  shared a: f16[{bk}, {bm}]" if ta else f"  shared a: f16[{bm}, {bk}]")
+    assert f"layout sw{128 if ta else swz} " in a_line
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not refused(c[0][1], c[0][3], c[0][0], c[2])], ids=case_id)
+def test_shape_interpreted_equals_numpy(case):
+    (bm, bn, bk, th), ta, tb = case
+    k = tilec.compile(source(bm, bn, bk, th, ta, tb), backend="interpret")
+    m, n, kk = bm + 40, bn + 24, 3 * bk + 16     # ragged, rows in whole 16-byte granules (TMA)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((kk, m) if ta else (m, kk)).astype(np.float16)
+    b = rng.standard_normal((n, kk) if tb else (kk, n)).astype(np.float16)
+    c = guarded((m, n), "f32", like="numpy")
+    k(a, b, c.view)
+    want = (a.T if ta else a).astype(np.float32) @ (b.T if tb else b).astype(np.float32)
+    np.testing.assert_allclose(c.view, want, rtol=1e-3, atol=1e-3)
+    c.check()
+
+
+@pytest.mark.parametrize("bm, bn, bk, threads, message", [
+    (96, 128, 64, 256, "gemm: the 96 rows of the tile must be a multiple of 64"),
+    (64, 128, 64, 384, "gemm: 3 warpgroups over 64 rows are 1 over M and 3 over N, so each takes N / 3 of the "
+                       "N = 128 columns, which must be a multiple of 8 of at most 256 (one wgmma m64nNk16 per "
+                       "warpgroup)"),
+    (128, 512, 64, 128, "gemm: the tile width N = 512 must be a multiple of 8 of at most 256 (one wgmma m64nNk16 "
+                        "per warpgroup)"),
+    (128, 128, 24, 256, "gemm: the K depth 24 must be a multiple of 16"),
+])
+def test_shapes_that_cannot_be_done_are_refused_at_the_gemm(bm, bn, bk, threads, message):
+    with pytest.raises(tilec.TilecError) as e:
+        tilec.compile(source(bm, bn, bk, threads, transpose_b=True), arch="sm_90a")
+    assert str(e.value).startswith("<string>:13:9: error: " + message), str(e.value)
+
+
+def test_f8_operands_must_be_k_major():
+    src = source(128, 128, 128, 256, transpose_a=True, transpose_b=True, dt="f8e4m3")
+    with pytest.raises(tilec.TilecError, match=r"<string>:13:9: error: an f8e4m3 gemm reads a and b K-major"):
+        tilec.compile(src, arch="sm_90a")

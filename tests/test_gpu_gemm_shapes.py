@@ -1,0 +1,45 @@
+"""GPU: every wgmma tile shape plan-gemm takes (tests/gemm_shapes.py) equals
+torch.matmul: warpgroups over M or N, 128-, 64- and 32-byte swizzled operand
+rows, M-major a and K-major b; f32 outputs (fragment stores) and f16/bf16
+outputs (the swizzled staging tile and TMA stores), ragged and aligned sizes,
+each output a view inside a sentinel-filled buffer (tests/guard.py)."""
+import pytest
+
+import tilec
+from gemm_shapes import case_id, cases, refused, source
+from guard import guarded
+
+pytestmark = pytest.mark.gpu
+
+CASES = [c for c in cases() if not refused(c[0][1], c[0][3], c[0][0], c[2])]
+TORCH = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+
+
+def run_case(case, dt, ct, m, n, k):
+    import torch
+    (bm, bn, bk, th), ta, tb = case
+    kern = tilec.compile(source(bm, bn, bk, th, ta, tb, dt=dt, ct=ct, stages=3), fallback=False)
+    tdt = getattr(torch, TORCH[dt])
+    a = torch.randn((k, m) if ta else (m, k), device="cuda").to(tdt)
+    b = torch.randn((n, k) if tb else (k, n), device="cuda").to(tdt)
+    c = guarded((m, n), ct, fill=float("nan"))
+    kern(a, b, c.view)
+    torch.cuda.synchronize()
+    want = (a.t() if ta else a).float() @ (b.t() if tb else b).float()
+    got = c.view.float()
+    assert torch.isfinite(got).all()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < {"f32": 1e-4, "f16": 2e-3, "bf16": 1e-2}[ct], f"relative error {err:.2e}"
+    c.check()
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("ct", ["f32", "f16"])
+@pytest.mark.parametrize("size", [(1000, 1032, 520), (512, 768, 1024)], ids=lambda s: "x".join(map(str, s)))
+def test_shape_equals_matmul(case, ct, size):
+    run_case(case, "f16", ct, *size)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] or c[2]], ids=case_id)
+def test_shape_bf16(case):
+    run_case(case, "bf16", "bf16", 1000, 1032, 520)
