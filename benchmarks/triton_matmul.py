@@ -1,6 +1,11 @@
 """The peer for tuned gemms: a Triton matmul autotuned over the usual Hopper
 configurations (the shape of Triton's own tutorial kernel: one C tile per
-program, grouped tile order for L2 reuse, f32 accumulation with tl.dot)."""
+program, grouped tile order for L2 reuse, f32 accumulation with tl.dot).
+
+f16 and bf16 (C gets the operands' dtype; Triton's autotuner adds the tensors'
+dtypes to the key, so each dtype is tuned on its own); any row and column
+strides, so views into padded buffers work. `chosen()` names the
+configuration picked for the last call."""
 import torch
 import triton
 import triton.language as tl
@@ -45,3 +50,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
     _matmul[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     return c
+
+
+def chosen() -> str:
+    """The configuration the autotuner picked for the last call: BMxBNxBK, stages, warps."""
+    cfg = getattr(_matmul, "best_config", None)
+    if cfg is None:
+        return "?"
+    return f"{cfg.kwargs['BM']}x{cfg.kwargs['BN']}x{cfg.kwargs['BK']} s{cfg.num_stages} w{cfg.num_warps}"
