@@ -336,6 +336,31 @@ def _gemm_128x256(rows, dt, n):
     rows.append((name, "torch.matmul", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
 
 
+def bench_persistent(rows):
+    """examples/gemm_persistent.tile (one block per SM looping over 128x256 output
+    tiles, the ring carried across tiles) against torch.matmul, and against the
+    same tiles launched one block per tile (gemm_128x256.tile), f16."""
+    import torch
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pk = shipped(str(ROOT / "examples/gemm_persistent.tile"))
+    flat = shipped(str(ROOT / "examples/gemm_128x256.tile"))
+    for n in GEMM_SIZES:
+        name = f"gemm_persistent f16 {n}^3"
+        a = torch.randn(n, n, device="cuda").half()
+        b = torch.randn(n, n, device="cuda").half()
+        c = torch.empty(n, n, device="cuda").half()
+        pk(a, b, c, sms)
+        err = rel_err(c, a @ b)
+        assert err < 1e-2, f"{name}: relative error {err}"
+        flops = 2 * n ** 3
+        t_tilec, t_torch, ratio = compare(lambda: pk(a, b, c, sms), lambda: torch.matmul(a, b, out=c))
+        rows.append((name, "torch.matmul", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP", ratio,
+                     f"P={sms}"))
+        t_tilec, t_flat, ratio = compare(lambda: pk(a, b, c, sms), lambda: flat(a, b, c))
+        rows.append((name, "gemm_128x256", flops / t_tilec / 1e12, flops / t_flat / 1e12, "TFLOP", ratio,
+                     "one block per tile"))
+
+
 def bench_autotune(rows):
     """gemm.tile f16 autotuned as in bench_gemm (its own `tune` statement, else
     GEMM_TUNE's 16 candidates), for each size and in every run: the cold tune (a
@@ -545,7 +570,7 @@ def bench_compile(rows):
 
 
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
-           bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
+           bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
 
 
 def merge(runs) -> dict:

@@ -219,6 +219,8 @@ class _Printer:
             return [f"{ind}wgmma_wait_group<{s.pending}>();"] + fence
         if isinstance(s, ir.FlipPhase):
             return [f"{ind}tl_phase_{s.barrier} ^= 1;"]
+        if isinstance(s, ir.RingAdvance):
+            return [f"{ind}{s.var} += {self.expr(s.by)};  // the ring's iterations so far"]
         if isinstance(s, ir.TmaStore):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
             return self.comment(s, ind) + \
@@ -746,6 +748,10 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
         prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name}{count};")
     for name in [b.name for b in k.barriers if not b.array and _has_phase_register(k, b.name)]:
         prologue.append(f"unsigned tl_phase_{name} = 0;  // parity of {name}'s next phase")
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.RingAdvance):
+            prologue.append(f"int {s.var} = 0;  // iterations of its pipelined ring in earlier trips of the "
+                            "loop around it")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)

@@ -27,7 +27,7 @@ class Effects:
 
 
 # barrier parts: init (mbarrier.init), arm (arrive.expect_tx), complete (a TMA load's
-# complete_tx), wait (try_wait.parity), arrive (a consumer's arrival), flip (a phase register)
+# complete_tx), wait (try_wait.parity), arrive (a consumer's arrival), flip (a phase register or a ring's count)
 _RULES = {}
 
 
@@ -145,6 +145,11 @@ def _arrive(k, s):
 @rule(ir.FlipPhase)
 def _flip(k, s):
     return _effects(barrier="flip")
+
+
+@rule(ir.RingAdvance)
+def _ring(k, s):
+    return _effects(exprs=(s.by,), barrier="flip")
 
 
 @rule(ir.OneThread, ir.WgmmaWait, ir.ProxyFence, ir.SyncThreads, ir.BulkCommit, ir.BulkWait)

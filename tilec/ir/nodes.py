@@ -454,6 +454,17 @@ class FlipPhase(Stmt):
 
 
 @dataclass(frozen=True)
+class RingAdvance(Stmt):
+    """A pipelined loop inside another loop: its ring's stages and phases go on
+    where the previous trip left them. `var` (a block-uniform count, 0 at the
+    kernel's start) is the number of ring iterations earlier trips ran; this
+    adds the loop's trip count `by` to it."""
+    var: str
+    by: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
 class ProxyFence(Stmt):
     """fence.proxy.async.shared::cta: generic-proxy smem writes become visible to TMA."""
     span: Optional[Span] = SPAN
@@ -516,6 +527,7 @@ class Kernel:
     smem_bytes: int = 0
     views: tuple = ()           # Im2colView
     span: Optional[Span] = SPAN
+    tune: tuple = ()            # the tune statement: ((const name, (value, ...)), ...) as written
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

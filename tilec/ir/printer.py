@@ -142,6 +142,8 @@ def stmt(s, ind: str) -> list:
         return [f"{ind}wgmma.wait_group {s.pending}"]
     if isinstance(s, ir.FlipPhase):
         return [f"{ind}phase({s.barrier}) ^= 1"]
+    if isinstance(s, ir.RingAdvance):
+        return [f"{ind}{s.var} += {expr(s.by)}"]
     if isinstance(s, ir.ProxyFence):
         return [f"{ind}fence.proxy.async.shared::cta{L}"]
     if isinstance(s, ir.SyncThreads):
@@ -177,6 +179,8 @@ def kernel(k: ir.Kernel) -> str:
     out.append(f"kernel {k.name}({', '.join(params)}) {{")
     for c in k.consts:
         out.append(f"  const {c[0]} = {_const_value(c[1])}")
+    if k.tune:
+        out.append("  tune " + ", ".join(f"{name} in ({', '.join(map(str, values))})" for name, values in k.tune))
     for name, value in k.lets:
         out.append(f"  let {name} = {expr(value)}")
     for r in k.requires:

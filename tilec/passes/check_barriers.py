@@ -208,6 +208,8 @@ class _Checker:
         elif isinstance(s, ir.FlipPhase):
             for c in classes:
                 st.phase[(s.barrier, c)] ^= 1
+        elif isinstance(s, ir.RingAdvance):
+            st.env[s.var] = st.env[s.var] + evaluate(s.by, st.env)  # the trip count is fixed on this path
         elif isinstance(s, ir.SyncThreads):
             if classes != (T0, REST):
                 _fail("a block barrier inside a one-thread block deadlocks", s.span)
@@ -339,7 +341,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if opts.expect_tx_skew:
         return k    # test hook: a deliberately wrong expect-tx must reach the GPU (debug-mode tests)
     ch = _Checker(k)
-    for st in ch.run(k.body, [_State()], (T0, REST)):
+    start = _State()
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.RingAdvance):
+            start.env[s.var] = 0        # a nested ring's count of earlier iterations
+    for st in ch.run(k.body, [start], (T0, REST)):
         for name, bar in st.bars.items():
             if bar.armed:
                 span = next((s.span for s in ir.walk_stmts(k.body)

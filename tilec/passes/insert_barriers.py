@@ -134,7 +134,7 @@ class _Inserter:
                 out.append(s)
             elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
-                self.pipeline(s, st, out)
+                self.pipeline(s, st, out, in_loop)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
                 entry = self.back_edge_state(s.body, st)
@@ -165,13 +165,19 @@ class _Inserter:
         st.observed = new.observed
 
     # ---- pipelined loops
-    def pipeline(self, s: ir.For, st, out):
+    def pipeline(self, s: ir.For, st, out, in_loop=False):
         """An S-stage ring: stage k % S of every loaded tile holds iteration k.
         full[k % S] completes when iteration k's TMA bytes land (consumers wait
         parity (k / S) % 2); every warpgroup arrives on empty[k % S] once the
         wgmma reading it has retired, and the producer (thread 0) waits for that
         before refilling the stage (parity (j / S - 1) % 2 for iteration j).
-        With S >= 2 one wgmma group stays in flight (refill distance S - 1)."""
+        With S >= 2 one wgmma group stays in flight (refill distance S - 1).
+
+        Inside another loop (a loop over output tiles, a batch) the ring goes on
+        where the previous trip left it: iteration k is ring iteration g = base +
+        k, with `base` (RingAdvance) the iterations of earlier trips; stages and
+        parities follow g, a load waits on `empty` whenever g >= S, and after
+        the loop the last iteration's stage is released and base += trips."""
         stages = s.stages
         loads = [x for x in s.body if isinstance(x, ir.TmaLoad)]
         gemms = list(s.body[len(loads):])
@@ -188,14 +194,20 @@ class _Inserter:
         k = ir.Var(s.var, "loop")
         n = s.extent
         S = ir.Int(stages)
+        base = ir.Var(f"tl_{full.name}_base", "loop") if in_loop else None
+
+        def ring(j):
+            """Ring iteration of loop iteration j."""
+            return j if base is None else fold(ir.BinOp("+", base, j))
 
         def issue(j, wait_empty):
-            stage = fold(ir.BinOp("%", j, S))
+            g = ring(j)
+            stage = fold(ir.BinOp("%", g, S))
             body = []
             if wait_empty:
-                body.append(ir.MbarrierWait(empty.name, fold(ir.BinOp("%", ir.BinOp("-", ir.BinOp("/", j, S),
-                                                                                      ir.Int(1)), ir.Int(2))),
-                                            index=stage, span=s.span))
+                wait = ir.MbarrierWait(empty.name, fold(ir.BinOp("%", ir.BinOp("-", ir.BinOp("/", g, S), ir.Int(1)),
+                                                                 ir.Int(2))), index=stage, span=s.span)
+                body.append(wait if base is None else ir.If(ir.BinOp(">=", g, S), (wait,), (), span=s.span))
             body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
             for x in loads:
                 at = {s.var: j}
@@ -205,27 +217,44 @@ class _Inserter:
                                     barrier=full.name, barrier_index=stage, stage=stage))
             return body
 
+        if base is not None:
+            # an earlier trip's threads read these tiles or tiles placed over them (the
+            # epilogue's staging tile), whose TMA stores may still read them: wait for
+            # the stores and meet before thread 0 refills them
+            mem = set(tiles) | {b.name for b in self.k.buffers if b.alias in tiles}
+            if st.storing & mem:
+                out.append(ir.OneThread((ir.BulkWait(read=True),)))
+                st.storing -= mem
+            if mem & (st.thread_read | st.thread_written | st.unfenced | st.observed):
+                self.sync(st, out, fence=bool(mem & st.unfenced), span=s.span)
         # prologue: iterations 0 .. ahead-1 in flight before the loop
         for j in range(ahead):
-            out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)), (ir.OneThread(tuple(issue(ir.Int(j), False))),),
-                             (), span=s.span))
-        stage = fold(ir.BinOp("%", k, S))
-        loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", k, S), ir.Int(2))), index=stage,
+            out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)),
+                             (ir.OneThread(tuple(issue(ir.Int(j), base is not None))),), (), span=s.span))
+        g = ring(k)
+        stage = fold(ir.BinOp("%", g, S))
+        loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", g, S), ir.Int(2))), index=stage,
                                 span=s.span)]
-        loop += [replace(g, stage=stage) for g in gemms]
+        loop += [replace(x, stage=stage) for x in gemms]
         loop.append(ir.WgmmaWait(lag, span=gemms[-1].span))
         if lag:
-            done = fold(ir.BinOp("%", ir.BinOp("-", k, ir.Int(1)), S))
+            done = fold(ir.BinOp("%", ir.BinOp("-", g, ir.Int(1)), S))
             loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
         else:
             loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
         j = fold(ir.BinOp("+", k, ir.Int(ahead)))
         refill = ir.OneThread(tuple(issue(j, True)))
-        if ahead < stages:      # the first refills go to stages the prologue left empty
+        if ahead < stages and base is None:     # the first refills go to stages the prologue left empty
             refill = ir.If(ir.BinOp(">=", j, S), (refill,), (ir.OneThread(tuple(issue(j, False))),))
         loop.append(ir.If(ir.BinOp("<", j, n), (refill,), ()))
         out.append(replace(s, body=tuple(loop)))
         out.append(ir.WgmmaWait(0, span=s.span))
+        if base is not None:
+            if lag:     # the last iteration's stage, which no later iteration of this trip releases
+                last = fold(ir.BinOp("%", ir.BinOp("-", ring(n), ir.Int(1)), S))
+                out.append(ir.If(fold(ir.BinOp(">=", n, ir.Int(1))), (ir.MbarrierArrive(empty.name, last, span=s.span),),
+                                 (), span=s.span))
+            out.append(ir.RingAdvance(base.name, n, span=s.span))
         st.observed |= set(tiles)
 
     def back_edge_state(self, body, st):

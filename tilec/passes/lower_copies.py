@@ -62,13 +62,15 @@ def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span) -> list:
 
 
 def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
-    """For each top-level copy from a wgmma accumulator to a global tensor whose
-    rows come in 128-byte chunks, a shared staging tile (layout sw128, the
-    tensor's dtype) over a gemm operand ring that no later statement uses and
-    that is large enough. Without such a ring the copy stays a thread copy (a
-    tile of its own could cost the kernel its second block per SM)."""
+    """For each copy from a wgmma accumulator to a global tensor whose rows come
+    in 128-byte chunks, a shared staging tile (layout sw128, the tensor's dtype)
+    over a gemm operand ring that no later statement uses and that is large
+    enough. Without such a ring the copy stays a thread copy (a tile of its own
+    could cost the kernel its second block per SM). Inside a loop (one trip per
+    output tile) the ring is reused by the next trip, whose pipeline meets the
+    stores first (insert-barriers)."""
     rings = {}                                  # operand tile -> bytes of its ring
-    for s in k.body:
+    for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.For):
             for inner in ir.walk_stmts(s.body):
                 if isinstance(inner, ir.Copy) and k.space(inner.dst.name) == "shared":
@@ -76,23 +78,36 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
                     if b.swizzle:
                         rings[b.name] = b.ring_bytes
     new = []
-    for i, s in enumerate(k.body):
-        if not isinstance(s, ir.Copy):
-            continue
+
+    def visit(body, after):
+        """`after`: the statements that run after this body, outside it."""
+        for i, s in enumerate(body):
+            rest = tuple(body[i + 1:]) + after
+            if isinstance(s, ir.For):
+                visit(s.body, rest)
+            elif isinstance(s, ir.If):
+                visit(s.then, rest)
+                visit(s.orelse, rest)
+            elif isinstance(s, ir.Copy):
+                stage(s, rest)
+
+    def stage(s, rest):
         acc, t = k.buffer(s.src.name), k.param(s.dst.name)
         if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam):
-            continue
+            return
         width = 128 // t.dtype.size
         if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width:
-            continue
-        later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in k.body[i + 1:])))
+            return
+        later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
         free = [r for r, size in rings.items() if r not in later and size >= nbytes
                 and not any(b.alias == r for b in new)]
         if not free:
-            continue
+            return
         tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128",
                          alias=max(free, key=rings.get), span=s.span)
         new.append(tile)
         staged[id(s)] = tile
+
+    visit(k.body, ())
     return replace(k, buffers=k.buffers + tuple(new)) if new else k

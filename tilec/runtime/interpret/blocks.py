@@ -151,6 +151,7 @@ class _Blocks:
         self.lanes = None
         self.one_thread_depth = 0
         self._view_exprs = {}
+        self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
     def run(self, grid):
         names = self.k.grid_vars
@@ -163,6 +164,7 @@ class _Blocks:
                 a.view(U8).fill(_POISON)
             self.barriers = {}
             self.phase_reg = {b.name: 0 for b in self.k.barriers}
+            env.update((s.var, np.int32(0)) for s in self.rings)
             self.block(self.k.body, env)
 
     def block(self, body, env):
@@ -269,6 +271,9 @@ class _Blocks:
 
     def flip_phase(self, s, env):
         self.phase_reg[s.barrier] ^= 1
+
+    def ring_advance(self, s, env):
+        env[s.var] = np.int32(env[s.var] + _int(self.ev(s.by, env)))
 
     # ------------------------------------------------------------ TMA
     def _check_inner(self, tensor, coord, s):
@@ -709,7 +714,7 @@ def _indices(shape):
 _STMT = {
     ir.OneThread: _Blocks.one_thread, ir.For: _Blocks.for_, ir.If: _Blocks.if_,
     ir.MbarrierInit: _Blocks.mbarrier_init, ir.ArriveExpectTx: _Blocks.arrive_expect_tx,
-    ir.MbarrierWait: _Blocks.mbarrier_wait, ir.FlipPhase: _Blocks.flip_phase,
+    ir.MbarrierWait: _Blocks.mbarrier_wait, ir.FlipPhase: _Blocks.flip_phase, ir.RingAdvance: _Blocks.ring_advance,
     ir.TmaLoad: _Blocks.tma_load, ir.TmaStore: _Blocks.tma_store, ir.StoreTail: _Blocks.store_tail,
     ir.ProxyFence: _Blocks.nothing, ir.SyncThreads: _Blocks.nothing, ir.BulkCommit: _Blocks.nothing,
     ir.BulkWait: _Blocks.nothing,
