@@ -664,6 +664,169 @@ kernel k(X: f16[N, H, W, C], Y: f16[M, C]) {
 t.tile:6:13: error: an im2col view is read-only: copy from it into a shared tile
     copy(a, Xc[0, 0]);
             ^~~~~~~~""", id="im2col-view-as-destination"),
+
+    # ------------------------------------------------------------ tune statements (docs/language.md §3)
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128), BN in (64, 256);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:5: error: the declared value of 'BN', 128, is not one of its tune values (64, 256)
+    tune BM in (64, 128), BN in (64, 256);
+    ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+note: the declared value (line 2) is the kernel's untuned default and its first candidate: list it, or declare one of the listed values""", id="tune-declared-value-not-listed"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64;
+    tune BN in (64, 128);
+    const BN = 128;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:10: error: 'BN' is tuned before its const declaration (line 4): declare it before the tune statement
+    tune BN in (64, 128);
+         ^~""", id="tune-const-declared-after"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune N in (64, 128);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:10: error: only consts can be tuned, and 'N' is a shape symbol
+    tune N in (64, 128);
+         ^""", id="tune-shape-symbol"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BK in (64, 128);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:10: error: 'BK' is not a const declared before the tune statement
+    tune BK in (64, 128);
+         ^~
+note: consts declared before it: BM, BN""", id="tune-unknown-name"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in (64, 128), BM in (64), BN in (256);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:39: error: 'BN' is tuned twice
+    tune BN in (64, 128), BM in (64), BN in (256);
+                                      ^~""", id="tune-name-twice"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in (64, 128, 64);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:26: error: tune lists 64 twice for 'BN'
+    tune BN in (64, 128, 64);
+                         ^~""", id="tune-value-twice"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in (64, 128);
+    tune BM in (32, 64);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:4:5: error: tune is declared twice (one tune statement lists every tuned const)
+    tune BM in (32, 64);
+    ^~~~~~~~~~~~~~~~~~~~""", id="tune-declared-twice"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 2 * BM;
+    tune BN in (64, 128);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:2:25: error: const 'BN' is tuned, so its declared value (the kernel's untuned default) must be an integer literal, not '2 * BM'
+    const BM = 64, BN = 2 * BM;
+                        ^~~~~~""", id="tune-declared-expression"),
+
+    pytest.param(ParseError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in (-64, 128);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:17: error: unexpected '-'; expected an integer
+    tune BN in (-64, 128);
+                ^""", id="tune-negative-value"),
+
+    pytest.param(ParseError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in ();
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:17: error: unexpected ')'; expected an integer
+    tune BN in ();
+                ^""", id="tune-empty-list"),
+
+    pytest.param(ParseError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BN in (128.0);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:20: error: unexpected character '.'
+    tune BN in (128.0);
+                   ^""", id="tune-float-value"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    for t in range(2) {
+        tune BN in (64, 128);
+    }
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:4:9: error: 'tune' declarations go at the top level of the kernel
+        tune BN in (64, 128);
+        ^~~~~~~~~~~~~~~~~~~~~""", id="tune-nested"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune A in (64, 128);
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:10: error: only consts can be tuned, and 'A' is a parameter
+    tune A in (64, 128);
+         ^""", id="tune-parameter"),
 ]
 
 

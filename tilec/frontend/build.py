@@ -6,6 +6,7 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
+from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
 
@@ -120,6 +121,13 @@ class _Builder(Transformer):
 
     def const_stmt(self, meta, ch):
         return _Decl("const", list(ch), self._span(meta))
+
+    def tune_item(self, meta, ch):
+        name, *values = ch
+        return (str(name), tuple((int(v), self._tok_span(v)) for v in values), self._tok_span(name))
+
+    def tune_stmt(self, meta, ch):
+        return _Decl("tune", list(ch), self._span(meta))
 
     def let_stmt(self, meta, ch):
         return _Decl("let", (str(ch[0]), ch[1], self._tok_span(ch[0])), self._span(meta))
@@ -274,7 +282,7 @@ class _Builder(Transformer):
         params = tuple(p for p in rest[:-1] if p is not None)
         span = self._span(meta)
         consts, lets, requires, buffers, stmts = [], [], [], [], []
-        grid = threads = None
+        grid = threads = tune = None
         seen = {}
         for p in params:
             self._declare(seen, p.name, p.span, "parameter")
@@ -301,6 +309,11 @@ class _Builder(Transformer):
                     if threads is not None:
                         raise SemanticError("threads is declared twice", s.span)
                     threads = s.value
+                elif s.kind == "tune":
+                    if tune is not None:
+                        raise SemanticError("tune is declared twice (one tune statement lists every tuned const)",
+                                            s.span)
+                    tune = (s, {c[0]: c for c in consts})
                 else:
                     self._declare(seen, s.value.name, s.value.span, "tile")
                     buffers.append(s.value)
@@ -317,8 +330,50 @@ class _Builder(Transformer):
         if threads is None:
             raise SemanticError(f"kernel '{name}' has no threads declaration", self._tok_span(name),
                                 note="add e.g. `threads 128;`")
+        space = self._tune_space(tune[0], tune[1], consts, seen, params) if tune is not None else ()
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
-                         grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span)
+                         grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space)
+
+    def _tune_space(self, decl, before, consts, seen, params):
+        """`tune NAME in (INT, ...), ...;`: ((name, (value, ...)), ...) as written.
+        Each name a const declared before the statement with an integer literal,
+        once; each list's values distinct and the declared value among them."""
+        kinds = dict(seen)
+        for p in params:
+            for d in getattr(p, "shape", ()):
+                if isinstance(d, ir.Var):
+                    kinds.setdefault(d.name, "shape symbol")
+        space = []
+        for cname, values, nspan in decl.value:
+            if any(cname == n for n, _ in space):
+                raise SemanticError(f"'{cname}' is tuned twice", nspan)
+            if cname not in before:
+                later = next((c for c in consts if c[0] == cname), None)
+                if later is not None:
+                    raise SemanticError(f"'{cname}' is tuned before its const declaration (line {later[2].line}): "
+                                        "declare it before the tune statement", nspan)
+                if cname in kinds:
+                    raise SemanticError(f"only consts can be tuned, and '{cname}' is a {kinds[cname]}", nspan)
+                raise SemanticError(f"'{cname}' is not a const declared before the tune statement", nspan,
+                                    note=f"consts declared before it: {', '.join(before) or 'none'}")
+            declared = before[cname][1]
+            if not isinstance(declared, ir.Int):
+                raise SemanticError(f"const '{cname}' is tuned, so its declared value (the kernel's untuned "
+                                    f"default) must be an integer literal, not '{print_expr(declared)}'",
+                                    declared.span)
+            listed = []
+            for v, vspan in values:
+                if v in listed:
+                    raise SemanticError(f"tune lists {v} twice for '{cname}'", vspan)
+                listed.append(v)
+            if declared.value not in listed:
+                raise SemanticError(f"the declared value of '{cname}', {declared.value}, is not one of its tune "
+                                    f"values ({', '.join(map(str, listed))})", decl.span,
+                                    note=f"the declared value (line {before[cname][2].line}) is the kernel's "
+                                    "untuned default and its first candidate: list it, or declare one of the "
+                                    "listed values")
+            space.append((cname, tuple(listed)))
+        return tuple(space)
 
     def _declare(self, seen, name, span, what):
         if reserved(name):

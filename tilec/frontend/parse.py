@@ -23,7 +23,7 @@ _TERMINAL_WORDS = {
 }
 _EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "DTYPE"}
 _OPERATORS = {"OR_OP", "AND_OP", "CMP_OP", "ADD_OP", "MUL_OP"}
-_STMT_START = {"CONST", "LET", "REQUIRE", "GRID", "THREADS", "SHARED", "LOCAL", "FOR", "PARALLEL", "IF", "NAME"}
+_STMT_START = {"CONST", "TUNE", "LET", "REQUIRE", "GRID", "THREADS", "SHARED", "LOCAL", "FOR", "PARALLEL", "IF", "NAME"}
 
 
 @functools.lru_cache(maxsize=1)
