@@ -34,7 +34,7 @@ def run_both(src, inputs, outputs, scalars=(), fallback_variant=False, **consts)
     on either side. Checks that neither run wrote around its outputs and returns
     [(gpu result, interpreter result)] for every output, both on the CPU."""
     import torch
-    gpu = tilec.compile(src, **consts)
+    gpu = tilec.compile(src, tune=False, **consts)      # a tune statement's declared consts, as the interpreter
     cpu = tilec.compile(src, backend="interpret", **consts)
     if fallback_variant:
         gpu, cpu = gpu.fallback, cpu.fallback

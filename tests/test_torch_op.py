@@ -58,7 +58,7 @@ def test_schema_from_the_signature():
     assert op.op is getattr(torch.ops.tilec, op.name.split("::")[1]).default
     scale = tilec.compile(SCALE).as_torch_op()
     assert str(scale.op._schema).endswith("(Tensor X, Tensor(a0!) Y, float alpha) -> ()")
-    gemm = tilec.compile(GEMM).as_torch_op()
+    gemm = tilec.compile(GEMM, tune=False).as_torch_op()
     assert str(gemm.op._schema).endswith("(Tensor A, Tensor B, Tensor(a0!) C) -> ()")
     assert gemm.mutates == ("C",)
     add_n = tilec.compile(ADD_N).as_torch_op()
@@ -66,7 +66,7 @@ def test_schema_from_the_signature():
 
 
 def test_mutates_names_the_written_tensors():
-    k = tilec.compile(GEMM)
+    k = tilec.compile(GEMM, tune=False)
     op = tilec.torch.op(k, mutates=("C", "A"))
     assert op.mutates == ("A", "C")              # in the signature's order
     assert str(op.op._schema).endswith("(Tensor(a0!) A, Tensor B, Tensor(a1!) C) -> ()")
@@ -104,7 +104,7 @@ def test_fake_impl_checks_dtypes_ranks_and_shapes():
         scale(meta(100, 200), meta(100, 200, 1), 1.0)
     with pytest.raises(tilec.LaunchError, match=r"argument Y: dim 1 is 201 but N = 200 \(from X dim 1\)"):
         scale(meta(100, 200), meta(100, 201), 1.0)
-    gemm = tilec.compile(GEMM).as_torch_op()
+    gemm = tilec.compile(GEMM, tune=False).as_torch_op()
     gemm(meta(256, 64, dtype=torch.float16), meta(64, 128, dtype=torch.float16), meta(256, 128, dtype=torch.float16))
     with pytest.raises(tilec.LaunchError, match=r"argument B: dim 0 is 32 but K = 64 \(from A dim 1\)"):
         gemm(meta(256, 64, dtype=torch.float16), meta(32, 128, dtype=torch.float16),
@@ -246,7 +246,7 @@ def _backends():
 def test_fullgraph_compile_matches_the_plain_call(case, backend):
     torch._dynamo.reset()        # f is one code object for every case: no recompile limit to reach
     src, guard, (*ins, out), scalars, want = CASES[case]()
-    k = tilec.compile(src)
+    k = tilec.compile(src, tune=False)            # gemm.tile: its declared consts, a plain Kernel
     op = k.as_torch_op()
     ref_guard = guarded(out.shape, out.dtype)
     ref = ref_guard.view
@@ -270,7 +270,7 @@ def test_fullgraph_compile_matches_the_plain_call(case, backend):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_operator_through_the_dispatcher_matches_the_plain_call(case):
     src, guard, (*ins, out), scalars, want = CASES[case]()
-    op = tilec.compile(src).as_torch_op()
+    op = tilec.compile(src, tune=False).as_torch_op()
     with no_fallback():
         op.op(*ins, out, *scalars)                # a first call: the operator's CUDA kernel
         torch.cuda.synchronize()
@@ -286,7 +286,7 @@ def test_the_operator_through_the_dispatcher_matches_the_plain_call(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_cuda_graph_capture_and_replay_with_new_inputs(case):
     src, guard, (*ins, out), scalars, want = CASES[case]()
-    op = tilec.compile(src).as_torch_op()
+    op = tilec.compile(src, tune=False).as_torch_op()
     args = (*ins, out, *scalars)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

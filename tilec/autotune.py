@@ -1,4 +1,5 @@
-"""Autotuning: `tilec.compile(src, tune={"BN": (128, 256), ...}, key=("M", "N", "K"))`.
+"""Autotuning: a program's `tune` statement (`tune BN in (128, 256), STAGES in (3, 4);`,
+docs/language.md §3), or `tilec.compile(src, tune={"BN": (128, 256), ...}, key=("M", "N", "K"))`.
 
 The first call with new key values (the named shape symbols and scalars, read
 from the call's arguments the way the host wrapper binds them) compiles every
@@ -15,19 +16,24 @@ Compiles run in threads, but lowering holds the GIL and NVRTC is serialised
 candidates took 3.2 s one after another and 3.4 s in 16 threads (2-core CPU
 machine, no GPU); ~0.2 s of each is NVRTC.
 
-Not timed (the first candidate that compiles is taken): TILEC_AUTOTUNE=0,
-arguments that are not all CUDA torch tensors and numbers (numpy arrays are
-copied through the host on every call; cupy has no event timing here), and
-backend="interpret" (timing on the CPU means nothing)."""
+Not timed (a tune statement's declared values are taken, or the first
+candidate of tune= that compiles): TILEC_AUTOTUNE=0, arguments that are not
+all CUDA torch tensors and numbers (numpy arrays are copied through the host on
+every call; cupy has no event timing here), and backend="interpret" (timing on
+the CPU means nothing).
+
+A tune statement's candidates start with its declared values, which
+tilec.compile compiles at once (their errors are the program's). Its key is
+every shape symbol of the header unless key= is given; consts given to
+tilec.compile leave its space. tilec.compile reads the statement, like the
+header (`signature`), with regular expressions: a warm start builds no parser."""
 from __future__ import annotations
 
 import itertools
 import os
 import re
-import statistics
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from . import kernel as kernel_mod
 from ._version import __version__
@@ -43,8 +49,9 @@ def enabled() -> bool:
     return os.environ.get("TILEC_AUTOTUNE", "1") not in ("0", "", "off", "false")
 
 
-def candidates(tune: dict) -> list:
-    """The tune space's cartesian product, in order: a list of {name: value}."""
+def candidates(tune: dict, first: dict | None = None) -> list:
+    """The tune space's cartesian product, in order: a list of {name: value}.
+    `first` (a tune statement's declared values) is moved to the front."""
     if not isinstance(tune, dict) or not tune:
         raise TilecError("tune= takes a non-empty dict {const name: (value, ...)}")
     names, values = [], []
@@ -53,7 +60,11 @@ def candidates(tune: dict) -> list:
             raise TilecError(f"tune[{name!r}]: a non-empty tuple of values, got {vals!r}")
         names.append(name)
         values.append(tuple(vals))
-    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+    out = [dict(zip(names, combo)) for combo in itertools.product(*values)]
+    if first is not None:
+        out.remove(first)
+        out.insert(0, dict(first))
+    return out
 
 
 def _space(tune: dict) -> tuple:
@@ -96,6 +107,90 @@ def signature(source) -> list:
              if isinstance(p, ir.TensorParam) else None) for p in k.params]
 
 
+# ---- the tune statement, without the parser (a warm start must not build it either)
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"          # the grammar's NAME and INT
+_INT = re.compile(r"[0-9]+")
+_TUNE_WORD = re.compile(r"(?<![A-Za-z0-9_])tune(?![A-Za-z0-9_])")
+_VALUES = r"\(\s*[0-9]+(?:\s*,\s*[0-9]+)*\s*\)"
+_TUNE_STMT = re.compile(rf"tune\s+({_NAME}\s+in\s*{_VALUES}(?:\s*,\s*{_NAME}\s+in\s*{_VALUES})*)\s*;")
+_TUNE_ITEM = re.compile(rf"({_NAME})\s+in\s*\(([^)]*)\)")
+_CONST_STMT = re.compile(r"(?<![A-Za-z0-9_])const(?![A-Za-z0-9_])([^;]*);")
+_CONST_ITEM = re.compile(rf"\s*({_NAME})\s*=(.*)", re.S)
+
+
+def _const_texts(text: str):
+    """{const name: its expression's text} of every `const` statement in `text`,
+    or None where an item is not `NAME = expr` or a name comes twice."""
+    out = {}
+    for m in _CONST_STMT.finditer(text):
+        items, depth, start, body = [], 0, 0, m.group(1)
+        for i, ch in enumerate(body):
+            depth += ch == "(" or ch == "["
+            depth -= ch == ")" or ch == "]"
+            if ch == "," and depth == 0:
+                items.append(body[start:i])
+                start = i + 1
+        items.append(body[start:])
+        for item in items:
+            c = _CONST_ITEM.fullmatch(item)
+            if c is None or c.group(1) in out:
+                return None
+            out[c.group(1)] = c.group(2).strip()
+    return out
+
+
+def statement(source):
+    """The program's tune statement as (space, default): space the tuned consts
+    and their values as written, ((name, (value, ...)), ...), and default
+    {name: declared value}; None when there is none. A regular expression over
+    the text; the parser (tilec.frontend, which raises the statement's errors)
+    when the text has `tune` anywhere else, or a rule of the statement does not
+    hold."""
+    text = _COMMENT.sub(" ", source.text)
+    words = [w.start() for w in _TUNE_WORD.finditer(text)] if "tune" in text else []
+    if not words:
+        return None
+    m = _TUNE_STMT.match(text, words[0])
+    consts = _const_texts(text[:words[0]]) if m is not None and len(words) == 1 else None
+    if consts is not None:
+        space = tuple((name, tuple(int(v) for v in values.split(","))) for name, values
+                      in _TUNE_ITEM.findall(m.group(1)))
+        names = [name for name, _ in space]
+        if len(set(names)) == len(names) and all(
+                _INT.fullmatch(consts.get(name, "")) and len(set(values)) == len(values) and int(consts[name]) in values
+                for name, values in space):
+            return space, {name: int(consts[name]) for name in names}
+    return _statement_by_parser(source)
+
+
+def _statement_by_parser(source):
+    from .frontend import parse
+    k = parse(source)
+    if not k.tune:
+        return None
+    declared = {c[0]: c[1] for c in k.consts}
+    return k.tune, {name: declared[name].value for name, _ in k.tune}
+
+
+def shape_symbols(source) -> tuple:
+    """The shape symbols of the kernel header, in order of first appearance:
+    the bare names in tensor shapes that are neither consts nor parameters (a
+    tune statement's default key). Without the parser, as `signature`."""
+    consts = _const_texts(_COMMENT.sub(" ", source.text))
+    if consts is None:
+        from .frontend import parse
+        consts = {c[0] for c in parse(source).consts}
+    sig = signature(source)
+    params = {name for name, _ in sig}
+    out = []
+    for _, dims in sig:
+        for d in dims or ():
+            if d is not None and d not in consts and d not in params and d not in out:
+                out.append(d)
+    return tuple(out)
+
+
 def _shape(obj):
     shape = getattr(obj, "shape", None)
     if shape is None and hasattr(obj, "__cuda_array_interface__"):
@@ -136,7 +231,7 @@ def key_reader(sig: list, key: tuple):
 # ---- hooks the tests replace
 
 def _compile_one(source, consts: dict, arch: str, fallback: bool, debug: bool):
-    return kernel_mod.compile(source, arch=arch, fallback=fallback, debug=debug, **consts)
+    return kernel_mod.compile(source, arch=arch, fallback=fallback, debug=debug, tune=False, **consts)
 
 
 def _run(kernel, args, stream):
@@ -166,6 +261,7 @@ def _device_name(args) -> str:
 def _time(kernel, args, stream, budget_s: float = 0.02) -> float:
     """The median time of one launch, CUDA events on the launch stream: one
     warm-up, then as many repeats (3 to 20) as fit in about `budget_s`."""
+    import statistics
     import torch
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
@@ -210,17 +306,23 @@ class _Progress:
 # ---- the tuned kernel
 
 class TunedKernel:
-    """What `tilec.compile(src, tune=..., key=...)` returns: call it like a
-    Kernel. `best_config` is the tuned consts chosen for the last call's key,
-    `kernel` that Kernel (its attributes are readable here too: `k.cuda_source`),
-    `tune_report()` the candidates' times and the refused ones' messages."""
+    """What `tilec.compile(src, tune=..., key=...)`, or `tilec.compile(src)` of a
+    program with a tune statement, returns: call it like a Kernel. `best_config`
+    is the tuned consts chosen for the last call's key, `kernel` that Kernel
+    (its attributes are readable here too: `k.cuda_source`), `tune_report()` the
+    candidates' times and the refused ones' messages. From a tune statement,
+    `default` is the Kernel of the declared consts (the first candidate),
+    compiled at once: its errors are the program's, and until the first call
+    the attributes read through here are its."""
 
-    def __init__(self, source, consts: dict, tune: dict, key: tuple, arch: str, fallback: bool, debug: bool):
+    def __init__(self, source, consts: dict, tune: dict, key: tuple, arch: str, fallback: bool, debug: bool,
+                 default: dict | None = None):
         self.source = source
         self.arch = arch
         self._consts = dict(consts)
         self._tune = {k: tuple(v) for k, v in tune.items()}
-        self._candidates = candidates(self._tune)
+        self._first_cfg = None if default is None else dict(default)
+        self._candidates = candidates(self._tune, self._first_cfg)
         self._key = tuple(key)
         self._fallback_allowed, self.debug = fallback, debug
         self._read_key = key_reader(signature(source), self._key)
@@ -230,6 +332,7 @@ class TunedKernel:
         self.kernel = None
         self.best_config = None
         self._last_key = None
+        self.default = None if default is None else self._compile(self._first_cfg)
 
     # ---- calling
     def __call__(self, *args, stream=None):
@@ -256,7 +359,9 @@ class TunedKernel:
                            debug=self.debug)
 
     def _disk_key(self, kv, args) -> str:
-        return cache.key("autotune", __version__, self._program_key(), _space(self._tune), self._key, kv,
+        space = _space(self._tune) if self._first_cfg is None else \
+            (_space(self._tune), "first", tuple(self._first_cfg.items()))
+        return cache.key("autotune", __version__, self._program_key(), space, self._key, kv,
                          _device_name(args), nvrtc.identity())
 
     def _compile(self, cfg):
@@ -313,6 +418,7 @@ class TunedKernel:
         return k, cfg, True
 
     def _tune_now(self, kv, args, stream):
+        from concurrent.futures import ThreadPoolExecutor, as_completed
         n = len(self._candidates)
         progress = _Progress(self._name(), 2 * n)
         compiled, refused = {}, {}
@@ -380,15 +486,22 @@ class TunedKernel:
         return "\n".join([head] + ["  " + line.replace("\n", "\n      ") for line in lines]) + "\n"
 
     def __getattr__(self, name):
-        if name.startswith("_") or name in ("kernel", "best_config"):
+        if name.startswith("_") or name in ("kernel", "best_config", "default"):
             raise AttributeError(name)
-        if self.kernel is None:
+        k = self.kernel if self.kernel is not None else self.default
+        if k is None:
             raise AttributeError(f"{name}: the tuned kernel has not been called yet, so no candidate is chosen")
-        return getattr(self.kernel, name)
+        return getattr(k, name)
+
+    def as_torch_op(self, mutates=None):
+        raise TilecError(f"autotuned kernel {self._name()} is not a torch operator: which kernel runs depends on the "
+                         "call's key values. Register one Kernel: tilec.compile(src, tune=False) (the declared "
+                         "consts) or with every tuned const given, or k.kernel.as_torch_op() after a call")
 
     def __repr__(self):
         space = ", ".join(f"{k}={v}" for k, v in self._tune.items())
-        return f"<tilec.TunedKernel {self._name()} tune {space} key {self._key} for {self.arch}>"
+        first = "" if self._first_cfg is None else f" default {_describe(self._first_cfg)}"
+        return f"<tilec.TunedKernel {self._name()} tune {space}{first} key {self._key} for {self.arch}>"
 
 
 def _save(a):
@@ -411,13 +524,31 @@ def _written_args(sig, kernels) -> list:
 
 def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
     """tilec.compile's tune= path: one TunedKernel per program, space and key (cached)."""
-    if isinstance(key, str):
-        key = (key,)
+    key = () if key is None else (key,) if isinstance(key, str) else tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     candidates(tune)
-    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune),
-                       tune_key=tuple(key))
-    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, tuple(key), arch, fallback, debug))
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key)
+    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug))
+
+
+def from_statement(source, consts, key, arch, fallback, debug):
+    """tilec.compile of a program with a tune statement (and no tune=): a
+    TunedKernel over the statement's space less the consts given in `consts`,
+    its declared values first, keyed by `key` (default: every shape symbol of
+    the header); None when the program has no tune statement or every tuned
+    const is given."""
+    found = statement(source)
+    if found is None:
+        return None
+    space, declared = found
+    tune = {name: values for name, values in space if name not in consts}
+    if not tune:
+        return None
+    first = {name: declared[name] for name in tune}
+    key = shape_symbols(source) if key is None else (key,) if isinstance(key, str) else tuple(key)
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
+                       tune_first=tuple(first.items()))
+    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first))
 
 
 def first_interpreted(source, consts, tune, key, fallback, arch):

@@ -44,15 +44,37 @@ def _cmd_emit(args):
     elif args.after:
         raise TilecError("--after goes with --emit ir")
     else:
-        k = compile_kernel(args.file, arch=arch, **consts)
+        k = compile_kernel(args.file, arch=arch, tune=False, **consts)     # a tune statement's declared consts
         text = {"cuda": k.cuda_source, "host": k.host_source, "ptx": k.ptx}.get(args.emit) or k.tma_table()
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def _cmd_check(args):
+    """The kernel of the declared consts; with a tune statement, every other
+    candidate too (those the compiler refuses are listed, not failures)."""
+    from .autotune import candidates, statement
+    from .compiler import load_source
     from .kernel import compile as compile_kernel
-    k = compile_kernel(args.file, arch=_arch(args), **_consts(args.define))
-    print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
+    consts, arch = _consts(args.define), _arch(args)
+    found = statement(load_source(args.file))
+    space = {} if found is None else {name: values for name, values in found[0] if name not in consts}
+    first = {name: found[1][name] for name in space}
+    k = compile_kernel(args.file, arch=arch, tune=False, **consts, **first)    # as the first candidate
+    if not space:
+        print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
+        return
+    cands = candidates(space, first)
+    refused = []
+    for cfg in cands[1:]:
+        try:
+            compile_kernel(args.file, arch=arch, tune=False, **consts, **cfg)
+        except TilecError as e:
+            refused.append((cfg, e))
+    print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
+          f"{len(cands) - len(refused)} of {len(cands)} candidates compile)")
+    for cfg, e in refused:
+        what = " ".join(f"{name}={value}" for name, value in cfg.items())
+        print(f"{args.file}: candidate {what} refused: {e.render().splitlines()[0]}")
 
 
 def _cmd_export(args):
@@ -76,7 +98,8 @@ def main(argv=None) -> int:
     e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help="override a const")
     e.add_argument("--arch", help=ARCH_HELP)
     e.set_defaults(run=_cmd_emit)
-    c = sub.add_parser("check", help="parse, check and compile; exit 0 or print the errors")
+    c = sub.add_parser("check", help="parse, check and compile (with a tune statement, every candidate); exit 0 "
+                                     "or print the errors")
     c.add_argument("file")
     c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
     c.add_argument("--arch", help=ARCH_HELP)

@@ -60,10 +60,29 @@ class Kernel(Program):
         self.cubin = cubin
         self.compile_seconds = meta["compile_seconds"] if hit is None else 0.0
         self._smem_bytes = meta["smem_bytes"]
-        namespace = {}
-        exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
-        self._launch = namespace["launch"]          # launch(call, *args): the generated host wrapper
-        self._writes, self._debug_info = namespace["WRITES"], namespace.get("DEBUG")
+        self._wrapper = None
+
+    # ---- the generated host wrapper, run on first use (a tune statement's default may never be called)
+    def _host(self):
+        w = self._wrapper
+        if w is None:
+            namespace = {}
+            exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
+            w = self._wrapper = (namespace["launch"], namespace["WRITES"], namespace.get("DEBUG"))
+        return w
+
+    @property
+    def _launch(self):
+        """launch(call, *args): the generated host wrapper."""
+        return self._host()[0]
+
+    @property
+    def _writes(self):
+        return self._host()[1]
+
+    @property
+    def _debug_info(self):
+        return self._host()[2]
 
     # ---- inspection
     @property
@@ -154,7 +173,7 @@ def _capturing() -> bool:
 
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
-            backend: str | None = None, tune: dict | None = None, key=(), **consts) -> Kernel:
+            backend: str | None = None, tune=None, key=None, **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
@@ -167,17 +186,23 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     default: the GPU's, sm_90a without one; with backend="interpret", sm_90a).
     Before sm_90 there is no TMA: copies are thread copies, and `gemm` (wgmma)
     is sm_90a only.
-    tune: {const: (values, ...), ...}, key: names of shape symbols / scalars:
-    an autotuned kernel (tilec.autotune.TunedKernel): the first call with new
-    key values compiles every candidate, times them on its arguments and keeps
-    the fastest (cached in memory and on disk). With backend="interpret" the
-    first candidate that compiles is returned, untimed."""
+    tune: {const: (values, ...), ...}, key: names of shape symbols / scalars
+    (default none): an autotuned kernel (tilec.autotune.TunedKernel): the first
+    call with new key values compiles every candidate, times them on its
+    arguments and keeps the fastest (cached in memory and on disk). With
+    backend="interpret" the first candidate that compiles is returned, untimed.
+    A program with a tune statement is tuned over its space (less the consts
+    given here; a plain Kernel if none is left), its declared values first,
+    keyed by every shape symbol of its header unless `key` is given; tune= given
+    replaces the statement's space, and tune=False ignores the statement (a
+    Kernel of the declared consts, which backend="interpret" always runs)."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
+    explicit = tune is not None and tune is not False
     if backend == "interpret":
         from .runtime.interpret import interpret
-        if tune is not None:
+        if explicit:
             from .autotune import first_interpreted
             return first_interpreted(source, consts, tune, key, fallback, get_arch(arch or "sm_90a").name)
         return interpret(source, consts, fallback, get_arch(arch or "sm_90a").name)
@@ -188,9 +213,14 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     arch = get_arch(arch).name
     if debug is None:
         debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
-    if tune is not None:
+    if explicit:
         from .autotune import tuned
         return tuned(source, consts, tune, key, arch, fallback, debug)
+    if tune is None and "tune" in source.text:     # the program's tune statement (read without the parser)
+        from .autotune import from_statement
+        k = from_statement(source, consts, key, arch, fallback, debug)
+        if k is not None:
+            return k
     return cached(program_key(source, consts, arch=arch, fallback=fallback, debug=debug),
                   lambda: Kernel(source, consts, arch, fallback, debug=debug))
 

@@ -406,5 +406,5 @@ def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, **consts) 
     """Compile `src` (a path or the program text) with `consts` for `arch` and write
     its export to `out_dir`; the paths written."""
     from ..kernel import compile as compile_kernel
-    kernel = compile_kernel(src, arch=arch, fallback=fallback, debug=False, **consts)
+    kernel = compile_kernel(src, arch=arch, fallback=fallback, debug=False, tune=False, **consts)   # declared consts
     return generate(kernel, fallback).write(out_dir)
