@@ -115,7 +115,7 @@ def test_check_gemm_and_conv2d():
 
 def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     bad = tmp_path / "g.tile"
-    bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 256;", "threads 96;"))
+    bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 2 * BM;", "threads 96;"))
     err = fails("check", str(bad))
     assert err.startswith(f"{bad}:14:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 

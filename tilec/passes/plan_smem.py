@@ -33,7 +33,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buffers.append(b)
     target = get_arch(opts.arch)
     if offset > target.smem_per_block - 8 * len(k.barriers):
-        big = max((b for b in buffers if b.scope == "shared"), key=lambda b: b.bytes)
+        big = max((b for b in buffers if b.scope == "shared" and not b.alias), key=lambda b: b.ring_bytes)
         raise SemanticError(f"shared tiles need {offset} bytes; {target.block} has at most "
                             f"{target.smem_per_block} bytes of shared memory", big.span)
     if any(b.swizzle for b in buffers):
