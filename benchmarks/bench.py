@@ -17,8 +17,11 @@ peer and tilec in alternating rounds (compare()). Host times: perf_counter_ns
 over many calls."""
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -201,6 +204,27 @@ GEMM_RAGGED_LD = 4104
 _KERNELS = {}       # what shipped() compiled, kept for the whole process (every --runs run)
 
 
+@contextlib.contextmanager
+def fresh_disk_cache():
+    """TILEC_CACHE_DIR pointed at a new, empty directory (and the process caches
+    cleared) for the duration; the old setting and empty process caches after."""
+    from tilec import autotune
+    saved = os.environ.get("TILEC_CACHE_DIR")
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            os.environ["TILEC_CACHE_DIR"] = d
+            _CACHE.clear()
+            autotune._CHOICES.clear()
+            yield d
+    finally:
+        if saved is None:
+            os.environ.pop("TILEC_CACHE_DIR", None)
+        else:
+            os.environ["TILEC_CACHE_DIR"] = saved
+        _CACHE.clear()
+        autotune._CHOICES.clear()
+
+
 def shipped(src, **consts):
     """tilec.compile(src, **consts), once per process: a Kernel, or a
     tilec.autotune.TunedKernel where the program has a `tune` statement."""
@@ -373,51 +397,36 @@ def bench_autotune(rows):
     time them on the real tensors, run the winner) and the warm start in a
     cleared process cache (the choice and the winner's cubin read from that disk
     cache, one call). How fast the tuned kernel is: the gemm benchmark."""
-    import os
-    import tempfile
-
     import torch
     from tilec import autotune
     own_tune = is_tuned(shipped(str(GEMM)))      # (compiled before the clock, in the usual cache)
 
     def make():
         return tilec.compile(str(GEMM)) if own_tune else tilec.compile(str(GEMM), tune=GEMM_TUNE, key=("M", "N", "K"))
-    saved = os.environ.get("TILEC_CACHE_DIR")
-    try:
-        for n in GEMM_SIZES:
-            a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-            b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-            c = torch.empty(n, n, device="cuda", dtype=torch.float16)
-            with tempfile.TemporaryDirectory() as d:
-                os.environ["TILEC_CACHE_DIR"] = d
-                _CACHE.clear()
-                autotune._CHOICES.clear()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                k = make()
-                k(a, b, c)
-                torch.cuda.synchronize()
-                cold = time.perf_counter() - t
-                err = rel_err(c, a @ b)
-                assert err < 1e-2, f"tuned gemm f16 {n}: relative error {err}"
-                space = f"{len(getattr(k, '_candidates', ()))} candidates ({'the file' if own_tune else 'GEMM_TUNE'})"
-                rows.append((f"autotune gemm f16 {n}^3 cold (compile + timing)", "-", cold, 0, "s", None,
-                             f"{space}: {chosen(k)}"))
-                _CACHE.clear()
-                autotune._CHOICES.clear()
-                t = time.perf_counter()
-                k = make()
-                k(a, b, c)
-                warm = time.perf_counter() - t
-                rows.append((f"autotune gemm f16 {n}^3 warm from disk (+1 call)", "-", warm * 1e3, 0, "ms", None,
-                             chosen(k)))
-    finally:
-        if saved is None:
-            os.environ.pop("TILEC_CACHE_DIR", None)
-        else:
-            os.environ["TILEC_CACHE_DIR"] = saved
-        _CACHE.clear()
-        autotune._CHOICES.clear()
+    for n in GEMM_SIZES:
+        a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        c = torch.empty(n, n, device="cuda", dtype=torch.float16)
+        with fresh_disk_cache():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            k = make()
+            k(a, b, c)
+            torch.cuda.synchronize()
+            cold = time.perf_counter() - t
+            err = rel_err(c, a @ b)
+            assert err < 1e-2, f"tuned gemm f16 {n}: relative error {err}"
+            space = f"{len(getattr(k, '_candidates', ()))} candidates ({'the file' if own_tune else 'GEMM_TUNE'})"
+            rows.append((f"autotune gemm f16 {n}^3 cold (compile + timing)", "-", cold, 0, "s", None,
+                         f"{space}: {chosen(k)}"))
+            _CACHE.clear()
+            autotune._CHOICES.clear()
+            t = time.perf_counter()
+            k = make()
+            k(a, b, c)
+            warm = time.perf_counter() - t
+            rows.append((f"autotune gemm f16 {n}^3 warm from disk (+1 call)", "-", warm * 1e3, 0, "ms", None,
+                         chosen(k)))
 
 
 # The conv2d layers, N = CONV_N: (H = W, C, F, kernel size, stride). The five ResNet 3x3
@@ -547,31 +556,20 @@ def bench_host(rows):
 def bench_compile(rows):
     """Cold compiles (a fresh disk cache: lowering + NVRTC) and the warm start of
     the same kernel from the disk cache (no NVRTC), in this process."""
-    import os
-    import tempfile
-    saved = os.environ.get("TILEC_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as d:
-        os.environ["TILEC_CACHE_DIR"] = d
-        try:
-            for name in ("copy2d", "gemm"):
-                _CACHE.clear()
-                t = time.perf_counter()
-                k = tilec.compile(str(ROOT / f"examples/{name}.tile"))
-                total = time.perf_counter() - t
-                rows.append((f"cold compile {name} (whole / NVRTC)", "-", total * 1e3, k.compile_seconds * 1e3,
-                             "ms", None))
-                _CACHE.clear()
-                t = time.perf_counter()
-                k = tilec.compile(str(ROOT / f"examples/{name}.tile"))
-                assert k.from_disk_cache
-                rows.append((f"warm start {name} from the disk cache", "-", (time.perf_counter() - t) * 1e3, 0,
-                             "ms", None))
-        finally:
-            if saved is None:
-                os.environ.pop("TILEC_CACHE_DIR", None)
-            else:
-                os.environ["TILEC_CACHE_DIR"] = saved
+    with fresh_disk_cache():
+        for name in ("copy2d", "gemm"):
             _CACHE.clear()
+            t = time.perf_counter()
+            k = tilec.compile(str(ROOT / f"examples/{name}.tile"))
+            total = time.perf_counter() - t
+            rows.append((f"cold compile {name} (whole / NVRTC)", "-", total * 1e3, k.compile_seconds * 1e3,
+                         "ms", None))
+            _CACHE.clear()
+            t = time.perf_counter()
+            k = tilec.compile(str(ROOT / f"examples/{name}.tile"))
+            assert k.from_disk_cache
+            rows.append((f"warm start {name} from the disk cache", "-", (time.perf_counter() - t) * 1e3, 0,
+                         "ms", None))
 
 
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
