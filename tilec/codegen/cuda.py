@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import replace
 
 import jinja2
 
@@ -13,8 +14,8 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import walk_expr
-from ..ir.printer import binary
+from ..ir.exprs import map_body, walk_expr
+from ..ir.printer import binary, expr as show_expr
 from .abi import kernel_params
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
@@ -233,8 +234,13 @@ class _Printer:
         if isinstance(s, ir.ProxyFence):
             return [f"{ind}fence_proxy_async_shared();"]
         if isinstance(s, ir.For):
+            hoisted = []
+            if s.ring:
+                s, hoisted = _hoist_coordinates(s)
+            pre = [f"{ind}const int {name} = {self.expr(e)};  // loop-invariant, computed once"
+                   for name, e in hoisted]
             head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
-            return self.comment(s, ind) + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
+            return self.comment(s, ind) + pre + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.If):
             out = self.comment(s, ind) + [f"{ind}if ({self.expr(s.cond)}) {{"] + self.block(s.then, ind + "  ")
             if s.orelse:
@@ -602,6 +608,40 @@ def _unflatten(shape, unit=1) -> list:
         idx = "tl_e" if stride == 1 else f"tl_e / {stride}"
         out.append(f"{idx} % {extent}" if d else idx)
     return out
+
+
+def _hoist_coordinates(loop: ir.For):
+    """A pipelined loop's TMA coordinates with their loop-invariant parts that
+    divide by a value known only at run time (a persistent loop's tile row
+    `(pid + i * P) / cdiv(N, BN) * BM`) replaced by names computed before the
+    loop. The refills run on thread 0 inside the loop, where the compiler may
+    not hoist a division (it could fault), and the other threads of its
+    warpgroup wait for it at the next wgmma. Returns (loop, [(name, expr)])."""
+    names: dict = {}
+
+    def varies(e):
+        return any(isinstance(x, ir.Var) and x.name == loop.var for x in walk_expr(e))
+
+    def divides_at_run_time(e):
+        return any(isinstance(x, ir.BinOp) and x.op in ("/", "%") and not isinstance(x.rhs, ir.Int)
+                   for x in walk_expr(e))
+
+    def hoist(e):
+        if not varies(e) and divides_at_run_time(e):
+            key = show_expr(e)
+            if key not in names:
+                names[key] = (f"tl_{loop.var}_inv{len(names)}", e)
+            return ir.Var(names[key][0], "let")
+        if isinstance(e, ir.BinOp):
+            return ir.BinOp(e.op, hoist(e.lhs), hoist(e.rhs))
+        return e
+
+    def stmt(x):
+        if isinstance(x, ir.TmaLoad) and not x.view:
+            return replace(x, coords=tuple(hoist(c) for c in x.coords))
+        return x
+    body = map_body(loop.body, stmt)
+    return replace(loop, body=body), list(names.values())
 
 
 def _fragment_tiles(acc: ir.Buffer, threads: int):
