@@ -53,6 +53,12 @@ def test_persistent_example_compiles_cleanly():
     assert k.compile_log == "" and k.fallback.compile_log == ""
     assert "int tl_full0_base = 0;" in k.cuda_source
     assert "tl_full0_base += tl_cdiv(K, 64);" in k.cuda_source
+    # the tile's row and columns divide by a run-time value: computed once per trip, not per refill
+    cuda = k.cuda_source
+    assert "const int tl_k_inv0 = (pid + i * P) / tl_cdiv(N, 256) * 128;" in cuda
+    loop = cuda[cuda.index("for (int k = 0;"):]
+    assert "/ tl_cdiv(N, 256)" not in loop[:loop.index("wgmma_wait_group<0>")]
+    assert "&tl_tmap_A, &tl_full0[(tl_full0_base + (k + 3)) % 4], (k + 3) * 64, tl_k_inv0);" in loop
 
 
 def test_a_ring_left_unreleased_is_caught(monkeypatch):
