@@ -611,10 +611,11 @@ def _unflatten(shape, unit=1) -> list:
 
 
 def _hoist_coordinates(loop: ir.For):
-    """A pipelined loop's TMA coordinates with their loop-invariant parts that
-    divide by a value known only at run time (a persistent loop's tile row
-    `(pid + i * P) / cdiv(N, BN) * BM`) replaced by names computed before the
-    loop. The refills run on thread 0 inside the loop, where the compiler may
+    """A pipelined loop's TMA coordinates (and im2col offsets) with their
+    loop-invariant parts that divide by a value known only at run time (a
+    persistent loop's tile row `(pid + i * P) / cdiv(N, BN) * BM`, an im2col
+    tile's first pixel `by * 128 / W % H`) replaced by names computed before
+    the loop. The refills run on thread 0 inside the loop, where the compiler may
     not hoist a division (it could fault), and the other threads of its
     warpgroup wait for it at the next wgmma. Returns (loop, [(name, expr)])."""
     names: dict = {}
@@ -637,8 +638,8 @@ def _hoist_coordinates(loop: ir.For):
         return e
 
     def stmt(x):
-        if isinstance(x, ir.TmaLoad) and not x.view:
-            return replace(x, coords=tuple(hoist(c) for c in x.coords))
+        if isinstance(x, ir.TmaLoad):
+            return replace(x, coords=tuple(hoist(c) for c in x.coords), offsets=tuple(hoist(o) for o in x.offsets))
         return x
     body = map_body(loop.body, stmt)
     return replace(loop, body=body), list(names.values())
