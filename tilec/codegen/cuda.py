@@ -54,6 +54,7 @@ class _Printer:
         self.uses_math = False
         self.last_commented = None
         self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
+        self.uses_fastdiv = False
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
@@ -75,6 +76,9 @@ class _Printer:
             args = ", ".join(self.expr(a, 0, double) for a in e.args)
             if e.func in ("min", "max", "cdiv", "abs"):
                 self.uses_math = True
+                return f"tl_{e.func}({args})"
+            if e.func in ("fastdiv", "fastmod"):     # by a divisor prepared before a pipelined loop
+                self.uses_fastdiv = True
                 return f"tl_{e.func}({args})"
             return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
         if isinstance(e, ir.Cast):
@@ -234,11 +238,14 @@ class _Printer:
         if isinstance(s, ir.ProxyFence):
             return [f"{ind}fence_proxy_async_shared();"]
         if isinstance(s, ir.For):
-            hoisted = []
+            hoisted, divisors = [], []
             if s.ring:
-                s, hoisted = _hoist_coordinates(s)
+                s, hoisted, divisors = _hoist_coordinates(s)
             pre = [f"{ind}const int {name} = {self.expr(e)};  // loop-invariant, computed once"
                    for name, e in hoisted]
+            pre += [f"{ind}const tl_divisor {name} = tl_make_divisor({self.expr(e)});  // divides by "
+                    f"{self.expr(e)} with a multiply in the loop" for name, e in divisors]
+            self.uses_fastdiv |= bool(divisors)
             head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
             return self.comment(s, ind) + pre + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.If):
@@ -617,8 +624,13 @@ def _hoist_coordinates(loop: ir.For):
     tile's first pixel `by * 128 / W % H`) replaced by names computed before
     the loop. The refills run on thread 0 inside the loop, where the compiler may
     not hoist a division (it could fault), and the other threads of its
-    warpgroup wait for it at the next wgmma. Returns (loop, [(name, expr)])."""
+    warpgroup wait for it at the next wgmma. A division that does change in
+    the loop, of a non-negative value by a run-time value that does not (an
+    im2col tap, `(k + 2) * 64 / C`), becomes a multiply by a divisor prepared
+    before the loop (tl_fastdiv). Returns (loop, [(name, expr)], [(divisor
+    name, expr)])."""
     names: dict = {}
+    divisors: dict = {}
 
     def varies(e):
         return any(isinstance(x, ir.Var) and x.name == loop.var for x in walk_expr(e))
@@ -633,6 +645,12 @@ def _hoist_coordinates(loop: ir.For):
             if key not in names:
                 names[key] = (f"tl_{loop.var}_inv{len(names)}", e)
             return ir.Var(names[key][0], "let")
+        if isinstance(e, ir.BinOp) and e.op in ("/", "%") and not isinstance(e.rhs, ir.Int) \
+                and not varies(e.rhs) and _non_negative(e.lhs):
+            key = show_expr(e.rhs)
+            if key not in divisors:
+                divisors[key] = (f"tl_{loop.var}_div{len(divisors)}", e.rhs)
+            return ir.Call("fastdiv" if e.op == "/" else "fastmod", (hoist(e.lhs), ir.Var(divisors[key][0], "let")))
         if isinstance(e, ir.BinOp):
             return ir.BinOp(e.op, hoist(e.lhs), hoist(e.rhs))
         return e
@@ -642,7 +660,19 @@ def _hoist_coordinates(loop: ir.For):
             return replace(x, coords=tuple(hoist(c) for c in x.coords), offsets=tuple(hoist(o) for o in x.offsets))
         return x
     body = map_body(loop.body, stmt)
-    return replace(loop, body=body), list(names.values())
+    return replace(loop, body=body), list(names.values()), list(divisors.values())
+
+
+def _non_negative(e) -> bool:
+    """Provably >= 0: sums, products and quotients of literals >= 0, loop and
+    block indices, shape symbols and consts."""
+    if isinstance(e, ir.Int):
+        return e.value >= 0
+    if isinstance(e, ir.Var):
+        return e.kind in ("loop", "block", "symbol", "const")
+    if isinstance(e, ir.BinOp) and e.op in ("+", "*", "/", "%"):
+        return _non_negative(e.lhs) and _non_negative(e.rhs)
+    return False
 
 
 def _fragment_tiles(acc: ir.Buffer, threads: int):
@@ -726,6 +756,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("proxy_fence")
     if printer_uses_math:
         add("math")
+    if pr is not None and pr.uses_fastdiv:
+        add("fastdiv")
     if pr is not None and pr.mma_shapes:
         add("wgmma_common")
         for n, dt, a_m_major, b_n_major in sorted(pr.mma_shapes):
