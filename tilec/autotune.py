@@ -522,13 +522,30 @@ def _written_args(sig, kernels) -> list:
     return [i for i, (pname, _) in enumerate(sig) if pname in names]
 
 
+def _key_tuple(key) -> tuple:
+    """key= as given to tilec.compile (None, one name, or names) as a tuple."""
+    return () if key is None else (key,) if isinstance(key, str) else tuple(key)
+
+
 def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
     """tilec.compile's tune= path: one TunedKernel per program, space and key (cached)."""
-    key = () if key is None else (key,) if isinstance(key, str) else tuple(key)
+    key = _key_tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     candidates(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug))
+
+
+def statement_space(source, consts) -> tuple:
+    """The program's tune statement less the consts given in `consts`: (space
+    {name: values}, its declared values {name: value}); ({}, {}) when there is
+    no statement or every tuned const is given."""
+    found = statement(source)
+    if found is None:
+        return {}, {}
+    space, declared = found
+    tune = {name: values for name, values in space if name not in consts}
+    return tune, {name: declared[name] for name in tune}
 
 
 def from_statement(source, consts, key, arch, fallback, debug):
@@ -537,15 +554,10 @@ def from_statement(source, consts, key, arch, fallback, debug):
     its declared values first, keyed by `key` (default: every shape symbol of
     the header); None when the program has no tune statement or every tuned
     const is given."""
-    found = statement(source)
-    if found is None:
-        return None
-    space, declared = found
-    tune = {name: values for name, values in space if name not in consts}
+    tune, first = statement_space(source, consts)
     if not tune:
         return None
-    first = {name: declared[name] for name in tune}
-    key = shape_symbols(source) if key is None else (key,) if isinstance(key, str) else tuple(key)
+    key = shape_symbols(source) if key is None else _key_tuple(key)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
                        tune_first=tuple(first.items()))
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first))

@@ -52,13 +52,11 @@ def _cmd_emit(args):
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import candidates, statement
+    from .autotune import candidates, statement_space
     from .compiler import load_source
     from .kernel import compile as compile_kernel
     consts, arch = _consts(args.define), _arch(args)
-    found = statement(load_source(args.file))
-    space = {} if found is None else {name: values for name, values in found[0] if name not in consts}
-    first = {name: found[1][name] for name in space}
+    space, first = statement_space(load_source(args.file), consts)
     k = compile_kernel(args.file, arch=arch, tune=False, **consts, **first)    # as the first candidate
     if not space:
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
