@@ -301,8 +301,7 @@ class _Printer:
         fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if s.transpose_a else ''}{'bk' if s.transpose_b else 'bn'}"
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
-        wg_row = "threadIdx.x / 128" if s.wg_cols == 1 else f"threadIdx.x / {128 * s.wg_cols}"
-        wg_col = f"threadIdx.x / 128 % {s.wg_cols}"
+        wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
         rows_per_wg = 64 * s.m_tiles
         sa, sb = a.swizzle, b.swizzle
         wa, wb = sa // esize, sb // esize                    # elements per chunk row
@@ -686,14 +685,23 @@ def _fragment_row(acc: ir.Buffer, threads: int, tile="") -> str:
     warpgroup g owns rows (g / wg_cols) * 64 * m_tiles.. (`tile`: + 64 per m64
     tile), warp w 16 of them, lane l row l / 4 (and row + 8)."""
     mt, _ = _fragment_tiles(acc, threads)
-    group = "threadIdx.x / 128" if acc.wg_cols == 1 else f"threadIdx.x / {128 * acc.wg_cols}"
-    return f"({group}) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
+    return f"({_warpgroup_row(acc.wg_cols)}) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
 
 
 def _fragment_col(acc: ir.Buffer, threads: int) -> str:
     """The first column of the warpgroup's share ('' when one warpgroup spans N), ending in ' + '."""
     _, nw = _fragment_tiles(acc, threads)
-    return "" if acc.wg_cols == 1 else f"(threadIdx.x / 128 % {acc.wg_cols}) * {nw} + "
+    return "" if acc.wg_cols == 1 else f"({_warpgroup_col(acc.wg_cols)}) * {nw} + "
+
+
+def _warpgroup_row(wg_cols: int) -> str:
+    """Which row of warpgroups a thread's is, `wg_cols` warpgroups to a row (over N)."""
+    return "threadIdx.x / 128" if wg_cols == 1 else f"threadIdx.x / {128 * wg_cols}"
+
+
+def _warpgroup_col(wg_cols: int) -> str:
+    """Which of the `wg_cols` warpgroups of its row a thread's is."""
+    return f"threadIdx.x / 128 % {wg_cols}"
 
 
 _FRAGMENT_COL = "(threadIdx.x % 4) * 2"     # a lane's first column in each 8-column group
