@@ -218,15 +218,8 @@ class _Inserter:
             return body
 
         if base is not None:
-            # an earlier trip's threads read these tiles or tiles placed over them (the
-            # epilogue's staging tile), whose TMA stores may still read them: wait for
-            # the stores and meet before thread 0 refills them
-            mem = set(tiles) | {b.name for b in self.k.buffers if b.alias in tiles}
-            if st.storing & mem:
-                out.append(ir.OneThread((ir.BulkWait(read=True),)))
-                st.storing -= mem
-            if mem & (st.thread_read | st.thread_written | st.unfenced | st.observed):
-                self.sync(st, out, fence=bool(mem & st.unfenced), span=s.span)
+            # an earlier trip's threads read these tiles or the staging tile over them
+            self.before_tma_writes(tiles, st, out, s.span)
         # prologue: iterations 0 .. ahead-1 in flight before the loop
         for j in range(ahead):
             out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)),
@@ -276,12 +269,7 @@ class _Inserter:
         for t in tiles:
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=run[0].span)
-        if st.storing & set(tiles):
-            out.append(ir.OneThread((ir.BulkWait(read=True),)))
-            st.storing -= set(tiles)
-        touched = set(tiles) & (st.thread_read | st.thread_written | st.unfenced | st.observed)
-        if touched:
-            self.sync(st, out, fence=bool(set(tiles) & st.unfenced), span=run[0].span)
+        self.before_tma_writes(tiles, st, out, run[0].span)
         bar = self.new_barrier(tiles, in_loop, run[0].span)
         total = _expect_tx(run) + self.skew
         issued = [ir.ArriveExpectTx(bar.name, total, span=run[0].span)]
@@ -289,6 +277,18 @@ class _Inserter:
         out.append(ir.OneThread(tuple(issued)))
         for t in tiles:
             st.pending[t] = bar.name
+
+    def before_tma_writes(self, tiles, st, out, span):
+        """Before thread 0 issues TMA loads into `tiles`: the TMA stores still
+        reading them, or a tile placed over their memory (the epilogue's staging
+        tile), are waited for, and threads that used any of it since the last
+        block barrier meet at one (after a proxy fence if they wrote it)."""
+        mem = set(tiles) | {b.name for b in self.k.buffers if b.alias in tiles}
+        if st.storing & mem:
+            out.append(ir.OneThread((ir.BulkWait(read=True),)))
+            st.storing -= mem
+        if mem & (st.thread_read | st.thread_written | st.unfenced | st.observed):
+            self.sync(st, out, fence=bool(mem & st.unfenced), span=span)
 
     def store(self, s, st, out):
         t = s.buffer
