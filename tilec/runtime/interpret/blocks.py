@@ -116,6 +116,15 @@ def _swizzled_offsets(rows, width, units, r, c):
     return chunk * rows * width + r * width + ((cc // per16) ^ line) * per16 + cc % per16
 
 
+def _swizzled_units(address, rows, span):
+    """Where TMA's swizzle puts the 16-byte units of `rows` rows of `span` bytes
+    written from shared address `address`: (row index, unit index) arrays, each
+    row's units XORed with its address bits 7.. (CUTLASS Swizzle<3,4,3> for 128B)."""
+    r = np.arange(rows)
+    unit = np.arange(span // 16)[None, :] ^ (((address + r * span) >> 7) & (span // 16 - 1))[:, None]
+    return r[:, None], unit
+
+
 def _tile_offsets(b, r, c):
     """Element (r, c) of a 2-D shared tile in a chunked layout, in elements from its
     start: codegen's tl_sw<bytes> for swizzled layouts, column chunks of b.chunk for 'cols'."""
@@ -305,10 +314,9 @@ class _Blocks:
             self.smem[address:address + raw.size] = raw
             return
         rows = raw.reshape(-1, span // 16, 16)
-        r = np.arange(rows.shape[0])
-        unit = np.arange(span // 16)[None, :] ^ (((address + r * span) >> 7) & (span // 16 - 1))[:, None]
+        r, unit = _swizzled_units(address, rows.shape[0], span)
         dst = self.smem[address:address + raw.size].reshape(rows.shape)
-        dst[r[:, None], unit] = rows
+        dst[r, unit] = rows
 
     def _from_smem(self, address, nbytes, swizzle):
         span = SWIZZLE_SPAN[swizzle]
@@ -316,9 +324,8 @@ class _Blocks:
         if not span:
             return raw.copy()
         rows = raw.reshape(-1, span // 16, 16)
-        r = np.arange(rows.shape[0])
-        unit = np.arange(span // 16)[None, :] ^ (((address + r * span) >> 7) & (span // 16 - 1))[:, None]
-        return rows[r[:, None], unit].reshape(-1)
+        r, unit = _swizzled_units(address, rows.shape[0], span)
+        return rows[r, unit].reshape(-1)
 
     def _check_swizzle(self, tm, inner_bytes, s):
         span = SWIZZLE_SPAN[tm.swizzle]
