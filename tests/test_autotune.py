@@ -512,7 +512,7 @@ def test_statement_reader_agrees_with_the_parser():
     assert autotune.statement(programs["gemm"]) == (
         (("BM", (128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4, 5, 6))), {"BM": 128, "BN": 128, "STAGES": 3})
     assert autotune.statement(programs["conv2d"]) == (
-        (("BN", (64, 128, 256)), ("STAGES", (3, 4))), {"BN": 128, "STAGES": 3})
+        (("BM", (128, 192)), ("BN", (64, 128, 256)), ("STAGES", (2, 3, 4))), {"BM": 128, "BN": 128, "STAGES": 3})
     assert autotune.statement(programs["layout"])[0] == (("BN", (64, 128, 256)), ("BM", (32,)))
 
 
@@ -583,7 +583,7 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
-                        r"tune: 3 of 3 candidates compile\)\n", p.stdout), p.stdout
+                        r"tune: 6 of 6 candidates compile\)\n", p.stdout), p.stdout
 
 
 def test_check_fails_when_the_declared_default_fails(tmp_path):

@@ -55,6 +55,9 @@ def test_shape_interpreted_equals_numpy(case):
     (128, 512, 64, 128, "gemm: the tile width N = 512 must be a multiple of 8 of at most 256 (one wgmma m64nNk16 "
                         "per warpgroup)"),
     (128, 128, 24, 256, "gemm: the K depth 24 must be a multiple of 16"),
+    (256, 256, 64, 512, "gemm: the accumulator fragments take 128 registers per thread (128 for 'acc') and a "
+                        "wgmma needs about 26 more, over the 128 a thread of a 512-thread block can have"),
+    (256, 224, 64, 512, "gemm: the accumulator fragments take 112 registers per thread"),
 ])
 def test_shapes_that_cannot_be_done_are_refused_at_the_gemm(bm, bn, bk, threads, message):
     with pytest.raises(tilec.TilecError) as e:

@@ -81,8 +81,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
         splits[acc.name] = cols
+        fragments[acc.name] = (m // (64 * rows)) * (n // cols) // 2
+        _check_registers(fragments, threads, s)
         return replace(s, warpgroups=wg, m_tiles=m // (64 * rows), wg_cols=cols)
 
+    fragments = {}
     body = map_body(k.body, plan)
     if not layouts:
         return k
@@ -104,6 +107,26 @@ def _check_uses(k):
         for n in sorted(((set() if loaded else e.writes) | copied_out) & swizzled):
             raise SemanticError(f"'{n}' is a gemm operand (swizzled for wgmma): fill it with a TMA "
                                 "copy from a global tensor, and read it with gemm only", s.span)
+
+
+# Registers a thread needs beside its accumulator fragments to issue a wgmma
+# (descriptors, addresses): ptxas's C7602 asks for a register target of 154 for
+# the m64n256 instruction's 128 accumulator registers, 138 for m64n224's 112.
+WGMMA_REGISTER_OVERHEAD = 26
+
+
+def _check_registers(fragments: dict, threads: int, s: ir.Gemm):
+    """The accumulators' fragments (all live at once) and a wgmma's operands must
+    fit the registers a thread of this block can have: 64K per SM over `threads`,
+    in steps of 8, at most 255."""
+    limit = min(255, 65536 // threads // 8 * 8)
+    need = sum(fragments.values()) + WGMMA_REGISTER_OVERHEAD
+    if need > limit:
+        held = ", ".join(f"{r} for '{n}'" for n, r in fragments.items())
+        raise SemanticError(f"gemm: the accumulator fragments take {sum(fragments.values())} registers per thread "
+                            f"({held}) and a wgmma needs about {WGMMA_REGISTER_OVERHEAD} more, over the {limit} a "
+                            f"thread of a {threads}-thread block can have: use fewer columns per warpgroup "
+                            "(a smaller N tile) or fewer threads", s.span)
 
 
 def _split(wg, m, n, span):
