@@ -258,25 +258,39 @@ def _device_name(args) -> str:
     return check(cu.cuDeviceGetName(64, dev), "cuDeviceGetName").rstrip(b"\0").decode()
 
 
+TIMING_BATCHES = 5          # a candidate's time: the median of this many batches' mean launch time
+MAX_BATCH = 8               # launches per batch at most
+SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each batch: its launches queue up behind it
+
+
 def _time(kernel, args, stream, budget_s: float = 0.02) -> float:
-    """The median time of one launch, CUDA events on the launch stream: one
-    warm-up, then as many repeats (3 to 20) as fit in about `budget_s`."""
+    """The time of one launch on the GPU, CUDA events on the launch stream: one
+    warm-up, one timed launch to size the batches, then the median of
+    TIMING_BATCHES batches of back-to-back launches (1 to MAX_BATCH each, about
+    `budget_s` in all), each queued behind a short GPU spin so that the events
+    time the kernels and not the host's launch path (a few us per call, which
+    varies more than candidates close in speed differ)."""
     import statistics
     import torch
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
+    spin = getattr(torch.cuda, "_sleep", None)
 
-    def once():
+    def batch(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if spin is not None:
+            with torch.cuda.stream(s):
+                spin(SPIN_CYCLES)
         a.record(s)
-        kernel(*args, stream=stream)
+        for _ in range(n):
+            kernel(*args, stream=stream)
         b.record(s)
         b.synchronize()
-        return a.elapsed_time(b) * 1e-3
-    once()                                   # warm-up: module load, tensor maps
-    first = once()
-    reps = max(3, min(20, int(budget_s / max(first, 1e-6))))
-    return statistics.median([first] + [once() for _ in range(reps - 1)])
+        return a.elapsed_time(b) * 1e-3 / n
+    batch(1)                                 # warm-up: module load, tensor maps
+    first = batch(1)
+    n = max(1, min(MAX_BATCH, int(budget_s / TIMING_BATCHES / max(first, 1e-6))))
+    return statistics.median(batch(n) for _ in range(TIMING_BATCHES))
 
 
 # ---- progress
