@@ -26,7 +26,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    layouts, splits = {}, {}
+    layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
     threads = k.threads.value
     target = get_arch(opts.arch)
 
@@ -81,11 +81,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
         splits[acc.name] = cols
-        fragments[acc.name] = (m // (64 * rows)) * (n // cols) // 2
+        fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
         _check_registers(fragments, threads, s)
         return replace(s, warpgroups=wg, m_tiles=m // (64 * rows), wg_cols=cols)
 
-    fragments = {}
     body = map_body(k.body, plan)
     if not layouts:
         return k
