@@ -247,8 +247,8 @@ CHECK-NEXT:     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,  // L2 promotion
 CHECK-NEXT:     false  // inner_rounded
 CHECK:      const TiledMap tmap_B_rule = {
 CHECK:          true  // inner_rounded
-CHECK:      Variant tma_variant(tma_variant_cubin, 32768);  // the TMA variant
-CHECK-NEXT: Variant thread_copy_variant(thread_copy_variant_cubin, 32768);
+CHECK:      Variant tma_variant(tma_variant_cubin, 32768, 128);  // the TMA variant
+CHECK-NEXT: Variant thread_copy_variant(thread_copy_variant_cubin, 32768, 128);
 """,
     "copy2d.launch": """
 CHECK:      int launch(Variant& v, const long long grid[3], void** params, CUstream stream, char* err, size_t err_len,
@@ -292,7 +292,7 @@ CHECK-NEXT:                     param(&Y_strides[1]), param(&H), param(&W), para
 CHECK:      const TiledMap tmap_A_rule = {
 CHECK:          {128, 64},  // box
 CHECK:          CU_TENSOR_MAP_SWIZZLE_128B,  // swizzle
-CHECK:      Variant tma_variant(tma_variant_cubin, 99328);  // the TMA variant
+CHECK:      Variant tma_variant(tma_variant_cubin, 99328, 384);  // the TMA variant
 CHECK:        (v.smem_bytes > 48 * 1024 &&  // over 48 KiB of dynamic shared memory must be asked for
 CHECK-NEXT:    driver_failed(cuFuncSetAttribute(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 CHECK:        params[] = {&tmap_A, &tmap_B, &tmap_C, param(&C), param(&C_shape[0]), param(&C_shape[1]),

@@ -58,6 +58,7 @@ class _Printer:
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
+        self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
 
     # ---------------------------------------------------------- expressions
     def expr(self, e, prec=0, double=False) -> str:
@@ -191,7 +192,9 @@ class _Printer:
                     for b in s.barriers for i in range(b.count)] + \
                    [f"{ind}fence_mbarrier_init();"]
         if isinstance(s, ir.SyncThreads):
-            return [f"{ind}__syncthreads();"]
+            return [f"{ind}{self.block_sync}"]
+        if isinstance(s, ir.Specialized):
+            return self.specialized(s, ind)
         if isinstance(s, ir.ArriveExpectTx):
             return self.comment(s, ind) + [f"{ind}mbarrier_arrive_expect_tx({self.bar(s.barrier, s.index)}, {s.bytes});"]
         if isinstance(s, ir.TmaLoad) and s.view:
@@ -510,16 +513,31 @@ class _Printer:
                 f"{i}  const long long tl_tail = {inner} / {per} * {per};  // where the TMA store's map ends",
                 f"{i}  if (tl_tail < {inner} && tl_x0 < {inner} && tl_tail < tl_x0 + {width}) {{",
                 f"{i}    const int tl_first = static_cast<int>((tl_x0 > tl_tail ? tl_x0 : tl_tail) - tl_x0);",
-                f"{i}    __syncthreads();  // the tile is complete and visible to every thread",
+                f"{i}    {self.block_sync}  // the tile is complete and visible to every thread",
                 f"{i}    for (int tl_e = threadIdx.x; tl_e < {math.prod(s.shape[:-1]) * per}; "
                 f"tl_e += {self.threads}) {{"]  + \
                [f"{i}      const int {n} = {e};" for n, e in rows] + \
                [f"{i}      const int {names[-1]} = tl_first + tl_e % {per};",
                 f"{i}      if ({names[-1]} < {width} && {cond}) {ptr} = {value};",
                 f"{i}    }}",
-                f"{i}    __syncthreads();  // read before anything overwrites the tile",
+                f"{i}    {self.block_sync}  // read before anything overwrites the tile",
                 f"{i}  }}",
                 f"{i}}}"]
+
+    def specialized(self, s: ir.Specialized, ind) -> list:
+        """The producer warpgroup (threads `threads` and up) and the consumers,
+        each after its setmaxnreg; the consumers' block barriers become a named
+        barrier of their own."""
+        t = self.threads
+        producer = self.block(s.producer, ind + "    ")
+        self.block_sync = f"consumers_sync<{t}>();"
+        consumers = self.block(s.consumers, ind + "  ")
+        self.block_sync = "__syncthreads();"
+        return [f"{ind}if (threadIdx.x >= {t}) {{  // the producer warpgroup: one thread issues the ring's loads",
+                f"{ind}  setmaxnreg_dec<{s.producer_regs}>();",
+                f"{ind}  if (threadIdx.x == {t}) {{"] + producer + [f"{ind}  }}",
+                f"{ind}}} else {{  // the {t} consumer threads",
+                f"{ind}  setmaxnreg_inc<{s.consumer_regs}>();"] + consumers + [f"{ind}}}"]
 
     def fragment_pairs(self, acc: ir.Buffer, dst: ir.Buffer, ind) -> list:
         """copy(acc, shared tile): registers r and r + 1 of a thread are columns
@@ -760,6 +778,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("tma_store", rank)
     if any(isinstance(s, (ir.BulkCommit, ir.BulkWait)) for s in stmts):
         add("bulk_group")
+    if any(isinstance(s, ir.Specialized) for s in stmts):
+        add("warp_specialized")
     if any(isinstance(s, ir.ProxyFence) for s in stmts):
         add("proxy_fence")
     if printer_uses_math:
@@ -798,6 +818,13 @@ def _param_decl(k: ir.Kernel, p) -> str:
     return f"const {ctype(p.dtype)} {p.name}"
 
 
+def _launch_bounds(k: ir.Kernel) -> str:
+    """Threads per block, and for a warp-specialised kernel the blocks per SM
+    plan-smem found room for (ptxas keeps registers within both)."""
+    blocks = [s.blocks_per_sm for s in ir.walk_stmts(k.body) if isinstance(s, ir.Specialized)]
+    return f"{k.launch_threads}, {blocks[0]}" if blocks else str(k.launch_threads)
+
+
 def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DEFAULT_ARCH) -> str:
     """The kernel's CUDA for `arch` (k lowered for it). `debug`: every mbarrier wait
     is bounded (~1 s); on expiry it records which barrier, phase, expect-tx bytes
@@ -829,15 +856,14 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
         prologue.append(f"__shared__ __align__(8) unsigned long long tl_{b.name}{count};")
     for name in [b.name for b in k.barriers if not b.array and _has_phase_register(k, b.name)]:
         prologue.append(f"unsigned tl_phase_{name} = 0;  // parity of {name}'s next phase")
-    for s in ir.walk_stmts(k.body):
-        if isinstance(s, ir.RingAdvance):
-            prologue.append(f"int {s.var} = 0;  // iterations of its pipelined ring in earlier trips of the "
-                            "loop around it")
+    for var in dict.fromkeys(s.var for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)):
+        prologue.append(f"int {var} = 0;  // iterations of its pipelined ring in earlier trips of the "
+                        "loop around it")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, consts=consts, arch=arch,
-        primitives=_primitives(k, pr.uses_math, pr.debug, pr, arch), threads=pr.threads,
+        primitives=_primitives(k, pr.uses_math, pr.debug, pr, arch), launch_bounds=_launch_bounds(k),
         params=[_param_decl(k, p) for p in kernel_params(k, pr.debug)] or ["void"],
         prologue=prologue, body=body)

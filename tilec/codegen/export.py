@@ -366,10 +366,10 @@ def generate(kernel, fallback: bool = True) -> Export:
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     kinds = {t.kind for t in k.tensor_maps}
     variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{k.name}.cubin", kernel.cubin, k.smem_bytes,
-                 "the TMA variant" if k.tensor_maps else "the kernel")]
+                 k.launch_threads, "the TMA variant" if k.tensor_maps else "the kernel")]
     if fb is not None:
         variants.append(("thread_copy_variant", f"{k.name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
-                         "the thread-copy variant, for arguments TMA cannot describe"))
+                         fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, function=function,
                   consts=consts, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
                   has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H")
@@ -377,13 +377,13 @@ def generate(kernel, fallback: bool = True) -> Export:
     helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
     runs_on, runs_on_note = _runs_on(kernel.arch)
     source = _env().get_template("export.cc.j2").render(
-        **common, threads=k.threads.value, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
+        **common, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
         im2col="im2col" in kinds, rounded=rounded,
         helpers=sorted(helpers),
-        variants=[dict(var=v, file=f, size=len(c), smem=s, what=w, rows=_byte_rows(c))
-                  for v, f, c, s, w in variants])
+        variants=[dict(var=v, file=f, size=len(c), smem=s, threads=t, what=w, rows=_byte_rows(c))
+                  for v, f, c, s, t, w in variants])
     files = {f"{k.name}.h": header, f"{k.name}.cc": source}
-    files.update({f: c for _, f, c, _, _ in variants})
+    files.update({f: c for _, f, c, *_ in variants})
     return Export(k.name, files)
 
 

@@ -104,7 +104,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
                                                     if isinstance(p, ir.TensorParam) else "")
                     for p in k.params)
     return _env().get_template("host.py.j2").render(
-        version=__version__, source_name=source_name, kernel_name=k.name, threads=k.threads.value,
+        version=__version__, source_name=source_name, kernel_name=k.name, threads=k.launch_threads,
         smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc, debug=debug and bool(k.barriers),
         barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
         arguments=arguments, binds=binds, checks=checks,

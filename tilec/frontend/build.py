@@ -247,9 +247,11 @@ class _Builder(Transformer):
             return ir.For(str(var), pos[0], None, tuple(body), span=span)
         if kind_s == "pipelined":
             kw = dict(kws)
-            if len(pos) != 1 or set(kw) - {"stages"}:
-                raise SemanticError("pipelined takes pipelined(n, stages = S)", self._tok_span(kind))
-            return ir.For(str(var), pos[0], kw.get("stages", ir.Int(2)), tuple(body), span=span)
+            if len(pos) != 1 or set(kw) - {"stages", "producer"}:
+                raise SemanticError("pipelined takes pipelined(n, stages = S) or pipelined(n, stages = S, producer = 1)",
+                                    self._tok_span(kind))
+            return ir.For(str(var), pos[0], kw.get("stages", ir.Int(2)), tuple(body),
+                          producer=kw.get("producer", ir.Int(0)), span=span)
         raise SemanticError(f"a for loop runs over range(n) or pipelined(n, stages = S), not '{kind_s}'",
                             self._tok_span(kind))
 

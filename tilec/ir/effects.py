@@ -152,7 +152,7 @@ def _ring(k, s):
     return _effects(exprs=(s.by,), barrier="flip")
 
 
-@rule(ir.OneThread, ir.WgmmaWait, ir.ProxyFence, ir.SyncThreads, ir.BulkCommit, ir.BulkWait)
+@rule(ir.OneThread, ir.Specialized, ir.WgmmaWait, ir.ProxyFence, ir.SyncThreads, ir.BulkCommit, ir.BulkWait)
 def _order_only(k, s):
     """Block structure and ordering: no elements of their own."""
     return Effects()

@@ -340,6 +340,8 @@ class For(Stmt):
     stages: Optional[int]   # None: range(n); else pipelined(n, stages=S)
     body: tuple
     ring: bool = False      # plan-pipeline: its loads and gemms run on an S-stage TMA ring
+    producer: object = 0    # pipelined(..., producer = 1): a producer warpgroup of its own issues the
+                            # ring's loads (warp specialisation); an Expr until fold-consts, then 0 or 1
     span: Optional[Span] = SPAN
 
 
@@ -489,6 +491,50 @@ class BulkWait(Stmt):
 
 
 @dataclass(frozen=True)
+class Specialized(Stmt):
+    """Warp specialisation (a ring of `pipelined(..., producer = 1)`): the block
+    has a producer warpgroup of its own, threads `threads` .. `threads + 127`
+    after the kernel's `threads` consumers. One thread of it runs `producer`
+    (the loops around the ring, the ring's empty waits, expect-tx and TMA
+    loads); the consumers run `consumers` (everything else; their block
+    barriers are a named barrier of the consumers alone). The two run
+    concurrently and meet only at the ring's mbarriers. Each warpgroup first
+    moves registers with setmaxnreg: the producer down to `producer_regs`, the
+    consumers up to `consumer_regs` per thread."""
+    producer: tuple
+    consumers: tuple
+    producer_regs: int
+    consumer_regs: int
+    blocks_per_sm: int = 1  # plan-smem: the blocks an SM can hold (launch bounds; the registers above assume it)
+    span: Optional[Span] = SPAN
+
+
+PRODUCER_THREADS = 128      # the producer warpgroup a Specialized block adds to the kernel's threads
+def specialized_registers(threads: int, blocks_per_sm: int = 1) -> tuple:
+    """(producer, consumer) registers per thread after setmaxnreg, for `threads`
+    consumers beside the producer warpgroup. ptxas gives every thread the
+    launch bound's limit at entry (it does so for kernels with setmaxnreg): the
+    CTA's pool. The producer (loop counters, coordinates) keeps 40, or 32 beside
+    three consumer warpgroups (as FlashAttention-3 does); the consumers share
+    the rest (setmaxnreg.inc takes no more than the pool holds, or it would wait
+    forever), in steps of 8, at most 240."""
+    block = threads + PRODUCER_THREADS
+    entry = min(255, 65536 // (block * blocks_per_sm) // 8 * 8)
+    producer = min(entry, 40 if threads <= 256 else 32)
+    return producer, min(240, (entry * block - producer * PRODUCER_THREADS) // threads // 8 * 8)
+
+
+def thread_registers(threads: int, producer: bool = False) -> int:
+    """Registers a consumer thread's code can use: ptxas's limit for the block
+    (64K per SM over its threads, the producer warpgroup's included, in steps of
+    8, at most 255). ptxas compiles the whole kernel within it: setmaxnreg.inc
+    moves registers at run time but does not raise that limit (measured: C7602
+    asks for 154 registers with 128 at 512 threads, setmaxnreg.inc 160 or not)."""
+    block = threads + (PRODUCER_THREADS if producer else 0)
+    return min(255, 65536 // block // 8 * 8)
+
+
+@dataclass(frozen=True)
 class OneThread(Stmt):
     """A block executed by thread 0 only (TMA issue, expect-tx, store commit)."""
     body: tuple
@@ -557,11 +603,24 @@ class Kernel:
         return tuple(p for p in self.params if isinstance(p, TensorParam))
 
     @property
+    def producer_warpgroup(self) -> bool:
+        """Whether a pipelined loop asks for a producer warpgroup of its own (producer = 1)."""
+        return any(isinstance(s, For) and s.producer == 1 for s in walk_stmts(self.body))
+
+    @property
+    def launch_threads(self) -> int:
+        """Threads per block at launch: the kernel's `threads`, plus the producer
+        warpgroup of a warp-specialised kernel."""
+        extra = PRODUCER_THREADS if any(isinstance(s, Specialized) for s in walk_stmts(self.body)) else 0
+        return self.threads.value + extra
+
+    @property
     def scalars(self):
         return tuple(p for p in self.params if isinstance(p, ScalarParam))
 
 
-STMT_BLOCK_FIELDS = {For: ("body",), Parallel: ("body",), If: ("then", "orelse"), OneThread: ("body",)}
+STMT_BLOCK_FIELDS = {For: ("body",), Parallel: ("body",), If: ("then", "orelse"), OneThread: ("body",),
+                     Specialized: ("producer", "consumers")}
 
 
 def walk_stmts(body):

@@ -86,7 +86,9 @@ def stmt(s, ind: str) -> list:
         return [head] + block(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, ir.For):
         it = f"range({expr(s.extent)})" if s.stages is None else \
-            f"pipelined({expr(s.extent)}, stages = {expr(s.stages) if isinstance(s.stages, ir.Expr) else s.stages})"
+            f"pipelined({expr(s.extent)}, stages = {expr(s.stages) if isinstance(s.stages, ir.Expr) else s.stages}" + \
+            (f", producer = {expr(s.producer) if isinstance(s.producer, ir.Expr) else s.producer})"
+             if _asks_producer(s) else ")")
         return [f"{ind}for {s.var} in {it} {{{L}"] + block(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, ir.If):
         out = [f"{ind}if {expr(s.cond)} {{{L}"] + block(s.then, ind + "  ")
@@ -154,7 +156,16 @@ def stmt(s, ind: str) -> list:
         return [f"{ind}cp.async.bulk.wait_group{'.read' if s.read else ''} 0"]
     if isinstance(s, ir.OneThread):
         return [f"{ind}one_thread {{"] + block(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, ir.Specialized):
+        return [f"{ind}producer_warpgroup setmaxnreg {s.producer_regs}, one thread, {s.blocks_per_sm} block(s) per SM {{"] + \
+            block(s.producer, ind + "  ") + \
+            [f"{ind}}}", f"{ind}consumers setmaxnreg {s.consumer_regs} (barrier.sync: the consumers alone) {{"] + \
+            block(s.consumers, ind + "  ") + [f"{ind}}}"]
     raise TypeError(f"not a statement: {s!r}")
+
+
+def _asks_producer(s: ir.For) -> bool:
+    return not (s.producer in (0, None) or isinstance(s.producer, ir.Int) and s.producer.value == 0)
 
 
 def block(body, ind: str) -> list:

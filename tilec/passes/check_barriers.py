@@ -18,6 +18,19 @@ On every path it checks that
   (d) a TMA store of thread-written smem follows a proxy fence and a block
       barrier.
 
+A warp-specialised block (`Specialized`) runs its two programs concurrently on
+one abstract state: the producer warpgroup's thread (a third class) and the
+consumers, each as a generator that stops before every statement. A scheduler
+steps whichever side it prefers whenever that side is not blocked on a wait,
+else the other; both sides blocked (or one blocked, the other done) is a hang.
+Every path runs twice: producer preferred (it fills the ring as far ahead as
+the `empty` barriers let it, exposing refills of stages not yet released) and
+consumers preferred (exposing reads before loads land). Loop trip counts, the
+arms of unknown `if`s and store tails are choices, enumerated by replaying the
+runs depth first; an extent takes one value on both sides of a path. The
+consumers' block barriers are their own: only a wait on `empty` orders the
+producer's refill of a stage after their use of it.
+
 It does not prove index arithmetic in bounds, nor anything about global memory
 written by one block and read by another."""
 from __future__ import annotations
@@ -73,6 +86,8 @@ NAME = "check-barriers"
 TRIP_COUNTS = (0, 1, 2, 3)
 MAX_PATHS = 4096
 T0, REST = "thread 0", "the other threads"
+PRODUCER = "the producer warpgroup"
+CONSUMERS = "the consumers"
 
 
 class BarrierBug(SemanticError):
@@ -87,7 +102,7 @@ class _Bar:
     loaded: int = 0
     tiles: set = field(default_factory=set)
     completed: int = 0
-    seen: dict = field(default_factory=lambda: {T0: -1, REST: -1})   # last phase index each class observed
+    seen: dict = field(default_factory=lambda: {T0: -1, REST: -1, PRODUCER: -1})  # last phase each class observed
     counted: bool = False                               # completed by arrivals alone (a pipeline's empty)
 
 
@@ -110,11 +125,42 @@ def _fail(msg, span):
     raise BarrierBug(msg, span, note="this kernel would hang or read stale data on the GPU")
 
 
+def _tx_mismatch(name, bar):
+    return (f"mbarrier {name}: expect-tx is {bar.expect} bytes but its TMA loads bring {bar.loaded}; the phase "
+            f"would {'never complete' if bar.expect > bar.loaded else 'complete early'}")
+
+
+class _Run:
+    """One run of a Specialized block on a copy of the state: it replays the
+    choices of `prefix`, then takes the first option of each new choice and
+    leaves the others in `todo`."""
+
+    def __init__(self, st, counts, prefix, todo):
+        self.st = copy.deepcopy(st)
+        self.envs = {PRODUCER: self.st.env, CONSUMERS: dict(self.st.env)}  # each side's loop variables, ring counts
+        self.counts = counts        # extent -> the trip counts to try
+        self.prefix, self.todo, self.trail = prefix, todo, []
+
+    def choose(self, n):
+        i = len(self.trail)
+        if i >= len(self.prefix):
+            self.todo += [self.trail + [o] for o in range(n - 1, 0, -1)]
+        self.trail.append(self.prefix[i] if i < len(self.prefix) else 0)
+        return self.trail[-1]
+
+    def fix(self, key, value):
+        for env in self.envs.values():
+            env[key] = value
+
+
 class _Checker:
     def __init__(self, k: ir.Kernel):
         self.k = k
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
+        # tiles a producer warpgroup refills: no block barrier of the consumers orders that
+        self.refilled = {x.buffer for s in ir.walk_stmts(k.body) if isinstance(s, ir.Specialized)
+                         for x in ir.walk_stmts(s.producer) if isinstance(x, ir.TmaLoad)}
 
     # ---- running blocks over sets of states
     def run(self, body, states, classes):
@@ -129,6 +175,8 @@ class _Checker:
         return states
 
     def stmt(self, s, st, classes):
+        if isinstance(s, ir.Specialized):
+            return self.specialized(s, st)
         if isinstance(s, ir.OneThread):
             return self.run(s.body, [st], (T0,))
         if isinstance(s, ir.For):
@@ -170,6 +218,85 @@ class _Checker:
         self.step(s, st, classes)
         return [st]
 
+    # ---- a warp-specialised block
+    def specialized(self, s, st):
+        body = s.producer + s.consumers
+        counts = {show(f.extent): range(f.stages + 3) for f in ir.walk_stmts(body)
+                  if isinstance(f, ir.For) and f.stages is not None}
+        out, todo = [], [[]]
+        while todo and len(out) < MAX_PATHS:
+            run = _Run(st, counts, todo.pop(), todo)
+            order = (CONSUMERS, PRODUCER) if run.choose(2) == 0 else (PRODUCER, CONSUMERS)
+            self.interleave(run, {PRODUCER: self.side(s.producer, run, (PRODUCER,)),
+                                  CONSUMERS: self.side(s.consumers, run, (T0, REST))}, order)
+            out.append(run.st)
+        self.paths = max(self.paths, len(out))
+        return out
+
+    def interleave(self, run, sides, order):
+        """Run the sides to their ends, stepping the first of `order` that is not
+        blocked each time; fail where neither can go on."""
+        st, at = run.st, {}
+        for who in order:
+            st.env = run.envs[who]
+            at[who] = next(sides[who], None)
+        while any(at.values()):
+            blocked = {}
+            for who in order:
+                if at[who] is None:
+                    continue
+                st.env = run.envs[who]
+                why = self.blocked(st, *at[who])
+                if why is None:
+                    at[who] = next(sides[who], None)
+                    break
+                blocked[who] = (why, at[who][0].span)
+            else:
+                (who, (why, span)), *rest = blocked.items()
+                if rest:
+                    why = f"{PRODUCER} and {CONSUMERS} wait on each other: {why}; {rest[0][1][0]}"
+                _fail(why, span)
+        st.env = run.envs[CONSUMERS]
+
+    def blocked(self, st, s, classes):
+        """Why the wait `s` of `classes` cannot go on now, or None (and None for any other statement)."""
+        if isinstance(s, ir.MbarrierWait):
+            for c in classes:
+                name, bar, parity = self.waited(s, st, c)
+                if not self.passes(bar, parity, c):
+                    return self.stuck(name, bar, parity, c)
+        return None
+
+    def side(self, body, run, classes):
+        """One side of a Specialized block as a generator: it yields (statement,
+        classes) before each statement it runs, so the scheduler can switch sides;
+        trip counts, unknown conditions and store tails are `run`'s choices."""
+        st = run.st
+        for s in body:
+            if isinstance(s, ir.OneThread):
+                yield from self.side(s.body, run, classes[:1])
+            elif isinstance(s, ir.For):
+                n = evaluate(s.extent, st.env)
+                if n is None:
+                    options = run.counts.get(show(s.extent), TRIP_COUNTS)
+                    n = options[run.choose(len(options))]
+                    run.fix(show(s.extent), n)      # the same extent on both sides
+                for i in range(n):
+                    st.env[s.var] = i
+                    yield from self.side(s.body, run, classes)
+            elif isinstance(s, ir.If):
+                cond = evaluate(s.cond, st.env)
+                taken = cond if cond is not None else run.choose(2) == 0
+                yield from self.side(s.then if taken else s.orelse, run, classes)
+            elif isinstance(s, ir.StoreTail):
+                if run.choose(2) == 0:      # a block whose tile crosses the last whole granule
+                    for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
+                        yield x, classes
+                        self.step(x, st, classes)
+            else:
+                yield s, classes
+                self.step(s, st, classes)
+
     # ---- one statement
     def step(self, s, st, classes):
         if isinstance(s, ir.MbarrierInit):
@@ -177,7 +304,8 @@ class _Checker:
                 for i in range(b.count):
                     name = f"{b.name}[{i}]" if b.array else b.name
                     st.bars[name] = _Bar(counted=b.completes == "arrivals")
-                    st.phase[(name, T0)] = st.phase[(name, REST)] = 0
+                    for c in (T0, REST, PRODUCER):
+                        st.phase[(name, c)] = 0
         elif isinstance(s, ir.ArriveExpectTx):
             name = self.bar_name(st, s.barrier, s.index, s)
             bar = self.bar(st, name, s)
@@ -211,9 +339,12 @@ class _Checker:
         elif isinstance(s, ir.RingAdvance):
             st.env[s.var] = st.env[s.var] + evaluate(s.by, st.env)  # the trip count is fixed on this path
         elif isinstance(s, ir.SyncThreads):
+            if PRODUCER in classes:
+                _fail(f"a block barrier in the program of {PRODUCER} deadlocks: one thread of it runs the "
+                      "program, and the consumers' block barriers are theirs alone", s.span)
             if classes != (T0, REST):
                 _fail("a block barrier inside a one-thread block deadlocks", s.span)
-            st.touched.clear()
+            st.touched = {t for t in st.touched if t.partition("@")[0] in self.refilled}
             st.written -= st.fenced
             st.fenced.clear()
             for t, seen in st.visible.items():
@@ -264,13 +395,15 @@ class _Checker:
             _fail(f"TMA load overwrites '{t}' while a TMA store may still be reading it (no wait_group.read)",
                   s.span)
         if t in st.touched:
-            _fail(f"TMA load overwrites '{t}', which threads used, without a block barrier in between", s.span)
+            _fail(f"TMA load overwrites '{t}', which threads used, without a block barrier (or, from {PRODUCER}, "
+                  "a wait on the release of its stage) in between", s.span)
         bar.loaded += s.bytes
         bar.tiles.add(t)
         st.unwaited[t] = bname
         st.visible[t] = set()
 
-    def wait(self, s, st, c):
+    def waited(self, s, st, c):
+        """The barrier the wait `s` of class c names, its state, and the parity it waits on."""
         name = self.bar_name(st, s.barrier, s.index, s)
         bar = self.bar(st, name, s)
         if s.parity is None:
@@ -281,33 +414,49 @@ class _Checker:
             parity = evaluate(s.parity, st.env)
             if parity is None:
                 _fail(f"cannot evaluate the parity '{show(s.parity)}' of mbarrier {name} on this path", s.span)
+        return name, bar, parity
+
+    @staticmethod
+    def passes(bar, parity, c):
+        """Whether class c's wait on `parity` goes on now: the phase it waits for is
+        complete, or completes (its bytes have landed)."""
         if bar.counted:
             # completed by arrivals: a wait on parity p passes once the phase of parity p is done
-            if (bar.completed & 1) == parity:
-                _fail(f"{c} waits on mbarrier {name} (parity {parity}) for a release that no path makes before "
-                      "it: it would hang", s.span)
+            return (bar.completed & 1) != parity
+        if bar.armed:
+            return parity == bar.completed & 1 and bar.loaded >= bar.expect
+        # a phase another class completed, which c has not observed yet
+        return bar.completed > 0 and parity == (bar.completed - 1) & 1 and bar.seen[c] < bar.completed - 1
+
+    @staticmethod
+    def stuck(name, bar, parity, c):
+        """Why class c's wait on `parity` does not go on."""
+        if bar.counted:
+            return (f"{c} waits on mbarrier {name} (parity {parity}) for a release that no path makes before it: "
+                    "it would hang")
+        if bar.armed and parity == bar.completed & 1:
+            return _tx_mismatch(name, bar)
+        if bar.armed:
+            return (f"{c} waits on mbarrier {name} with parity {parity}, but the phase in flight has parity "
+                    f"{bar.completed & 1} (a phase bit that was not flipped)")
+        return f"{c} waits on mbarrier {name} (parity {parity}) with no arrive on this path: it would hang"
+
+    def wait(self, s, st, c):
+        name, bar, parity = self.waited(s, st, c)
+        if not self.passes(bar, parity, c):
+            _fail(self.stuck(name, bar, parity, c), s.span)
+        if bar.counted:
             for t, (rel, phase) in list(st.released.items()):
                 if rel == name and phase <= bar.completed - 1:
                     st.touched.discard(t)
                     del st.released[t]
             return
-        if bar.armed and parity == bar.completed & 1:
+        if bar.armed:
             if bar.loaded != bar.expect:
-                _fail(f"mbarrier {name}: expect-tx is {bar.expect} bytes but its TMA loads bring "
-                      f"{bar.loaded}; the phase would {'never complete' if bar.expect > bar.loaded else 'complete early'}",
-                      s.span)
+                _fail(_tx_mismatch(name, bar), s.span)      # it completed early
             bar.armed = False
             bar.completed += 1
-            self._observe(st, bar, c)
-        elif not bar.armed and bar.completed and parity == (bar.completed - 1) & 1 and \
-                bar.seen[c] < bar.completed - 1:
-            self._observe(st, bar, c)                # a phase another class completed
-        elif bar.armed:
-            _fail(f"{c} waits on mbarrier {name} with parity {parity}, but the phase in flight has parity "
-                  f"{bar.completed & 1} (a phase bit that was not flipped)", s.span)
-        else:
-            _fail(f"{c} waits on mbarrier {name} (parity {parity}) with no arrive on this path: it would hang",
-                  s.span)
+        self._observe(st, bar, c)
 
     @staticmethod
     def _observe(st, bar, c):
@@ -349,7 +498,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         for name, bar in st.bars.items():
             if bar.armed:
                 span = next((s.span for s in ir.walk_stmts(k.body)
-                             if isinstance(s, ir.ArriveExpectTx) and s.barrier == name), None)
+                             if isinstance(s, ir.ArriveExpectTx) and s.barrier == name.partition("[")[0]), None)
                 _fail(f"mbarrier {name} is armed at the end of the kernel and never waited on", span)
         if st.storing:
             span = next((s.span for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaStore)), None)

@@ -18,6 +18,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     t = k.threads.value
     if not (32 <= t <= 1024 and t % 32 == 0):
         raise SemanticError(f"threads must be a multiple of 32 between 32 and 1024, got {t}", k.threads.span)
+    if k.producer_warpgroup and t + ir.PRODUCER_THREADS > 1024:
+        raise SemanticError(f"threads {t} and the producer warpgroup (producer = 1) make {t + ir.PRODUCER_THREADS} "
+                            "threads, over a block's 1024", k.threads.span)
     for g in k.grid:
         _only_kinds(g, _GRID_KINDS, "a grid size")
         _integer(k, g, "a grid size")

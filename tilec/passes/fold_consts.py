@@ -117,8 +117,15 @@ def _resolve_body(body, resolve, bound):
                 if not isinstance(st, ir.Int) or not 1 <= st.value <= MAX_STAGES:
                     raise SemanticError(f"stages must be a compile-time integer from 1 to {MAX_STAGES}", stages.span)
                 stages = st.value
+            producer = s.producer
+            if isinstance(producer, ir.Expr):
+                pr = resolve(producer, bound)
+                if not isinstance(pr, ir.Int) or pr.value not in (0, 1):
+                    raise SemanticError("producer must be a compile-time 0 (thread 0 of the consumers issues the "
+                                        "loads) or 1 (a producer warpgroup of its own)", producer.span)
+                producer = pr.value
             inner = dict(bound, **{s.var: "loop"})
-            s = replace(s, extent=resolve(s.extent, bound), stages=stages,
+            s = replace(s, extent=resolve(s.extent, bound), stages=stages, producer=producer,
                         body=_resolve_body(s.body, resolve, inner))
         elif isinstance(s, ir.Parallel):
             inner = dict(bound, **{v: "lane" for v in s.vars})

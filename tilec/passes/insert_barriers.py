@@ -73,6 +73,7 @@ class _Inserter:
         self.skew = skew
         self.barriers = []
         self.bar_tiles = {}
+        self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
         name = f"{prefix}{len(self.barriers)}"
@@ -200,14 +201,17 @@ class _Inserter:
             """Ring iteration of loop iteration j."""
             return j if base is None else fold(ir.BinOp("+", base, j))
 
-        def issue(j, wait_empty):
+        def issue(j, wait_empty, guard=False):
+            """Iteration j's loads; `guard`: wait on `empty` only when g >= S (else
+            only the ring's first use of the stage, which needs no release)."""
             g = ring(j)
             stage = fold(ir.BinOp("%", g, S))
             body = []
             if wait_empty:
                 wait = ir.MbarrierWait(empty.name, fold(ir.BinOp("%", ir.BinOp("-", ir.BinOp("/", g, S), ir.Int(1)),
                                                                  ir.Int(2))), index=stage, span=s.span)
-                body.append(wait if base is None else ir.If(ir.BinOp(">=", g, S), (wait,), (), span=s.span))
+                body.append(wait if base is None and not guard else
+                            ir.If(ir.BinOp(">=", g, S), (wait,), (), span=s.span))
             body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
             for x in loads:
                 at = {s.var: j}
@@ -217,6 +221,10 @@ class _Inserter:
                                     barrier=full.name, barrier_index=stage, stage=stage))
             return body
 
+        if s.producer:
+            self.specialized(s, k, n, base, ring, issue, full, empty, lag, gemms, out)
+            st.observed |= set(tiles)
+            return
         if base is not None:
             # an earlier trip's threads read these tiles or the staging tile over them
             self.before_tma_writes(tiles, st, out, s.span)
@@ -249,6 +257,38 @@ class _Inserter:
                                  (), span=s.span))
             out.append(ir.RingAdvance(base.name, n, span=s.span))
         st.observed |= set(tiles)
+
+    def specialized(self, s, k, n, base, ring, issue, full, empty, lag, gemms, out):
+        """The ring of a `pipelined(..., producer = 1)` loop, warp-specialised: the
+        producer warpgroup's thread runs `for k: [wait empty when g >= S],
+        expect-tx, loads` as far ahead as the `empty` barriers let it (S stages
+        in flight); the consumers' loop waits on `full`, runs the gemms and
+        releases stage g - 1 once its wgmma has retired (the last stage after
+        the loop). Nested in a loop, each side keeps its own count of the ring's
+        earlier iterations (`base`, a per-thread variable)."""
+        S = ir.Int(s.stages)
+        producer = [ir.For(s.var, n, None, tuple(issue(k, True, guard=True)), span=s.span)]
+        g = ring(k)
+        stage = fold(ir.BinOp("%", g, S))
+        loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", g, S), ir.Int(2))), index=stage,
+                                span=s.span)]
+        loop += [replace(x, stage=stage) for x in gemms]
+        loop.append(ir.WgmmaWait(lag, span=gemms[-1].span))
+        if lag:
+            done = fold(ir.BinOp("%", ir.BinOp("-", g, ir.Int(1)), S))
+            loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
+        else:
+            loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
+        out.append(replace(s, body=tuple(loop)))
+        out.append(ir.WgmmaWait(0, span=s.span))
+        if lag:     # the last iteration's stage: a later trip (or nothing) refills it
+            last = fold(ir.BinOp("%", ir.BinOp("-", ring(n), ir.Int(1)), S))
+            out.append(ir.If(fold(ir.BinOp(">=", n, ir.Int(1))), (ir.MbarrierArrive(empty.name, last, span=s.span),),
+                             (), span=s.span))
+        if base is not None:
+            out.append(ir.RingAdvance(base.name, n, span=s.span))
+            producer.append(ir.RingAdvance(base.name, n, span=s.span))
+        self.producer_loops[id(s)] = tuple(producer)
 
     def back_edge_state(self, body, st):
         """The state at a loop's head: what enters it, joined with what one more
@@ -350,12 +390,51 @@ def _merge_one_thread(body):
     return tuple(out)
 
 
+def _producer_program(k: ir.Kernel, body, loops: dict) -> tuple:
+    """What the producer warpgroup's thread runs: the loops around each ring of a
+    `pipelined(..., producer = 1)` loop, with that ring's loads (`loops`) in place
+    of the ring; everything else is the consumers'."""
+    out = []
+    for s in body:
+        if id(s) in loops:
+            out += loops[id(s)]
+        elif any(id(x) in loops for x in ir.walk_stmts((s,))):
+            if not isinstance(s, ir.For):
+                raise SemanticError("producer = 1: the pipelined loop must sit in the kernel's body or in `for` "
+                                    "loops (the producer warpgroup runs those loops too), not under an `if`",
+                                    s.span)
+            out.append(ir.For(s.var, s.extent, None, _producer_program(k, s.body, loops), span=s.span))
+    return tuple(out)
+
+
+def _check_ring_tiles_private(k: ir.Kernel, body, loops: dict):
+    """The tiles a producer's ring loads are touched by nothing outside that ring
+    (the producer refills them whenever the `empty` barriers allow)."""
+    rings = [s for s in ir.walk_stmts(body) if id(s) in loops]
+    tiles = {x.buffer for r in rings for x in r.body if isinstance(x, ir.TmaLoad)}
+    inside = {id(x) for r in rings for x in ir.walk_stmts(r.body)}
+    for s in ir.walk_stmts(body):
+        if id(s) in inside or type(s) in ir.STMT_BLOCK_FIELDS:
+            continue
+        reads, writes = shared_accesses(k, s)
+        if isinstance(s, ir.TmaLoad):
+            writes = writes | {s.buffer}
+        for t in sorted((reads | writes) & tiles):
+            raise SemanticError(f"producer = 1: '{t}' is loaded by a producer warpgroup's ring and used here too; "
+                                "with a producer the ring's tiles are its own", s.span)
+
+
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     ins = _Inserter(k, opts.expect_tx_skew)
     st = _State()
     body = list(ins.block(k.body, st, False))
     if st.storing:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))
+    if ins.producer_loops:
+        _check_ring_tiles_private(k, k.body, ins.producer_loops)
+        producer = _producer_program(k, k.body, ins.producer_loops)
+        body = [ir.Specialized(producer, _merge_one_thread(tuple(body)),
+                               *ir.specialized_registers(k.threads.value))]
     if ins.barriers:
         # Thread 0 initialises every barrier and may go on at once with what it
         # alone runs (issuing the first loads early); the other threads meet it

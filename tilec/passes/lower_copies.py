@@ -68,7 +68,9 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
     enough. Without such a ring the copy stays a thread copy (a tile of its own
     could cost the kernel its second block per SM). Inside a loop (one trip per
     output tile) the ring is reused by the next trip, whose pipeline meets the
-    stores first (insert-barriers)."""
+    stores first (insert-barriers); but with a producer warpgroup the next
+    trip's loads run while the consumers stage this one, so there the staging
+    tile gets memory of its own."""
     rings = {}                                  # operand tile -> bytes of its ring
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.For):
@@ -79,19 +81,19 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
                         rings[b.name] = b.ring_bytes
     new = []
 
-    def visit(body, after):
+    def visit(body, after, in_loop):
         """`after`: the statements that run after this body, outside it."""
         for i, s in enumerate(body):
             rest = tuple(body[i + 1:]) + after
             if isinstance(s, ir.For):
-                visit(s.body, rest)
+                visit(s.body, rest, True)
             elif isinstance(s, ir.If):
-                visit(s.then, rest)
-                visit(s.orelse, rest)
+                visit(s.then, rest, in_loop)
+                visit(s.orelse, rest, in_loop)
             elif isinstance(s, ir.Copy):
-                stage(s, rest)
+                stage(s, rest, in_loop)
 
-    def stage(s, rest):
+    def stage(s, rest, in_loop):
         acc, t = k.buffer(s.src.name), k.param(s.dst.name)
         if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam):
             return
@@ -100,6 +102,11 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
             return
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
+        if in_loop and k.producer_warpgroup:
+            tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128", span=s.span)
+            new.append(tile)
+            staged[id(s)] = tile
+            return
         free = [r for r, size in rings.items() if r not in later and size >= nbytes
                 and not any(b.alias == r for b in new)]
         if not free:
@@ -109,5 +116,5 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         new.append(tile)
         staged[id(s)] = tile
 
-    visit(k.body, ())
+    visit(k.body, (), False)
     return replace(k, buffers=k.buffers + tuple(new)) if new else k

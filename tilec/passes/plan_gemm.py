@@ -82,7 +82,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             layouts[t.name] = lay
         splits[acc.name] = cols
         fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
-        _check_registers(fragments, threads, s)
+        _check_registers(fragments, threads, k.producer_warpgroup, s)
         return replace(s, warpgroups=wg, m_tiles=m // (64 * rows), wg_cols=cols)
 
     body = map_body(k.body, plan)
@@ -114,18 +114,20 @@ def _check_uses(k):
 WGMMA_REGISTER_OVERHEAD = 26
 
 
-def _check_registers(fragments: dict, threads: int, s: ir.Gemm):
+def _check_registers(fragments: dict, threads: int, producer: bool, s: ir.Gemm):
     """The accumulators' fragments (all live at once) and a wgmma's operands must
     fit the registers a thread of this block can have: 64K per SM over `threads`,
-    in steps of 8, at most 255."""
-    limit = min(255, 65536 // threads // 8 * 8)
+    in steps of 8, at most 255; a producer warpgroup's threads count too
+    (ir.thread_registers)."""
+    limit = ir.thread_registers(threads, producer)
+    block = f"a {threads}-thread block beside a producer warpgroup" if producer else f"a {threads}-thread block"
     need = sum(fragments.values()) + WGMMA_REGISTER_OVERHEAD
     if need > limit:
         held = ", ".join(f"{r} for '{n}'" for n, r in fragments.items())
         raise SemanticError(f"gemm: the accumulator fragments take {sum(fragments.values())} registers per thread "
                             f"({held}) and a wgmma needs about {WGMMA_REGISTER_OVERHEAD} more, over the {limit} a "
-                            f"thread of a {threads}-thread block can have: use fewer columns per warpgroup "
-                            "(a smaller N tile) or fewer threads", s.span)
+                            f"thread of {block} can have: use fewer columns per "
+                            "warpgroup (a smaller N tile) or fewer threads", s.span)
 
 
 def _split(wg, m, n, span):

@@ -6,12 +6,14 @@ global tensor or an im2col view into shared tiles) followed by gemms that read
 only those tiles can overlap the loads of later iterations with the gemms of
 this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
-S copies). Other `pipelined` loops run as plain loops. The thread-copy variant
+S copies). Other `pipelined` loops run as plain loops (one asking for a
+producer warpgroup, `producer = 1`, is an error). The thread-copy variant
 has no TMA loads, so no rings."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body
 
@@ -28,6 +30,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             return s
         tiles = _loaded_tiles_then_gemms(k, s.body)
         if not tiles:
+            if s.producer:
+                raise SemanticError("producer = 1 needs a pipelined loop whose body is TMA copies into shared "
+                                    "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
             return s
         stages.update({t: s.stages for t in tiles})
         return replace(s, ring=True)

@@ -1,6 +1,10 @@
 """plan-smem: place shared tiles in dynamic shared memory (128-byte aligned, as
 TMA destinations need) and size it, within the target's limit per block
-(tilec.arch); the host opts in above 48 KB."""
+(tilec.arch); the host opts in above 48 KB. A warp-specialised kernel's
+launch bounds ask for as many blocks per SM as its shared memory and its
+accumulators' registers allow (a producer warpgroup's 128 threads would
+otherwise leave ptxas room for registers that cost the SM its second block),
+and its setmaxnreg counts follow."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,6 +12,8 @@ from dataclasses import replace
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
+from ..ir.exprs import map_body
+from .plan_gemm import WGMMA_REGISTER_OVERHEAD
 
 NAME = "plan-smem"
 
@@ -38,4 +44,23 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                             f"{target.smem_per_block} bytes of shared memory", big.span)
     if any(b.swizzle for b in buffers):
         offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
-    return replace(k, buffers=tuple(buffers), smem_bytes=offset)
+    k = replace(k, buffers=tuple(buffers), smem_bytes=offset)
+    return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s, target)))
+
+
+SMEM_PER_SM = 233472            # Hopper: 228 KB per SM, 1 KB of it reserved per block
+SMEM_RESERVED_PER_BLOCK = 1024
+THREADS_PER_SM = 2048
+
+
+def _blocks_per_sm(k: ir.Kernel, s, target):
+    if not isinstance(s, ir.Specialized):
+        return s
+    threads = k.launch_threads
+    acc = sum(b.elements // k.threads.value for b in k.buffers if b.layout == "wgmma")
+    need = -(-(acc + WGMMA_REGISTER_OVERHEAD) // 8) * 8
+    blocks = min(SMEM_PER_SM // (k.smem_bytes + 8 * len(k.barriers) + SMEM_RESERVED_PER_BLOCK),
+                 65536 // (need * threads), THREADS_PER_SM // threads)
+    blocks = max(1, blocks)
+    return replace(s, blocks_per_sm=blocks, **dict(zip(("producer_regs", "consumer_regs"),
+                                                        ir.specialized_registers(k.threads.value, blocks))))

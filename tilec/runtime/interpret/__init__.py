@@ -22,9 +22,14 @@ by statement, and computes what that CUDA computes:
   float, and `a * b + c` contracted to one fused multiply-add as NVRTC does.
 - mbarriers are counted: a wait no phase would complete, or loads bringing
   more bytes than the expect-tx, raise InterpretError.
+- A warp-specialised block (`pipelined(..., producer = 1)`) runs its
+  producer's one thread and its consumers concurrently, one at a time: the
+  producer first, each handing over at a wait that cannot pass; a wait that
+  neither can let pass would hang (InterpretError).
 
-Not modelled: timing, races (blocks run one after another), hangs other than
-mbarrier waits, NaN payloads, the last ulp of exp / log / rsqrt.
+Not modelled: timing, races (blocks run one after another, a specialised
+block's two roles in turns between mbarrier waits), hangs other than mbarrier
+waits, NaN payloads, the last ulp of exp / log / rsqrt.
 """
 from __future__ import annotations
 
@@ -163,6 +168,7 @@ class InterpretCall(host.Call):
         pass
 
     def launch(self, grid, threads, smem_bytes, params):
+        # `threads` is the launch's (with a producer warpgroup's 128); the blocks count the kernel's own
         host.check_grid(grid)
         env = {**self.scalars, **_shape_symbols(self.k, self.tensors)}
         with np.errstate(all="ignore"):
@@ -190,7 +196,7 @@ def run(k: ir.Kernel, args, grid=None):
             env[p.name] = _scalar_value(a, p.dtype)
     env.update(_shape_symbols(k, tensors))
     if grid is None:
-        host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.int64)}
+        host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.integer)}
         grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
     with np.errstate(all="ignore"):
         _Blocks(k, tensors, env).run(grid)

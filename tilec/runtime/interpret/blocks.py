@@ -1,12 +1,15 @@
 """Block execution: the kernel's body, block after block, statement by
 statement, with shared memory as bytes, TMA exact (boxes, clipping at 16-byte
 granules on store, im2col pixel boxes, swizzles), mbarriers counted, and
-`parallel` bodies vectorised over their index space."""
+`parallel` bodies vectorised over their index space. A warp-specialised block's
+producer and consumers run concurrently, one at a time, meeting at mbarriers
+(_Roles)."""
 from __future__ import annotations
 
 import functools
 import itertools
 import math
+import threading
 
 import numpy as np
 
@@ -39,6 +42,118 @@ class _Barrier:
         if self.pending == 0 and self.tx == 0:
             self.phase += 1
             self.pending, self.expected, self.brought = self.arrivals, 0, 0
+
+
+def _missing(bar):
+    return (f"expect-tx is {bar.expected} bytes but its TMA loads bring {bar.brought}"
+            if bar.pending == 0 else f"{bar.pending} arrival(s) missing")
+
+
+class _Role:
+    """One program of a Specialized block: its statements, its own registers
+    (`env`: loop variables, ring counters; `state`: the _Blocks attributes of
+    _ROLE_STATE while another role runs), the wait it cannot pass (mbarrier,
+    parity) while it has handed the baton over, and whether it has finished."""
+    __slots__ = ("name", "body", "env", "state", "waiting", "done")
+
+    def __init__(self, name, body, env, state):
+        self.name, self.body, self.env, self.state = name, body, env, state
+        self.waiting, self.done = None, False
+
+    def where(self):
+        if self.done:
+            return f"the {self.name} finished"
+        bar, parity = self.waiting
+        return f"the {self.name} waiting on mbarrier {bar.name} with parity {parity} ({_missing(bar)})"
+
+
+_ROLE_STATE = ("one_thread_depth", "lanes", "phase_reg")
+
+
+class _Abort(Exception):
+    """Unwinds a role when the other one has raised."""
+
+
+class _Roles:
+    """The producer and the consumers of a Specialized block, run concurrently
+    and deterministically: the producer in a Python thread of its own, the
+    consumers in the caller's, one at a time, whichever holds the baton (`turn`,
+    under `cond`). The producer starts (it runs ahead, as on the GPU). A role
+    whose mbarrier wait cannot pass hands the baton over and checks again when
+    it comes back: the other role has then finished or waits itself, with
+    nothing changed since, so a wait still not passable would hang (as it does
+    at once when the other role has finished). The first exception of either
+    role unwinds the other (_Abort) and is raised once the thread has ended."""
+
+    def __init__(self, blocks, s, env):
+        self.blocks = blocks
+        self.producer = _Role("producer", s.producer, dict(env),
+                              {"one_thread_depth": 1, "lanes": None, "phase_reg": dict(blocks.phase_reg)})
+        self.consumers = _Role("consumers", s.consumers, dict(env),
+                               {"one_thread_depth": 0, "lanes": None, "phase_reg": dict(blocks.phase_reg)})
+        self.cond = threading.Condition()
+        self.turn = self.producer
+        self.error = None
+
+    def run(self):
+        b = self.blocks
+        outer = {n: getattr(b, n) for n in _ROLE_STATE}
+        errstate = np.geterr()              # numpy's error state is the thread's own
+        producer = threading.Thread(target=self._play, args=(self.producer, errstate), daemon=True,
+                                    name=f"tilec producer of block {b.block_index}")
+        producer.start()
+        try:
+            self._play(self.consumers, errstate)
+        finally:
+            producer.join()
+            for n, v in outer.items():
+                setattr(b, n, v)
+        if self.error is not None:
+            raise self.error
+
+    def _play(self, role, errstate):
+        try:
+            with np.errstate(**errstate):
+                self._take(role)
+                self.blocks.block(role.body, role.env)
+        except _Abort:
+            pass
+        except BaseException as e:          # raised in the caller's thread by run(); the first one wins
+            if self.error is None:
+                self.error = e
+        finally:
+            role.done = True
+            self._give(role)
+
+    def _take(self, role):
+        """Wait for the baton; then the blocks run with `role`'s registers."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.turn is role or self.error is not None)
+        if self.error is not None:
+            raise _Abort
+        for n, v in role.state.items():
+            setattr(self.blocks, n, v)
+
+    def _give(self, role):
+        """Hand the baton to the other role, keeping `role`'s registers."""
+        role.state = {n: getattr(self.blocks, n) for n in _ROLE_STATE}
+        with self.cond:
+            self.turn = self.consumers if role is self.producer else self.producer
+            self.cond.notify()
+
+    def wait(self, bar, parity, s):
+        """The role holding the baton waits on `bar` for the phase of `parity`,
+        not complete: the other role runs until it finishes or waits itself."""
+        role = self.turn
+        other = self.consumers if role is self.producer else self.producer
+        if not other.done:
+            role.waiting = bar, parity
+            self._give(role)
+            self._take(role)
+            role.waiting = None
+            if (bar.phase & 1) != parity:
+                return
+        raise self.blocks.hang(bar, parity, s, f"; the {role.name} waiting there, {other.where()}")
 
 
 class _Lanes:
@@ -159,6 +274,7 @@ class _Blocks:
         self.threads = k.threads.value
         self.lanes = None
         self.one_thread_depth = 0
+        self.roles = None                   # the _Roles of the Specialized statement being run
         self._view_exprs = {}
         self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
@@ -213,8 +329,16 @@ class _Blocks:
             self.one_thread_depth -= 1
 
     def issuers(self):
-        """How many threads run the statement at hand: 1 inside one_thread."""
+        """How many threads run the statement at hand: 1 inside one_thread (and
+        in a Specialized block's producer), else the kernel's `threads`."""
         return 1 if self.one_thread_depth else self.threads
+
+    def specialized(self, s, env):
+        self.roles = _Roles(self, s, env)
+        try:
+            self.roles.run()
+        finally:
+            self.roles = None
 
     def for_(self, s, env):
         if self.lanes is not None:
@@ -230,7 +354,8 @@ class _Blocks:
 
     def nothing(self, s, env):
         """Fences, block barriers, bulk-group commits and waits, wgmma waits:
-        ordering only. Blocks and statements run one at a time, in order."""
+        ordering only. Blocks and statements run one at a time, in order (a
+        Specialized block's two roles each in its own order)."""
 
     # ------------------------------------------------------------ mbarriers
     def mbarrier_init(self, s, env):
@@ -273,10 +398,14 @@ class _Blocks:
         else:
             parity = (s.parity if isinstance(s.parity, int) else _int(self.ev(s.parity, env))) & 1
         if (bar.phase & 1) == parity:          # the phase with this parity has not completed
-            why = (f"expect-tx is {bar.expected} bytes but its TMA loads bring {bar.brought}"
-                   if bar.pending == 0 else f"{bar.pending} arrival(s) missing")
-            raise InterpretError(f"kernel {self.k.name} would hang: block {self.block_index} waits on mbarrier "
-                                 f"{bar.name} with parity {parity}, a phase nothing completes ({why})", s.span)
+            if self.roles is None:
+                raise self.hang(bar, parity, s)
+            self.roles.wait(bar, parity, s)
+
+    def hang(self, bar, parity, s, roles=""):
+        return InterpretError(f"kernel {self.k.name} would hang: block {self.block_index} waits on mbarrier "
+                              f"{bar.name} with parity {parity}, a phase nothing completes ({_missing(bar)}){roles}",
+                              s.span)
 
     def flip_phase(self, s, env):
         self.phase_reg[s.barrier] ^= 1
@@ -727,5 +856,5 @@ _STMT = {
     ir.BulkWait: _Blocks.nothing,
     ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,
     ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm, ir.MbarrierArrive: _Blocks.mbarrier_arrive,
-    ir.WgmmaWait: _Blocks.nothing, ir.Reduce: _Blocks.reduce,
+    ir.WgmmaWait: _Blocks.nothing, ir.Reduce: _Blocks.reduce, ir.Specialized: _Blocks.specialized,
 }
