@@ -5,6 +5,7 @@ outputs guarded (tests/guard.py)."""
 import pytest
 
 import tilec
+from tilec.errors import Source
 from conftest import ROOT
 from guard import guarded
 from test_persistent import BATCHED
@@ -55,4 +56,31 @@ def test_batch_loop_equals_bmm():
     torch.cuda.synchronize()
     want = torch.bmm(a.float(), b.float())
     assert ((c.view - want).norm() / want.norm()).item() < 1e-4
+    c.check()
+
+
+def _with_producer():
+    """examples/gemm_persistent.tile with its ring on a producer warpgroup
+    (pipelined(..., producer = 1)): the producer loads the next tile while the
+    consumers store this one."""
+    text = (ROOT / "examples/gemm_persistent.tile").read_text()
+    assert "stages = STAGES)" in text
+    return Source("gemm_persistent_producer.tile", text.replace("stages = STAGES)",
+                                                                  "stages = STAGES, producer = 1)"))
+
+
+@pytest.mark.parametrize("stages,bn", [(1, 128), (2, 256), (3, 256), (5, 128)])
+@pytest.mark.parametrize("p", [1, 5, 132, 1000])
+def test_persistent_gemm_with_a_producer_warpgroup(stages, bn, p):
+    import torch
+    m, n, k = 700, 1000, 1088      # 17 K steps: the ring's offset moves every tile
+    kern = tilec.compile(_with_producer(), fallback=False, BN=bn, STAGES=stages)
+    assert "setmaxnreg_dec" in kern.cuda_source
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(k, n, device="cuda").half()
+    c = guarded((m, n), "f16", fill=float("nan"))
+    kern(a, b, c.view, p)
+    torch.cuda.synchronize()
+    want = a.float() @ b.float()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
     c.check()
