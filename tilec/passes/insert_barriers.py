@@ -221,17 +221,7 @@ class _Inserter:
                                     barrier=full.name, barrier_index=stage, stage=stage))
             return body
 
-        if s.producer:
-            self.specialized(s, k, n, base, ring, issue, full, empty, lag, gemms, out)
-            st.observed |= set(tiles)
-            return
-        if base is not None:
-            # an earlier trip's threads read these tiles or the staging tile over them
-            self.before_tma_writes(tiles, st, out, s.span)
-        # prologue: iterations 0 .. ahead-1 in flight before the loop
-        for j in range(ahead):
-            out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)),
-                             (ir.OneThread(tuple(issue(ir.Int(j), base is not None))),), (), span=s.span))
+        # every iteration: wait for the stage, run the gemms on it, release the one before
         g = ring(k)
         stage = fold(ir.BinOp("%", g, S))
         loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", g, S), ir.Int(2))), index=stage,
@@ -243,6 +233,17 @@ class _Inserter:
             loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
         else:
             loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
+        if s.producer:
+            self.specialized(s, k, n, base, ring, issue, empty, lag, loop, out)
+            st.observed |= set(tiles)
+            return
+        if base is not None:
+            # an earlier trip's threads read these tiles or the staging tile over them
+            self.before_tma_writes(tiles, st, out, s.span)
+        # prologue: iterations 0 .. ahead-1 in flight before the loop
+        for j in range(ahead):
+            out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)),
+                             (ir.OneThread(tuple(issue(ir.Int(j), base is not None))),), (), span=s.span))
         j = fold(ir.BinOp("+", k, ir.Int(ahead)))
         refill = ir.OneThread(tuple(issue(j, True)))
         if ahead < stages and base is None:     # the first refills go to stages the prologue left empty
@@ -258,27 +259,17 @@ class _Inserter:
             out.append(ir.RingAdvance(base.name, n, span=s.span))
         st.observed |= set(tiles)
 
-    def specialized(self, s, k, n, base, ring, issue, full, empty, lag, gemms, out):
+    def specialized(self, s, k, n, base, ring, issue, empty, lag, loop, out):
         """The ring of a `pipelined(..., producer = 1)` loop, warp-specialised: the
         producer warpgroup's thread runs `for k: [wait empty when g >= S],
         expect-tx, loads` as far ahead as the `empty` barriers let it (S stages
         in flight); the consumers' loop waits on `full`, runs the gemms and
         releases stage g - 1 once its wgmma has retired (the last stage after
         the loop). Nested in a loop, each side keeps its own count of the ring's
-        earlier iterations (`base`, a per-thread variable)."""
+        earlier iterations (`base`, a per-thread variable). `loop`: the consumers'
+        loop body."""
         S = ir.Int(s.stages)
         producer = [ir.For(s.var, n, None, tuple(issue(k, True, guard=True)), span=s.span)]
-        g = ring(k)
-        stage = fold(ir.BinOp("%", g, S))
-        loop = [ir.MbarrierWait(full.name, fold(ir.BinOp("%", ir.BinOp("/", g, S), ir.Int(2))), index=stage,
-                                span=s.span)]
-        loop += [replace(x, stage=stage) for x in gemms]
-        loop.append(ir.WgmmaWait(lag, span=gemms[-1].span))
-        if lag:
-            done = fold(ir.BinOp("%", ir.BinOp("-", g, ir.Int(1)), S))
-            loop.append(ir.If(ir.BinOp(">=", k, ir.Int(1)), (ir.MbarrierArrive(empty.name, done, span=s.span),), ()))
-        else:
-            loop.append(ir.MbarrierArrive(empty.name, stage, span=s.span))
         out.append(replace(s, body=tuple(loop)))
         out.append(ir.WgmmaWait(0, span=s.span))
         if lag:     # the last iteration's stage: a later trip (or nothing) refills it
