@@ -510,6 +510,8 @@ class Specialized(Stmt):
 
 
 PRODUCER_THREADS = 128      # the producer warpgroup a Specialized block adds to the kernel's threads
+
+
 def specialized_registers(threads: int, blocks_per_sm: int = 1) -> tuple:
     """(producer, consumer) registers per thread after setmaxnreg, for `threads`
     consumers beside the producer warpgroup. ptxas gives every thread the
@@ -519,7 +521,7 @@ def specialized_registers(threads: int, blocks_per_sm: int = 1) -> tuple:
     the rest (setmaxnreg.inc takes no more than the pool holds, or it would wait
     forever), in steps of 8, at most 240."""
     block = threads + PRODUCER_THREADS
-    entry = min(255, 65536 // (block * blocks_per_sm) // 8 * 8)
+    entry = thread_registers(block * blocks_per_sm)
     producer = min(entry, 40 if threads <= 256 else 32)
     return producer, min(240, (entry * block - producer * PRODUCER_THREADS) // threads // 8 * 8)
 

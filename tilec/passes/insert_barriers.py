@@ -381,7 +381,7 @@ def _merge_one_thread(body):
     return tuple(out)
 
 
-def _producer_program(k: ir.Kernel, body, loops: dict) -> tuple:
+def _producer_program(body, loops: dict) -> tuple:
     """What the producer warpgroup's thread runs: the loops around each ring of a
     `pipelined(..., producer = 1)` loop, with that ring's loads (`loops`) in place
     of the ring; everything else is the consumers'."""
@@ -394,7 +394,7 @@ def _producer_program(k: ir.Kernel, body, loops: dict) -> tuple:
                 raise SemanticError("producer = 1: the pipelined loop must sit in the kernel's body or in `for` "
                                     "loops (the producer warpgroup runs those loops too), not under an `if`",
                                     s.span)
-            out.append(ir.For(s.var, s.extent, None, _producer_program(k, s.body, loops), span=s.span))
+            out.append(ir.For(s.var, s.extent, None, _producer_program(s.body, loops), span=s.span))
     return tuple(out)
 
 
@@ -423,7 +423,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))
     if ins.producer_loops:
         _check_ring_tiles_private(k, k.body, ins.producer_loops)
-        producer = _producer_program(k, k.body, ins.producer_loops)
+        producer = _producer_program(k.body, ins.producer_loops)
         body = [ir.Specialized(producer, _merge_one_thread(tuple(body)),
                                *ir.specialized_registers(k.threads.value))]
     if ins.barriers:

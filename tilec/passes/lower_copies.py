@@ -103,16 +103,15 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
         if in_loop and k.producer_warpgroup:
-            tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128", span=s.span)
-            new.append(tile)
-            staged[id(s)] = tile
-            return
-        free = [r for r, size in rings.items() if r not in later and size >= nbytes
-                and not any(b.alias == r for b in new)]
-        if not free:
-            return
-        tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128",
-                         alias=max(free, key=rings.get), span=s.span)
+            alias = ""                  # memory of its own
+        else:
+            free = [r for r, size in rings.items() if r not in later and size >= nbytes
+                    and not any(b.alias == r for b in new)]
+            if not free:
+                return
+            alias = max(free, key=rings.get)
+        tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128", alias=alias,
+                         span=s.span)
         new.append(tile)
         staged[id(s)] = tile
 

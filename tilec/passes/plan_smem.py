@@ -45,7 +45,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if any(b.swizzle for b in buffers):
         offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
     k = replace(k, buffers=tuple(buffers), smem_bytes=offset)
-    return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s, target)))
+    if not any(isinstance(s, ir.Specialized) for s in ir.walk_stmts(k.body)):
+        return k
+    return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s)))
 
 
 SMEM_PER_SM = 233472            # Hopper: 228 KB per SM, 1 KB of it reserved per block
@@ -53,7 +55,7 @@ SMEM_RESERVED_PER_BLOCK = 1024
 THREADS_PER_SM = 2048
 
 
-def _blocks_per_sm(k: ir.Kernel, s, target):
+def _blocks_per_sm(k: ir.Kernel, s):
     if not isinstance(s, ir.Specialized):
         return s
     threads = k.launch_threads
@@ -62,5 +64,5 @@ def _blocks_per_sm(k: ir.Kernel, s, target):
     blocks = min(SMEM_PER_SM // (k.smem_bytes + 8 * len(k.barriers) + SMEM_RESERVED_PER_BLOCK),
                  65536 // (need * threads), THREADS_PER_SM // threads)
     blocks = max(1, blocks)
-    return replace(s, blocks_per_sm=blocks, **dict(zip(("producer_regs", "consumer_regs"),
-                                                        ir.specialized_registers(k.threads.value, blocks))))
+    producer_regs, consumer_regs = ir.specialized_registers(k.threads.value, blocks)
+    return replace(s, blocks_per_sm=blocks, producer_regs=producer_regs, consumer_regs=consumer_regs)
