@@ -17,9 +17,20 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("mnk", [(1000, 1032, 520), (4096, 4096, 4096), (256, 256, 64), (384, 512, 832)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_persistent_gemm_equals_matmul(p, mnk):
-    import torch
-    m, n, k = mnk
     kern = tilec.compile(ROOT / "examples/gemm_persistent.tile", fallback=False)
+    _check_persistent(kern, *mnk, p)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 5])
+def test_persistent_stages(stages):
+    m, n, k = 700, 1000, 1088      # 17 K steps: the ring's offset moves every tile
+    kern = tilec.compile(ROOT / "examples/gemm_persistent.tile", fallback=False, BN=128, STAGES=stages)
+    _check_persistent(kern, m, n, k, 5)
+
+
+def _check_persistent(kern, m, n, k, p):
+    """kern(a, b, c, p) equals a @ b, with c guarded."""
+    import torch
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(k, n, device="cuda").half()
     c = guarded((m, n), "f16", fill=float("nan"))
@@ -28,21 +39,6 @@ def test_persistent_gemm_equals_matmul(p, mnk):
     want = a.float() @ b.float()
     err = ((c.view.float() - want).norm() / want.norm()).item()
     assert err < 2e-3, err
-    c.check()
-
-
-@pytest.mark.parametrize("stages", [1, 2, 3, 5])
-def test_persistent_stages(stages):
-    import torch
-    m, n, k = 700, 1000, 1088      # 17 K steps: the ring's offset moves every tile
-    kern = tilec.compile(ROOT / "examples/gemm_persistent.tile", fallback=False, BN=128, STAGES=stages)
-    a = torch.randn(m, k, device="cuda").half()
-    b = torch.randn(k, n, device="cuda").half()
-    c = guarded((m, n), "f16", fill=float("nan"))
-    kern(a, b, c.view, 5)
-    torch.cuda.synchronize()
-    want = a.float() @ b.float()
-    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
     c.check()
 
 
@@ -72,15 +68,6 @@ def _with_producer():
 @pytest.mark.parametrize("stages,bn", [(1, 128), (2, 256), (3, 256), (5, 128)])
 @pytest.mark.parametrize("p", [1, 5, 132, 1000])
 def test_persistent_gemm_with_a_producer_warpgroup(stages, bn, p):
-    import torch
-    m, n, k = 700, 1000, 1088      # 17 K steps: the ring's offset moves every tile
     kern = tilec.compile(_with_producer(), fallback=False, BN=bn, STAGES=stages)
     assert "setmaxnreg_dec" in kern.cuda_source
-    a = torch.randn(m, k, device="cuda").half()
-    b = torch.randn(k, n, device="cuda").half()
-    c = guarded((m, n), "f16", fill=float("nan"))
-    kern(a, b, c.view, p)
-    torch.cuda.synchronize()
-    want = a.float() @ b.float()
-    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
-    c.check()
+    _check_persistent(kern, 700, 1000, 1088, p)     # 17 K steps: the ring's offset moves every tile
