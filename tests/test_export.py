@@ -286,7 +286,7 @@ CHECK-NEXT:                 NP, ", W = ", W, ")");
 CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
 CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Y, tmap_Y_rule, Y, Y_shape, Y_strides, why);
 CHECK:        void* params[] = {&tmap_Xc, &tmap_Y, param(&Y), param(&Y_shape[0]), param(&Y_shape[1]), param(&Y_strides[0]),
-CHECK-NEXT:                     param(&Y_strides[1]), param(&H), param(&W), param(&C)};
+CHECK-NEXT:                     param(&Y_strides[1]), param(&tl_H), param(&tl_W), param(&tl_C)};
 """,
     "gemm": """
 CHECK:      const TiledMap tmap_A_rule = {
@@ -295,8 +295,13 @@ CHECK:          CU_TENSOR_MAP_SWIZZLE_128B,  // swizzle
 CHECK:      Variant tma_variant(tma_variant_cubin, 99328, 384);  // the TMA variant
 CHECK:        (v.smem_bytes > 48 * 1024 &&  // over 48 KiB of dynamic shared memory must be asked for
 CHECK-NEXT:    driver_failed(cuFuncSetAttribute(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+CHECK:        // the shape symbols as the kernel takes them: 32-bit ints
+CHECK-NEXT:   if (K > 2147483647)
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "shape symbol K = ", K,
+CHECK-NEXT:                 " is over 2^31-1: kernels index each dimension with 32-bit ints");
+CHECK-NEXT:   const int tl_K = static_cast<int>(K);
 CHECK:        params[] = {&tmap_A, &tmap_B, &tmap_C, param(&C), param(&C_shape[0]), param(&C_shape[1]),
-CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&K)};
+CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&tl_K)};
 """,
     "conv2d": """
 CHECK:      const Im2colMap tmap_Xc_rule = {
@@ -640,10 +645,7 @@ def stub_programs(exported, tmp_path_factory):
 
 
 def param_sizes(k: ir.Kernel) -> str:
-    sizes = []
-    for p in kernel_params(k):
-        sizes.append(128 if p.kind == "tensor_map" else p.dtype.size if p.kind == "scalar" else 8)
-    return ",".join(map(str, sizes))
+    return ",".join(str(p.nbytes) for p in kernel_params(k))
 
 
 def run_stub(exported, stub_programs, name, args, err_len=4096, **env):

@@ -52,6 +52,15 @@ class Param:
     index: int = 0
     dtype: Optional[ir.DType] = None
 
+    @property
+    def nbytes(self) -> int:
+        """Its size in the kernel's parameter buffer: a symbol is a 32-bit int (rt.symbol)."""
+        if self.kind == "tensor_map":
+            return 128
+        if self.kind == "scalar":
+            return self.dtype.size
+        return 4 if self.kind == "symbol" else 8
+
 
 def thread_copied_tensors(k: ir.Kernel) -> list:
     """Tensors that threads read or write element by element (need a pointer):

@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import map_body, walk_expr
+from ..ir.exprs import map_body, walk_expr, wide_product
 from ..ir.printer import binary, expr as show_expr
 from .abi import kernel_params
 
@@ -70,6 +70,9 @@ class _Printer:
         if isinstance(e, ir.Var):
             return e.name
         if isinstance(e, ir.BinOp):
+            if wide_product(e):     # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
+                widened = f"static_cast<long long>({self.expr(e.lhs)}) * {self.expr(e.rhs, _C_PREC['*'] + 1, double)}"
+                return f"({widened})" if _C_PREC["*"] < prec else widened
             return binary(e, prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
             return f"{e.op}{self.expr(e.operand, 7, double)}"
@@ -813,8 +816,8 @@ def _param_decl(k: ir.Kernel, p) -> str:
         return f"{ctype(p.dtype)}* __restrict__ {p.name}"
     if p.kind in ("dim", "stride"):
         return f"const long long tl_{p.name}"
-    if p.kind == "symbol":
-        return f"const long long {p.name}"
+    if p.kind == "symbol":     # 32-bit, like CUDA's int: the host checks each fits (rt.symbol)
+        return f"const int {p.name}"
     return f"const {ctype(p.dtype)} {p.name}"
 
 

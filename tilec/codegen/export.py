@@ -227,7 +227,9 @@ def _param_refs(k: ir.Kernel) -> list:
             refs.append(f"param(&{p.tensor}_shape[{p.index}])")
         elif p.kind == "stride":
             refs.append(f"param(&{p.tensor}_strides[{p.index}])")
-        elif p.kind in ("symbol", "scalar"):
+        elif p.kind == "symbol":
+            refs.append(f"param(&tl_{p.name})")     # its 32-bit copy
+        elif p.kind == "scalar":
             refs.append(f"param(&{p.name})")
         else:
             raise TilecError(f"cannot export a kernel parameter of kind {p.kind}")
@@ -305,10 +307,18 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append("  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)")
     lines.append("    return succeed(err, err_len, \"\");  // an empty grid: no block to run")
 
+    fb = kernel.fallback if k.tensor_maps and fallback else None
+    launched = kernel_params(k) + (kernel_params(fb.kernel_ir) if fb else [])
+    symbols = list(dict.fromkeys(p.name for p in launched if p.kind == "symbol"))
+    if symbols:
+        lines.append("  // the shape symbols as the kernel takes them: 32-bit ints")
+    for n in symbols:
+        lines.append(f"  if ({n} > 2147483647)")
+        lines.append(fail("TILEC_EARG", f"shape symbol {n} = ", ("v", n),
+                          " is over 2^31-1: kernels index each dimension with 32-bit ints"))
+        lines.append(f"  const int tl_{n} = static_cast<int>({n});")
     params = _param_refs(k)
-    fb = None
-    if k.tensor_maps and fallback:
-        fb = kernel.fallback
+    if fb is not None:
         fk = fb.kernel_ir
         if fk.tensor_maps or fk.grid != k.grid or fk.requires != k.requires:
             raise TilecError(f"kernel {k.name}: its thread-copy variant does not launch like it; "
@@ -337,8 +347,7 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, err, "
                  "err_len, \"\");")
 
-    launched = kernel_params(k) + (kernel_params(fb.kernel_ir) if fb else [])
-    names = ex.names | {p.name for p in launched if p.kind == "symbol"}
+    names = ex.names | set(symbols)
     bindings = [binding[n] for n in binding if n in names]
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]

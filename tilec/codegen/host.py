@@ -79,7 +79,7 @@ def _param(p) -> str:
     if p.kind == "stride":
         return f"rt.i64(arg_{p.tensor}.strides[{p.index}])"
     if p.kind == "symbol":
-        return f"rt.i64({p.name})"
+        return f'rt.symbol("{p.name}", {p.name})'
     return f'rt.scalar_value({p.name}, "{p.dtype.name}")'
 
 

@@ -57,6 +57,18 @@ def walk_expr(e):
         yield from walk_expr(child)
 
 
+def sized(e) -> bool:
+    """Does integer expression `e` grow with a shape symbol (a tensor's size)?
+    Device code computes in 32-bit ints, symbols included; a product of two
+    sized factors (cdiv(M, BM) * cdiv(N, BN)) is computed in 64 bits."""
+    return any(isinstance(x, ir.Var) and x.kind == "symbol" for x in walk_expr(e))
+
+
+def wide_product(e) -> bool:
+    """`e` is a product of two sized factors: computed in 64 bits."""
+    return isinstance(e, ir.BinOp) and e.op == "*" and sized(e.lhs) and sized(e.rhs)
+
+
 def _children(e):
     if isinstance(e, ir.BinOp):
         return (e.lhs, e.rhs)

@@ -13,7 +13,7 @@ from . import driver
 from .driver import check
 from .tensormap import TmaRuleError, check_im2col, check_tiled, encode_im2col, encode_tiled
 
-__all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value"]
+__all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value", "symbol"]
 _WARNED = set()
 
 _NP_NAMES = {d.numpy: d.name for d in DTYPES.values() if d.numpy}
@@ -389,6 +389,14 @@ def pointer(arg):
 
 def i64(v):
     return ctypes.c_longlong(v)
+
+
+def symbol(name, v):
+    """A shape symbol as the kernel takes it: a 32-bit int, like the tile
+    coordinates computed from it (TMA coordinates are 32-bit too)."""
+    if v > 2**31 - 1:
+        raise LaunchError(f"shape symbol {name} = {v} is over 2^31-1: kernels index each dimension with 32-bit ints")
+    return ctypes.c_int32(v)
 
 
 def scalar_value(v, dtype):

@@ -180,8 +180,8 @@ class InterpretCall(host.Call):
 
 
 def _shape_symbols(k: ir.Kernel, tensors: dict) -> dict:
-    """Each shape symbol as the kernel receives it (a long long), read where it is bound."""
-    return {b.symbol: np.int64(tensors[b.tensor].shape[b.dim]) for b in shape_bindings(k)[0]}
+    """Each shape symbol as the kernel receives it (an int, rt.symbol), read where it is bound."""
+    return {b.symbol: np.int32(tensors[b.tensor].shape[b.dim]) for b in shape_bindings(k)[0]}
 
 
 def run(k: ir.Kernel, args, grid=None):

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import DeviceError
 from ...ir import im2col
 from ...ir import nodes as ir
-from ...ir.exprs import walk_expr
+from ...ir.exprs import walk_expr, wide_product
 from ...ir.tma import SWIZZLE_SPAN
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
                       decode, encode, storage_dtype)
@@ -778,6 +778,8 @@ class _Blocks:
         if op in ("+", "-"):
             return self.add_sub(e, env, double)
         a, b = self.ev(e.lhs, env, double), self.ev(e.rhs, env, double)
+        if wide_product(e):                        # static_cast<long long>(a) * b
+            a = convert(a, np.dtype(np.int64))
         if op == "&&":
             return np.logical_and(a != 0, b != 0)
         if op == "||":
@@ -790,7 +792,7 @@ class _Blocks:
         product is the one fused when both sides are products."""
         sides = []
         for x in (e.lhs, e.rhs):
-            if _is_mul(x):
+            if _is_mul(x) and not wide_product(x):     # a product of sizes: integer, widened (binop)
                 f, g = self.ev(x.lhs, env, double), self.ev(x.rhs, env, double)
                 sides.append((f, g, common_type(f.dtype, g.dtype)))
             else:
@@ -823,9 +825,9 @@ class _Blocks:
         if f == "abs":                             # tl_abs: A, a < 0 ? -a : a
             a = args[0]
             return np.where(a < 0, -a.astype(_promote(a.dtype)), a).astype(a.dtype)
-        if f == "cdiv":                            # tl_cdiv: (a + b - 1) / b
+        if f == "cdiv":                            # tl_cdiv: a / b + (a % b > 0)
             a, b = args
-            return arith("/", arith("-", arith("+", a, b, e), np.int32(1), e), b, e)
+            return arith("+", arith("/", a, b, e), np.asarray(arith("%", a, b, e) > 0).astype(np.int32), e)
         t = F64 if double else F32                 # expf / exp ...
         a = convert(args[0], t)
         if f == "exp":
