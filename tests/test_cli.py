@@ -125,7 +125,7 @@ def test_check_parse_error(tmp_path):
     bad.write_text("kernel k(A: f32[M, N]) {\n    grid (bx) = (1)\n    threads 128;\n}\n")
     err = fails("check", str(bad))
     assert err == f"""\
-{bad}:3:5: error: unexpected 'threads'; expected ';'
+{bad}:3:5: error: unexpected 'threads'; expected ',' or ';'
     threads 128;
     ^~~~~~~
 """

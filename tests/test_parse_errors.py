@@ -23,7 +23,7 @@ kernel k(A: f32[M, N]) {
     threads 128;
 }
 """, """\
-t.tile:3:5: error: unexpected 'threads'; expected ';'
+t.tile:3:5: error: unexpected 'threads'; expected ',' or ';'
     threads 128;
     ^~~~~~~""", id="missing-semicolon"),
 

@@ -16,6 +16,7 @@ from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr, wide_product
 from ..ir.printer import binary, expr as show_expr
+from ..passes import make_persistent
 from .abi import kernel_params
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
@@ -864,6 +865,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
                         "loop around it")
     for axis, name in zip("xyz", k.grid_vars):
         prologue.append(f"const int {name} = blockIdx.{axis};")
+    if k.persistent:
+        prologue.append(f"const int {make_persistent.BLOCKS} = gridDim.x;  // the blocks the GPU holds at once, "
+                        "each looping over tiles")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, consts=consts, arch=arch,

@@ -389,6 +389,7 @@ def generate(kernel, fallback: bool = True) -> Export:
         **common, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
         im2col="im2col" in kinds, rounded=rounded,
         helpers=sorted(helpers),
+        persistent=bool(k.persistent),
         variants=[dict(var=v, file=f, size=len(c), smem=s, threads=t, what=w, rows=_byte_rows(c))
                   for v, f, c, s, t, w in variants])
     files = {f"{k.name}.h": header, f"{k.name}.cc": source}

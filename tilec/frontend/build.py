@@ -139,13 +139,21 @@ class _Builder(Transformer):
 
     def grid_stmt(self, meta, ch):
         names = [c for c in ch if isinstance(c, Token)]
-        exprs = [c for c in ch if not isinstance(c, Token)]
+        kws = [c for c in ch if isinstance(c, tuple)]
+        exprs = [c for c in ch if not isinstance(c, (Token, tuple))]
         if len(names) != len(exprs):
             raise SemanticError(f"grid names {len(names)} block indices but gives {len(exprs)} sizes",
                                 self._span(meta))
         if len(names) > 3:
             raise SemanticError("a grid has at most 3 dimensions", self._span(meta))
-        return _Decl("grid", (tuple(map(str, names)), tuple(exprs)), self._span(meta))
+        persistent = ir.Int(0)
+        for _, key, value, span in kws:
+            if key != "persistent":
+                raise SemanticError(f"grid takes one option, persistent = 0 or 1, not '{key}'", span)
+            persistent = value
+        if len(kws) > 1:
+            raise SemanticError("persistent is given twice", kws[1][3])
+        return _Decl("grid", (tuple(map(str, names)), tuple(exprs), persistent), self._span(meta))
 
     def threads_stmt(self, meta, ch):
         return _Decl("threads", ch[0], self._span(meta))
@@ -334,7 +342,8 @@ class _Builder(Transformer):
                                 note="add e.g. `threads 128;`")
         space = self._tune_space(tune[0], tune[1], consts, seen, params) if tune is not None else ()
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
-                         grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space)
+                         grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space,
+                         persistent=grid[2])
 
     def _tune_space(self, decl, before, consts, seen, params):
         """`tune NAME in (INT, ...), ...;`: ((name, (value, ...)), ...) as written.

@@ -576,6 +576,9 @@ class Kernel:
     views: tuple = ()           # Im2colView
     span: Optional[Span] = SPAN
     tune: tuple = ()            # the tune statement: ((const name, (value, ...)), ...) as written
+    persistent: object = 0      # grid (...) = (...), persistent = 1: the launch keeps only the blocks
+                                # the GPU holds at once, each looping over the tiles (make-persistent);
+                                # an Expr until fold-consts, then 0 or 1
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

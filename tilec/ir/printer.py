@@ -196,7 +196,9 @@ def kernel(k: ir.Kernel) -> str:
         out.append(f"  let {name} = {expr(value)}")
     for r in k.requires:
         out.append(f"  require {expr(r.cond)}")
-    out.append(f"  grid ({', '.join(k.grid_vars)}) = ({', '.join(expr(g) for g in k.grid)})")
+    persistent = f", persistent = {expr(k.persistent) if isinstance(k.persistent, ir.Expr) else k.persistent}" \
+        if k.persistent != 0 and k.persistent != ir.Int(0) else ""
+    out.append(f"  grid ({', '.join(k.grid_vars)}) = ({', '.join(expr(g) for g in k.grid)}){persistent}")
     out.append(f"  threads {expr(k.threads)}")
     for b in k.buffers:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""

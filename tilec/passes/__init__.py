@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import (check_barriers, check_types, fold_consts, insert_barriers, lower_copies, plan_gemm, plan_pipeline,
-               plan_smem, plan_tma)
+from . import (check_barriers, check_types, fold_consts, insert_barriers, lower_copies, make_persistent, plan_gemm,
+               plan_pipeline, plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
+    make_persistent,    # grid ..., persistent = 1: resident blocks looping over the tiles
     check_types,        # memory spaces, ranks, dtypes, where names may be used
     plan_gemm,          # gemm -> wgmma warpgroups; operand and accumulator layouts
     plan_pipeline,      # which pipelined loops become TMA rings; their tiles' stages

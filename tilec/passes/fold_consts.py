@@ -100,8 +100,15 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not isinstance(threads, ir.Int):
         raise SemanticError("threads must be a compile-time integer", k.threads.span)
 
+    persistent = k.persistent
+    if isinstance(persistent, ir.Expr):
+        pe = resolve(persistent, {})
+        if not isinstance(pe, ir.Int) or pe.value not in (0, 1):
+            raise SemanticError("persistent must be a compile-time 0 (a block per tile) or 1 (as many blocks as "
+                                "the GPU holds at once, each looping over tiles)", persistent.span)
+        persistent = pe.value
     body = _resolve_body(k.body, resolve, {})
-    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets),
+    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
                    buffers=tuple(buffers), body=body)

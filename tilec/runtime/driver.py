@@ -151,6 +151,18 @@ class LoadedKernel:
         self.device = device
         self._debug_record = None
 
+    @functools.lru_cache(maxsize=None)
+    def resident_blocks(self, threads: int, smem_bytes: int) -> int:
+        """How many blocks of this kernel the device holds at once: its SMs times
+        the blocks per SM that registers, shared memory and threads allow (the
+        grid of a persistent kernel)."""
+        from cuda.bindings import driver as cu
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, smem_bytes),
+                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        sms = check(cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "attribute")
+        return max(1, per_sm) * sms
+
     def debug_record(self):
         """Host memory the GPU can write (the debug build's timeout record): the
         host address to read it and the device address to pass, zeroed."""

@@ -340,12 +340,16 @@ class Call:
                 stacklevel=4)
         return self.fallback(*args, stream=self.stream_arg)
 
-    def launch(self, grid, threads, smem_bytes, params):
-        """`params`: ctypes values and encoded tensor maps, in the kernel's order."""
+    def launch(self, grid, threads, smem_bytes, params, persistent=False):
+        """`params`: ctypes values and encoded tensor maps, in the kernel's order.
+        `persistent`: grid[0] counts tiles; launch only the blocks the GPU holds at
+        once (each loops over tiles)."""
         try:
             check_grid(grid)
             dev = self.device or 0
             loaded = self.loaded(dev)
+            if persistent:
+                grid = (min(grid[0], loaded.resident_blocks(threads, smem_bytes)), 1, 1)
             driver.make_current(dev)
             ptrs = (ctypes.c_void_p * max(1, len(params)))()
             for i, p in enumerate(params):

@@ -17,6 +17,7 @@ from ...errors import DeviceError
 from ...ir import im2col
 from ...ir import nodes as ir
 from ...ir.exprs import walk_expr, wide_product
+from ...passes import make_persistent
 from ...ir.tma import SWIZZLE_SPAN
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
                       decode, encode, storage_dtype)
@@ -284,6 +285,8 @@ class _Blocks:
             self.block_index = (bx, by, bz)
             env = dict(self.base_env)
             env.update(zip(names, (np.int32(bx), np.int32(by), np.int32(bz))))
+            if self.k.persistent:               # gridDim.x: the resident blocks the launch kept
+                env[make_persistent.BLOCKS] = np.int32(grid[0])
             self.smem.fill(_POISON)
             for a in self.locals.values():
                 a.view(U8).fill(_POISON)
