@@ -6,7 +6,7 @@ candidate, and the launches by the interpreter on numpy arrays; NVRTC runs for
 real (sm_90a compiles without a GPU). The tune statement: its candidates,
 default, key, pinned consts, errors, the regular-expression reader against the
 parser, the disk key, `tilec check` and `tilec emit`. GPU tests (marked gpu):
-gemm.tile tuned by its own statement over 16 candidates at 4096^3 f16 against
+gemm.tile tuned by its own statement over 32 candidates at 4096^3 f16 against
 torch.matmul, with the cold and warm times; every candidate of gemm.tile's and
 conv2d.tile's statements against torch, outputs guarded (tests/guard.py)."""
 import io
@@ -510,11 +510,11 @@ def test_statement_reader_agrees_with_the_parser():
                     symbols.append(d.name)
         assert autotune.shape_symbols(src) == tuple(symbols), name
     assert autotune.statement(programs["gemm"]) == (
-        (("BM", (128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1))),
-        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1})
+        (("BM", (128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1))),
+        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0})
     assert autotune.statement(programs["conv2d"]) == (
-        (("BM", (128, 192)), ("BN", (64, 128, 256)), ("STAGES", (2, 3, 4)), ("PRODUCER", (0, 1))),
-        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0})
+        (("BM", (128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1))),
+        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0})
     assert autotune.statement(programs["layout"])[0] == (("BN", (64, 128, 256)), ("BM", (32,)))
 
 
@@ -575,17 +575,21 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 14 of 16 candidates compile\)", lines[0]), lines[0]
-    assert lines[1:] == [f"examples/gemm.tile: candidate BM=192 BN=256 STAGES={stages} PRODUCER=1 refused: "
+                        r"tune: 27 of 32 candidates compile\)", lines[0]), lines[0]
+    assert lines[1] == ("examples/gemm.tile: candidate BM=128 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 refused: "
+                        "examples/gemm.tile:8:5: error: shared tiles need 262144 bytes; a Hopper block has at most "
+                        "232448 bytes of shared memory")
+    assert lines[2:] == [f"examples/gemm.tile: candidate BM=192 BN=256 STAGES={stages} PRODUCER=1 "
+                         f"PERSISTENT={persistent} refused: "
                          "examples/gemm.tile:14:9: error: gemm: the accumulator fragments take 128 registers per "
                          "thread (128 for 'acc') and a wgmma needs about 26 more, over the 128 a thread of a "
                          "384-thread block beside a producer warpgroup can have: use fewer columns per warpgroup "
-                         "(a smaller N tile) or fewer threads" for stages in (3, 4)]
+                         "(a smaller N tile) or fewer threads" for stages in (3, 4) for persistent in (0, 1)]
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
-                        r"tune: 11 of 12 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
-    assert "candidate BM=192 BN=256 PRODUCER=1 refused: " in p.stdout
+                        r"tune: 21 of 24 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
+    assert "candidate BM=192 BN=256 PRODUCER=1 PERSISTENT=0 refused: " in p.stdout
 
 
 def test_check_fails_when_the_declared_default_fails(tmp_path):
@@ -601,16 +605,18 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
-    assert "  const PRODUCER = 1\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1)\n" \
+    assert "  const PERSISTENT = 0\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
+        "PERSISTENT in (0, 1)\n" \
         "  grid (bx, by)" \
         in ir_text
     cuda = tilec_cli("emit", "examples/gemm.tile", "--emit", "cuda").stdout
     want = tilec.compile(Source("examples/gemm.tile", (ROOT / "examples/gemm.tile").read_text()), arch="sm_90a",
                          tune=False).cuda_source
     assert cuda == (want if want.endswith("\n") else want + "\n")
-    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1\n" in cuda
+    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1, PERSISTENT = 0\n" in cuda
     pinned = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir", "--after", "fold-consts", "-D", "BN=256").stdout
-    assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  tune BM in (128, 192), BN in (128, 256)," \
+    assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  const PERSISTENT = 0\n" \
+        "  tune BM in (128, 192), BN in (128, 256)," \
         in pinned
 
 
@@ -618,7 +624,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 16 candidates (2 refused for registers), keyed by
+    """examples/gemm.tile as shipped: 32 candidates (5 refused: 4 for registers, 1 for shared memory), keyed by
     M, K, N; then warm starts from the disk cache, compile and first call."""
     import torch
     from guard import guarded
@@ -642,10 +648,10 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     assert err < 2e-3, f"relative error {err:.2e}"
     c.check()
     report = k.tune_report()
-    assert report.count(" ms") == 14 and report.count("refused") == 2, report
-    assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1: ")  # the declared values first
-    assert "  BM=192 BN=256 STAGES=4 PRODUCER=1: refused: " in report
-    assert set(k.best_config) == {"BM", "BN", "STAGES", "PRODUCER"}
+    assert report.count(" ms") == 27 and report.count("refused") == 5, report
+    assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0: ")  # declared first
+    assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1: refused: " in report
+    assert set(k.best_config) == {"BM", "BN", "STAGES", "PRODUCER", "PERSISTENT"}
     warm = []
     for _ in range(3):                         # a fresh process, as far as the caches go
         kernel_mod._CACHE.clear()
@@ -661,7 +667,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
         assert torch.equal(c2.view, c.view)
         c2.check()
     with capsys.disabled():
-        print(f"\nautotune gemm.tile's tune statement, 16 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
+        print(f"\nautotune gemm.tile's tune statement, 32 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
               f"timing), warm from disk {min(warm) * 1e3:.2f} ms (compile + first call, best of 3); chosen "
               f"{k.best_config}\n{report}")
     assert cold < 30
@@ -697,8 +703,8 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
         err = ((c.view.float() - want).norm() / want.norm()).item()
         assert torch.isfinite(c.view.float()).all() and err < 2e-3, (cfg, err)
         c.check()
-    assert refused == [{"BM": 192, "BN": 256, "STAGES": 3, "PRODUCER": 1},
-                       {"BM": 192, "BN": 256, "STAGES": 4, "PRODUCER": 1}]
+    assert refused == [{"BM": 128, "BN": 256, "STAGES": 4, "PRODUCER": 1, "PERSISTENT": 1}] + [   # shared memory
+        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]
 
 
 @pytest.mark.gpu
@@ -723,7 +729,7 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
         assert torch.isfinite(y.view.float()).all() and err < 2e-3, (what, err)
         y.check()
     cands = shipped_candidates(CONV_PATH)
-    assert len(cands) == 36 and cands[0] == {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0}
+    assert len(cands) == 48 and cands[0] == {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0}
     refused = []
     for cfg in cands:
         try:
@@ -732,10 +738,11 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
             refused.append(cfg)
             continue
         check(kern, cfg)
-    assert refused == [{"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1} for s in (2, 3, 4)]   # registers
+    assert refused == [{"BM": 128, "BN": 256, "STAGES": 4, "PRODUCER": 1, "PERSISTENT": 1}] + [   # shared memory
+        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]   # registers
     tuned_conv = tilec.compile(CONV_PATH)
     check(tuned_conv, "tuned")
-    assert tuned_conv.tune_report().count(" ms") == 33 and tuned_conv.best_config in cands
+    assert tuned_conv.tune_report().count(" ms") == 43 and tuned_conv.best_config in cands
 
 
 @pytest.mark.gpu

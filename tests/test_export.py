@@ -90,7 +90,18 @@ kernel copy3(A: f32[D, M, N], B: f32[D, M, N]) {
     copy(s, B[bz * 4, by * 8, bx * 64]);
 }
 """
-PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3}
+# grid ..., persistent = 1: 11 tiles; the stub's GPU holds 4 blocks (STUB_RESIDENT)
+PERSIST = """
+kernel persist(A: f32[N], B: f32[N]) {
+    grid (bx) = (cdiv(N, 256)), persistent = 1;
+    threads 128;
+    shared s: f32[256];
+    copy(A[bx * 256], s);
+    copy(s, B[bx * 256]);
+}
+"""
+STUB_RESIDENT = 4       # the stub's SMs (4) times the blocks per SM its occupancy query answers (1)
+PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3, "persist": PERSIST}
 CXX = shutil.which("g++") or shutil.which("c++")
 CC = shutil.which("gcc") or shutil.which("cc")
 
@@ -309,7 +320,7 @@ CHECK:      const TiledMap tmap_Wt_rule = {
 CHECK:      const TiledMap tmap_Y_rule = {
 CHECK:        if (Wt_shape[0] != 9 * C)
 CHECK:        if (Y_shape[1] != F)
-CHECK:        // {{.*}}examples/conv2d.tile:9: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM));
+CHECK:        // {{.*}}examples/conv2d.tile:9: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
 CHECK-NEXT:   const long long grid[3] = {cdiv(F, 128), cdiv(N * H * W, 128), 1};
 CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
 CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Wt, tmap_Wt_rule, Wt, Wt_shape, Wt_strides, why);
@@ -467,7 +478,15 @@ CUresult cuCtxGetCurrent(CUcontext* c) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; return CUDA_SUCCESS; }
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, int, size_t) {
+  *blocks = 1;
+  return CUDA_SUCCESS;
+}
 CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) {
+  if (attribute == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
+    *value = 4;
+    return CUDA_SUCCESS;
+  }
   const bool major = attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
   const char* v = getenv(major ? "STUB_MAJOR" : "STUB_MINOR");
   *value = v ? atoi(v) : major ? 9 : 0;
@@ -746,12 +765,14 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
         self.args.append(arg)
         return arg
 
-    def launch(self, grid, threads, smem_bytes, params):
+    def launch(self, grid, threads, smem_bytes, params, persistent=False):
         def loaded(device):
+            if persistent:      # the real launch clamps to loaded.resident_blocks: the stub's GPU's
+                raise _Launched((min(grid[0], STUB_RESIDENT), 1, 1), threads, smem_bytes, params)
             raise _Launched(grid, threads, smem_bytes, params)
         self.loaded = loaded
         try:
-            _REAL_LAUNCH(self, grid, threads, smem_bytes, params)
+            _REAL_LAUNCH(self, grid, threads, smem_bytes, params, persistent)
         except _Launched as stop:
             return stop.args
         raise AssertionError("the wrapper's launch did not load the kernel")
@@ -822,6 +843,7 @@ GOOD = {
     "weird": [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.375],
     "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
     "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
+    "persist": [t(0x7f0000000000, (2563,)), t(0x7f0000100000, (2563,))],
     # dim 1 of extent 1: its stride is free (TensorArg.tma_strides makes it legal)
     "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
@@ -1297,3 +1319,16 @@ int main() {
   return 0;
 }
 """
+
+
+@needs_cxx
+def test_stub_persistent_launch_keeps_the_resident_blocks(exported, stub_programs, python_driver, monkeypatch):
+    """grid ..., persistent = 1: 11 tiles, 4 blocks resident on the stub's GPU: both
+    launchers launch 4 blocks (each loops over tiles), not 11."""
+    d, k = exported["persist"]
+    kind, cubin, lines = python_launch(k, GOOD["persist"], python_driver, monkeypatch)
+    rc, err, calls = run_stub(exported, stub_programs, "persist", GOOD["persist"])
+    assert (rc, err) == (0, "")
+    launches = [c for c in calls if c.startswith("launch")]
+    assert len(launches) == 1 and " grid=4,1,1 " in launches[0]
+    assert calls == stub_expectation(k, cubin, lines)
