@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tilec
+from conftest import ROOT
 from guard import guarded
 from tilec.runtime import host
 
@@ -52,7 +53,7 @@ def test_symbols_are_ints_and_products_of_sizes_are_64_bit():
     assert "const int M," in cuda and "const int N)" in cuda
     assert "static_cast<long long>(M) * N + static_cast<long long>(tl_cdiv(M, 7)) * tl_cdiv(N, 5) * i" in cuda
     # a size times a block index or a const stays 32-bit
-    gemm = tilec.compile("examples/gemm.tile").cuda_source
+    gemm = tilec.compile(str(ROOT / "examples/gemm.tile")).cuda_source
     assert "const int K)" in gemm and "static_cast<long long>" not in re.sub(r"(?s)\{  // C's columns.*", "", gemm)
 
 
@@ -62,7 +63,7 @@ def test_cdiv_is_exact_without_overflow():
 
 
 def test_the_host_wrapper_passes_symbols_through_their_check():
-    k = tilec.compile("examples/gemm.tile")
+    k = tilec.compile(str(ROOT / "examples/gemm.tile"))
     assert 'rt.symbol("K", K)' in k.host_source
     assert host.symbol("K", 2**31 - 1).value == 2**31 - 1
     with pytest.raises(tilec.LaunchError, match=r"shape symbol K = 2147483648 is over 2\^31-1: kernels index "
