@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import map_body, walk_expr, wide_product
+from ..ir.exprs import map_body, walk_expr, widened
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
 from .abi import kernel_params
@@ -70,11 +70,8 @@ class _Printer:
             return text if double else text + "f"
         if isinstance(e, ir.Var):
             return e.name
-        if isinstance(e, ir.BinOp):
-            if wide_product(e):     # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
-                widened = f"static_cast<long long>({self.expr(e.lhs)}) * {self.expr(e.rhs, _C_PREC['*'] + 1, double)}"
-                return f"({widened})" if _C_PREC["*"] < prec else widened
-            return binary(e, prec, _C_PREC, lambda x, p: self.expr(x, p, double))
+        if isinstance(e, ir.BinOp):     # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
+            return binary(widened(e), prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
             return f"{e.op}{self.expr(e.operand, 7, double)}"
         if isinstance(e, ir.Call):

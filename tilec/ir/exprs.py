@@ -64,9 +64,12 @@ def sized(e) -> bool:
     return any(isinstance(x, ir.Var) and x.kind == "symbol" for x in walk_expr(e))
 
 
-def wide_product(e) -> bool:
-    """`e` is a product of two sized factors: computed in 64 bits."""
-    return isinstance(e, ir.BinOp) and e.op == "*" and sized(e.lhs) and sized(e.rhs)
+def widened(e):
+    """`e` as device code computes it: a product of two sized factors with its
+    left factor cast to i64 (static_cast<long long>(a) * b), anything else as is."""
+    if isinstance(e, ir.BinOp) and e.op == "*" and sized(e.lhs) and sized(e.rhs):
+        return ir.BinOp("*", ir.Cast(ir.DTYPES["i64"], e.lhs, span=e.span), e.rhs, span=e.span)
+    return e
 
 
 def _children(e):

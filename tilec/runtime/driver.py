@@ -150,18 +150,21 @@ class LoadedKernel:
                 smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.device = device
         self._debug_record = None
+        self._resident = {}         # (threads, smem bytes) -> resident_blocks
 
-    @functools.lru_cache(maxsize=None)
     def resident_blocks(self, threads: int, smem_bytes: int) -> int:
         """How many blocks of this kernel the device holds at once: its SMs times
         the blocks per SM that registers, shared memory and threads allow (the
-        grid of a persistent kernel)."""
-        from cuda.bindings import driver as cu
-        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, smem_bytes),
-                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        sms = check(cu.cuDeviceGetAttribute(
-            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "attribute")
-        return max(1, per_sm) * sms
+        grid of a persistent kernel), asked of the driver once per launch shape."""
+        found = self._resident.get((threads, smem_bytes))
+        if found is None:
+            from cuda.bindings import driver as cu
+            per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, smem_bytes),
+                           "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            sms = check(cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "attribute")
+            found = self._resident[(threads, smem_bytes)] = max(1, per_sm) * sms
+        return found
 
     def debug_record(self):
         """Host memory the GPU can write (the debug build's timeout record): the

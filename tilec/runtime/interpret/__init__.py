@@ -43,12 +43,10 @@ from ...ir import nodes as ir
 from ...ir.effects import written_tensors
 from .. import host
 from .args import _scalar_value, _tensor
-from .blocks import InterpretError, _Blocks
+from .blocks import INTERPRETED_RESIDENT_BLOCKS, InterpretError, _Blocks
 from .numbers import decode, encode
 
-INTERPRETED_RESIDENT_BLOCKS = 3   # a persistent kernel's grid here: each block loops over several tiles
-
-__all__ = ["InterpretError", "InterpretedKernel", "decode", "encode", "interpret", "run"]
+__all__ = ["INTERPRETED_RESIDENT_BLOCKS", "InterpretError", "InterpretedKernel", "decode", "encode", "interpret", "run"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,10 +168,9 @@ class InterpretCall(host.Call):
         pass
 
     def launch(self, grid, threads, smem_bytes, params, persistent=False):
-        # `threads` is the launch's (with a producer warpgroup's 128); the blocks count the kernel's own
+        # `threads` is the launch's (with a producer warpgroup's 128); the blocks count the kernel's own;
+        # a persistent kernel's grid is clamped where the blocks run (_Blocks.run)
         host.check_grid(grid)
-        if persistent:      # a few resident blocks, so that each loops over several tiles
-            grid = (min(grid[0], INTERPRETED_RESIDENT_BLOCKS), 1, 1)
         env = {**self.scalars, **_shape_symbols(self.k, self.tensors)}
         with np.errstate(all="ignore"):
             _Blocks(self.k, self.tensors, env).run(grid)
@@ -202,7 +199,5 @@ def run(k: ir.Kernel, args, grid=None):
     if grid is None:
         host_env = {n: int(v) for n, v in env.items() if isinstance(v, np.integer)}
         grid = tuple(_host_eval(g, host_env) for g in k.grid) + (1,) * (3 - len(k.grid))
-        if k.persistent:
-            grid = (min(grid[0], INTERPRETED_RESIDENT_BLOCKS), 1, 1)
     with np.errstate(all="ignore"):
         _Blocks(k, tensors, env).run(grid)

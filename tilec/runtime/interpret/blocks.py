@@ -16,11 +16,13 @@ import numpy as np
 from ...errors import DeviceError
 from ...ir import im2col
 from ...ir import nodes as ir
-from ...ir.exprs import walk_expr, wide_product
-from ...passes import make_persistent
+from ...ir.exprs import walk_expr, widened
 from ...ir.tma import SWIZZLE_SPAN
+from ...passes import make_persistent
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
                       decode, encode, storage_dtype)
+
+INTERPRETED_RESIDENT_BLOCKS = 3   # a persistent kernel's grid here: each block loops over several tiles
 
 
 class InterpretError(DeviceError):
@@ -280,12 +282,14 @@ class _Blocks:
         self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
     def run(self, grid):
+        if self.k.persistent:       # grid[0] counts tiles: a few resident blocks, each looping over several
+            grid = (min(grid[0], INTERPRETED_RESIDENT_BLOCKS), 1, 1)
         names = self.k.grid_vars
         for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
             self.block_index = (bx, by, bz)
             env = dict(self.base_env)
             env.update(zip(names, (np.int32(bx), np.int32(by), np.int32(bz))))
-            if self.k.persistent:               # gridDim.x: the resident blocks the launch kept
+            if self.k.persistent:               # gridDim.x: the resident blocks
                 env[make_persistent.BLOCKS] = np.int32(grid[0])
             self.smem.fill(_POISON)
             for a in self.locals.values():
@@ -780,9 +784,8 @@ class _Blocks:
         op = e.op
         if op in ("+", "-"):
             return self.add_sub(e, env, double)
+        e = widened(e)                             # static_cast<long long>(a) * b for two sizes
         a, b = self.ev(e.lhs, env, double), self.ev(e.rhs, env, double)
-        if wide_product(e):                        # static_cast<long long>(a) * b
-            a = convert(a, np.dtype(np.int64))
         if op == "&&":
             return np.logical_and(a != 0, b != 0)
         if op == "||":
@@ -794,8 +797,8 @@ class _Blocks:
         are one fused multiply-add (NVRTC's default contraction); the left
         product is the one fused when both sides are products."""
         sides = []
-        for x in (e.lhs, e.rhs):
-            if _is_mul(x) and not wide_product(x):     # a product of sizes: integer, widened (binop)
+        for x in (widened(e.lhs), widened(e.rhs)):     # a product of two sizes: its left factor in i64
+            if _is_mul(x):
                 f, g = self.ev(x.lhs, env, double), self.ev(x.rhs, env, double)
                 sides.append((f, g, common_type(f.dtype, g.dtype)))
             else:
