@@ -73,7 +73,8 @@ def test_persistent_must_be_a_compile_time_flag(value, message):
 
 def test_grid_options_are_checked_with_their_line():
     msg = error(COPY3.replace("persistent = P", "persistant = 1"))
-    assert "<string>:4:64: error: grid takes one option, persistent = 0 or 1, not 'persistant'" in msg
+    assert "<string>:4:64: error: grid takes the options persistent = 0 or 1 and stream_k = 0 or 1, not " \
+           "'persistant'" in msg
     msg = error(COPY3.replace("persistent = P", "persistent = P, persistent = 0"))
     assert ":4:" in msg and "persistent is given twice" in msg
 

@@ -47,7 +47,7 @@ def shape_bindings(k: ir.Kernel) -> tuple:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str                   # tensor_map | pointer | dim | stride | symbol | scalar
+    kind: str                   # tensor_map | pointer | dim | stride | symbol | scalar | workspace
     tensor: Optional[str] = None
     index: int = 0
     dtype: Optional[ir.DType] = None
@@ -84,6 +84,8 @@ def kernel_params(k: ir.Kernel, debug: bool = False) -> list:
     params = [Param(t.name, "tensor_map", tensor=t.tensor) for t in k.tensor_maps]
     if debug and k.barriers:
         params.append(Param("tilec_debug", "debug_record"))
+    if stream_k_accumulators(k):
+        params.append(Param("tl_workspace", "workspace"))
     for name in thread_copied_tensors(k):
         t = k.param(name)
         params.append(Param(name, "pointer", tensor=name, dtype=t.dtype))
@@ -95,3 +97,24 @@ def kernel_params(k: ir.Kernel, debug: bool = False) -> list:
     scalars = names_used(k, k.body, "scalar")
     params += [Param(p.name, "scalar", dtype=p.dtype) for p in k.scalars if p.name in scalars]
     return params
+
+
+def stream_k_accumulators(k: ir.Kernel) -> tuple:
+    """The accumulators a stream-K kernel hands between blocks (make-persistent),
+    in declaration order: each block's workspace slot holds them in this order."""
+    names = {n for s in ir.walk_stmts(k.body) if isinstance(s, (ir.PartialStore, ir.PartialAdd)) for n in s.buffers}
+    return tuple(b for b in k.buffers if b.name in names)
+
+
+def workspace_bytes_per_block(k: ir.Kernel) -> int:
+    """A stream-K launch's workspace: past the flags (WORKSPACE_FLAG_BYTES), per
+    launched block a slot of f32 partial sums (its accumulators); 0 for any
+    other kernel."""
+    return sum(b.elements for b in stream_k_accumulators(k)) * 4
+
+
+# The first bytes of a stream-K workspace: a 4-byte flag per launched block, at
+# the same place for every kernel, so kernels of different slot sizes sharing a
+# stream's workspace never read another's partial sums as a flag (every launch
+# leaves the flags cleared). Room for 16384 blocks; the host refuses more.
+WORKSPACE_FLAG_BYTES = 65536

@@ -17,7 +17,7 @@ from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr, widened
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
-from .abi import kernel_params
+from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
 _C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
@@ -59,6 +59,7 @@ class _Printer:
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
+        self.uses_stream_k = False
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
 
     # ---------------------------------------------------------- expressions
@@ -76,6 +77,9 @@ class _Printer:
             return f"{e.op}{self.expr(e.operand, 7, double)}"
         if isinstance(e, ir.Call):
             args = ", ".join(self.expr(a, 0, double) for a in e.args)
+            if e.func == "select":
+                c, a, b = (self.expr(x, 0, double) for x in e.args)
+                return f"({c} ? {a} : {b})"
             if e.func in ("min", "max", "cdiv", "abs"):
                 self.uses_math = True
                 return f"tl_{e.func}({args})"
@@ -281,11 +285,64 @@ class _Printer:
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
         if isinstance(s, ir.Reduce):
             return self.comment(s, ind) + self.reduce(s, ind)
+        if isinstance(s, ir.Let):
+            return self.comment(s, ind) + [f"{ind}const {'long long' if s.wide else 'int'} {s.name} = {self.expr(s.value)};"]
+        if isinstance(s, (ir.PartialStore, ir.PartialAdd)):
+            return self.comment(s, ind) + self.partial(s, ind)
         if isinstance(s, ir.ThreadCopy):
             return self.comment(s, ind) + self.thread_copy(s, ind)
         if isinstance(s, ir.StoreTail):
             return self.comment(s, ind) + self.store_tail(s, ind)
         raise TypeError(f"cannot print {type(s).__name__}")
+
+    def partial(self, s, ind) -> list:
+        """Stream-K's hand-over of a tile's partial sums through the launch's
+        workspace: slot `s.slot` holds each accumulator's fragment registers,
+        register r of thread i at float r * threads + i (coalesced, 16 bytes per
+        thread), and a flag after the slots says whether they are there."""
+        self.uses_stream_k = True
+        slot = f"reinterpret_cast<float4*>(tl_workspace + {WORKSPACE_FLAG_BYTES}) + " \
+               f"static_cast<long long>({self.expr(s.slot)}) * {self.slot_floats // 4}"
+        flag = f"&tl_slot_ready[{self.expr(s.slot)}]"
+        out = [f"{ind}{{"]
+        if isinstance(s, ir.PartialStore):
+            out += [f"{ind}  float4* const tl_slot = {slot};"]
+            for name, at in self.slot_parts(s.buffers):
+                regs = self.k.buffer(name).elements // self.threads
+                at_r = f"({at} + tl_r)" if at else "tl_r"
+                out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{",
+                        f"{ind}    __stcg(&tl_slot[{at_r} / 4 * {self.threads} + threadIdx.x], "
+                        f"make_float4({name}[tl_r], {name}[tl_r + 1], {name}[tl_r + 2], {name}[tl_r + 3]));",
+                        f"{ind}  }}"]
+            out += [f"{ind}  {self.block_sync}  // every thread's share is written",
+                    f"{ind}  if (threadIdx.x == 0) tl_slot_release({flag});"]
+        else:
+            out += [f"{ind}  if (threadIdx.x == 0) tl_slot_acquire({flag});",
+                    f"{ind}  {self.block_sync}  // the slot's partial sums are visible to every thread",
+                    f"{ind}  const float4* const tl_slot = {slot};"]
+            for name, at in self.slot_parts(s.buffers):
+                regs = self.k.buffer(name).elements // self.threads
+                at_r = f"({at} + tl_r)" if at else "tl_r"
+                out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{",
+                        f"{ind}    const float4 tl_v = __ldcg(&tl_slot[{at_r} / 4 * {self.threads} + threadIdx.x]);",
+                        f"{ind}    {name}[tl_r] += tl_v.x;", f"{ind}    {name}[tl_r + 1] += tl_v.y;",
+                        f"{ind}    {name}[tl_r + 2] += tl_v.z;", f"{ind}    {name}[tl_r + 3] += tl_v.w;",
+                        f"{ind}  }}"]
+            out += self.fence_fragments(ind + "  ", [self.k.buffer(n) for n in s.buffers])
+        return out + [f"{ind}}}"]
+
+    def slot_parts(self, names) -> list:
+        """(accumulator, its first register's float index in a slot), in slot order."""
+        out, at = [], 0
+        for b in stream_k_accumulators(self.k):
+            if b.name in names:
+                out.append((b.name, at))
+            at += b.elements // self.threads
+        return out
+
+    @property
+    def slot_floats(self) -> int:
+        return sum(b.elements for b in stream_k_accumulators(self.k))
 
     def gemm(self, s: ir.Gemm, ind) -> list:
         """acc += a @ b: per K step (32 bytes of K), one wgmma per m64 row tile of
@@ -687,7 +744,7 @@ def _non_negative(e) -> bool:
     if isinstance(e, ir.Int):
         return e.value >= 0
     if isinstance(e, ir.Var):
-        return e.kind in ("loop", "block", "symbol", "const")
+        return e.kind in ("loop", "block", "symbol", "const", "let")
     if isinstance(e, ir.BinOp) and e.op in ("+", "*", "/", "%"):
         return _non_negative(e.lhs) and _non_negative(e.rhs)
     return False
@@ -798,6 +855,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("pack2", sorted(pr.pair_stores))
     if pr is not None and pr.uses_vec16:
         add("vec16")
+    if pr is not None and pr.uses_stream_k:
+        add("stream_k")
     return need
 
 
@@ -810,6 +869,8 @@ def _param_decl(k: ir.Kernel, p) -> str:
         return f"const __grid_constant__ CUtensorMap tl_{p.name}"
     if p.kind == "debug_record":
         return "int* const tl_debug"
+    if p.kind == "workspace":
+        return "unsigned char* const tl_workspace"
     if p.kind == "pointer":
         return f"{ctype(p.dtype)}* __restrict__ {p.name}"
     if p.kind in ("dim", "stride"):
@@ -865,6 +926,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
     if k.persistent:
         prologue.append(f"const int {make_persistent.BLOCKS} = gridDim.x;  // the blocks the GPU holds at once, "
                         "each looping over tiles")
+    if pr.uses_stream_k:
+        prologue.append(f"unsigned* const tl_slot_ready = reinterpret_cast<unsigned*>(tl_workspace);  // a flag per "
+                        f"block; the blocks' slots of partial sums start at byte {WORKSPACE_FLAG_BYTES}")
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, consts=consts, arch=arch,

@@ -260,6 +260,10 @@ def generate(kernel, fallback: bool = True) -> Export:
         raise TilecError(f"kernel {kernel.name}: a debug build cannot be exported (its kernel takes a debug "
                          "record the launcher does not pass); compile it with debug=False")
     k: ir.Kernel = kernel.kernel_ir
+    if k.stream_k:
+        raise TilecError(f"kernel {kernel.name}: a stream_k = 1 kernel cannot be exported yet (its launch needs a "
+                         "zeroed workspace per stream, which the exported launcher does not manage); export it "
+                         "with stream_k = 0", k.span)
     source_name = kernel.source.name
     ex = _HostExpr(k)
     lines = []

@@ -6,7 +6,7 @@ from ..ir import nodes as ir
 from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import binary, expr as tile_expr
-from .abi import kernel_params, shape_bindings
+from .abi import kernel_params, shape_bindings, workspace_bytes_per_block
 from .cuda import _env
 
 _PY_OPS = {"/": "//", "&&": "and", "||": "or"}
@@ -68,10 +68,12 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
                                ("boxDim", _tuple(t.box)), ("elementStrides", _tuple(t.element_strides))] + layout)
 
 
-def _param(p) -> str:
+def _param(k: ir.Kernel, p) -> str:
     """A non-map kernel parameter as the ctypes value the launch packs."""
     if p.kind == "debug_record":
         return "call.debug_record()"
+    if p.kind == "workspace":
+        return f"rt.Workspace({workspace_bytes_per_block(k)})"     # per launched block: its slot of partial sums
     if p.kind == "pointer":
         return f"rt.pointer(arg_{p.tensor})"
     if p.kind == "dim":
@@ -110,4 +112,4 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent),
         grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
         maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"],
-        params=[p.name if p.kind == "tensor_map" else _param(p) for p in params])
+        params=[p.name if p.kind == "tensor_map" else _param(k, p) for p in params])

@@ -111,6 +111,22 @@ def _if(k, s):
     return _effects(exprs=(s.cond,))
 
 
+@rule(ir.Let)
+def _let(k, s):
+    return _effects(exprs=(s.value,))
+
+
+@rule(ir.PartialStore)
+def _partial_store(k, s):
+    """Its workspace is the launch's, not a tile of the kernel: only the accumulators count."""
+    return _effects(set(s.buffers), (), (s.slot,))
+
+
+@rule(ir.PartialAdd)
+def _partial_add(k, s):
+    return _effects(set(s.buffers), set(s.buffers), (s.slot,))
+
+
 @rule(ir.TmaLoad)
 def _tma_load(k, s):
     return _effects({s.view or s.tensor}, {s.buffer}, s.coords + s.origin + s.offsets + (s.stage, s.barrier_index),

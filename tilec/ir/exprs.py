@@ -27,6 +27,7 @@ INT_CALLS = {
     "max": (2, max),
     "cdiv": (2, lambda a, b: -(-a // b)),
     "abs": (1, abs),
+    "select": (3, lambda c, a, b: a if c else b),     # c ? a : b (make-persistent's stream-K schedule)
 }
 FLOAT_CALLS = {"exp", "log", "sqrt", "rsqrt"}
 

@@ -353,6 +353,40 @@ class If(Stmt):
     span: Optional[Span] = SPAN
 
 
+@dataclass(frozen=True)
+class Let(Stmt):
+    """`const int name = value;`: a scalar the statements after it (in its block
+    and the blocks nested there) read by name, as a Var of kind "let". `wide`:
+    a 64-bit value (a product that may pass 2^31). make-persistent binds its
+    stream-K schedule's per-block and per-unit numbers with these."""
+    name: str
+    value: Expr
+    wide: bool = False
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class PartialStore(Stmt):
+    """Stream-K: this block computed only some of a tile's K steps. Each consumer
+    thread writes its fragment registers of the accumulators `buffers` to the
+    block's slot `slot` of the launch's workspace (f32, coalesced); then the
+    block marks the slot ready (a release at GPU scope) for the block that
+    finishes the tile."""
+    buffers: tuple
+    slot: Expr
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
+class PartialAdd(Stmt):
+    """Stream-K: wait until slot `slot` of the workspace is ready (an acquire at
+    GPU scope), mark it free again, and add the partial sums it holds to the
+    accumulators `buffers`, register by register."""
+    buffers: tuple
+    slot: Expr
+    span: Optional[Span] = SPAN
+
+
 # ---- after lower_copies
 
 @dataclass(frozen=True)
@@ -579,6 +613,9 @@ class Kernel:
     persistent: object = 0      # grid (...) = (...), persistent = 1: the launch keeps only the blocks
                                 # the GPU holds at once, each looping over the tiles (make-persistent);
                                 # an Expr until fold-consts, then 0 or 1
+    stream_k: object = 0        # grid ..., persistent = 1, stream_k = 1: the tiles of the last, partial
+                                # wave split their K steps over all blocks (make-persistent); the launch
+                                # then needs a workspace (kernel param tl_workspace)
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

@@ -146,6 +146,12 @@ def stmt(s, ind: str) -> list:
         return [f"{ind}phase({s.barrier}) ^= 1"]
     if isinstance(s, ir.RingAdvance):
         return [f"{ind}{s.var} += {expr(s.by)}"]
+    if isinstance(s, ir.Let):
+        return [f"{ind}let {s.name} = {expr(s.value)}{' (64-bit)' if s.wide else ''}"]
+    if isinstance(s, ir.PartialStore):
+        return [f"{ind}partial_store({', '.join(s.buffers)}) -> workspace slot {expr(s.slot)}, release{L}"]
+    if isinstance(s, ir.PartialAdd):
+        return [f"{ind}partial_add({', '.join(s.buffers)}) <- workspace slot {expr(s.slot)}, acquire{L}"]
     if isinstance(s, ir.ProxyFence):
         return [f"{ind}fence.proxy.async.shared::cta{L}"]
     if isinstance(s, ir.SyncThreads):
@@ -196,8 +202,9 @@ def kernel(k: ir.Kernel) -> str:
         out.append(f"  let {name} = {expr(value)}")
     for r in k.requires:
         out.append(f"  require {expr(r.cond)}")
-    persistent = f", persistent = {expr(k.persistent) if isinstance(k.persistent, ir.Expr) else k.persistent}" \
-        if k.persistent != 0 and k.persistent != ir.Int(0) else ""
+    persistent = "".join(f", {name} = {expr(v) if isinstance(v, ir.Expr) else v}"
+                         for name, v in (("persistent", k.persistent), ("stream_k", k.stream_k))
+                         if v != 0 and v != ir.Int(0))
     out.append(f"  grid ({', '.join(k.grid_vars)}) = ({', '.join(expr(g) for g in k.grid)}){persistent}")
     out.append(f"  threads {expr(k.threads)}")
     for b in k.buffers:

@@ -100,15 +100,15 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not isinstance(threads, ir.Int):
         raise SemanticError("threads must be a compile-time integer", k.threads.span)
 
-    persistent = k.persistent
-    if isinstance(persistent, ir.Expr):
-        pe = resolve(persistent, {})
-        if not isinstance(pe, ir.Int) or pe.value not in (0, 1):
-            raise SemanticError("persistent must be a compile-time 0 (a block per tile) or 1 (as many blocks as "
-                                "the GPU holds at once, each looping over tiles)", persistent.span)
-        persistent = pe.value
+    persistent = _flag(k.persistent, "persistent must be a compile-time 0 (a block per tile) or 1 (as many blocks "
+                                      "as the GPU holds at once, each looping over tiles)", resolve)
+    stream_k = _flag(k.stream_k, "stream_k must be a compile-time 0 or 1 (the last wave's tiles split their K steps "
+                                 "over the blocks)", resolve)
+    if stream_k and not persistent:
+        raise SemanticError("stream_k = 1 splits the tiles of a persistent grid's last wave: it needs persistent = 1",
+                            k.stream_k.span)
     body = _resolve_body(k.body, resolve, {})
-    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
+    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent, stream_k=stream_k,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
                    buffers=tuple(buffers), body=body)
@@ -155,3 +155,13 @@ def _resolve_body(body, resolve, bound):
     return tuple(out)
 
 
+
+
+def _flag(value, message, resolve) -> int:
+    """A grid option (persistent, stream_k) as 0 or 1."""
+    if not isinstance(value, ir.Expr):
+        return value
+    v = resolve(value, {})
+    if not isinstance(v, ir.Int) or v.value not in (0, 1):
+        raise SemanticError(message, value.span)
+    return v.value

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.effects import shared_accesses
-from ..ir.exprs import fold, substitute
+from ..ir.exprs import fold, free_names, map_stmt_exprs, substitute
 
 NAME = "insert-barriers"
 
@@ -384,18 +384,33 @@ def _merge_one_thread(body):
 def _producer_program(body, loops: dict) -> tuple:
     """What the producer warpgroup's thread runs: the loops around each ring of a
     `pipelined(..., producer = 1)` loop, with that ring's loads (`loops`) in place
-    of the ring; everything else is the consumers'."""
+    of the ring, and the scalars (`let`) those read; everything else is the
+    consumers'."""
     out = []
     for s in body:
         if id(s) in loops:
             out += loops[id(s)]
+        elif isinstance(s, ir.Let):
+            out.append(s)
         elif any(id(x) in loops for x in ir.walk_stmts((s,))):
             if not isinstance(s, ir.For):
                 raise SemanticError("producer = 1: the pipelined loop must sit in the kernel's body or in `for` "
                                     "loops (the producer warpgroup runs those loops too), not under an `if`",
                                     s.span)
             out.append(ir.For(s.var, s.extent, None, _producer_program(s.body, loops), span=s.span))
-    return tuple(out)
+    return _used_lets(tuple(out))
+
+
+def _used_lets(body) -> tuple:
+    """`body` without the lets nothing after them reads."""
+    out, used = [], set()
+    for s in reversed(body):
+        if isinstance(s, ir.Let) and s.name not in used:
+            continue
+        for x in ir.walk_stmts((s,)):
+            map_stmt_exprs(x, lambda e: used.update(free_names(e)) or e)
+        out.append(s)
+    return tuple(reversed(out))
 
 
 def _check_ring_tiles_private(k: ir.Kernel, body, loops: dict):

@@ -11,38 +11,182 @@ picks, in the order a one-block-per-tile launch numbers them:
 `tl_blocks` is the number of blocks launched (gridDim.x). A pipelined loop in
 the body keeps its ring, and its barriers' phases, from one tile to the next
 (insert-barriers), so a producer warpgroup runs on into the next tile while the
-consumers store this one."""
+consumers store this one.
+
+With `stream_k = 1` as well, the tiles that would make the last, partial wave
+(the tiles' count modulo the blocks; one wave more when that remainder is under
+half a wave) are not given whole to some blocks: their K steps, laid end to end,
+are cut into one even range per block (stream-K). Each block first works
+through its range, tile by tile, from its last tile back to its first, then
+takes whole tiles as above. A unit of work is (tile, K steps lo..hi):
+
+    fill(acc, 0); for k in pipelined(hi - lo) { body with k + lo }
+    if hi < steps:  partial_store(acc) -> the block's workspace slot
+    else:           partial_add(acc) <- the slot of each earlier block that did
+                    steps of this tile; then the statements after the loop
+
+A block's range ends with the head of its last tile (a partial, stored first)
+and starts with the tail of its first tile (finished last), so a block waits
+only for lower-numbered blocks, and only for a partial that block stored before
+anything else: no cycle, whatever the blocks' speeds. The schedule needs the
+kernel's shape: statements, then the one pipelined loop, whose locals are
+accumulators that gemm adds to (filled with 0 before it), then statements."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import nodes as ir
-from ..ir.exprs import map_body, map_stmt_exprs, substitute
+from ..errors import SemanticError
+from ..ir import effects, nodes as ir
+from ..ir.exprs import free_names, map_body, map_stmt_exprs, substitute
 
 NAME = "make-persistent"
 
 BLOCK, TILE, BLOCKS = "tl_block", "tl_tile", "tl_blocks"
+UNIT, PART = "tl_unit", "tl_part"
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not k.persistent:
         return k
     span = k.grid[0].span
-    sizes = list(k.grid)
-    tiles = sizes[0]
-    for g in sizes[1:]:
+    tiles = k.grid[0]
+    for g in k.grid[1:]:
         tiles = ir.BinOp("*", tiles, g, span=span)
-    block, blocks = ir.Var(BLOCK, "block", span=span), ir.Var(BLOCKS, "block", span=span)
-    t = ir.BinOp("+", block, ir.BinOp("*", ir.Var(TILE, "loop", span=span), blocks, span=span), span=span)
+    block, blocks = _var(BLOCK, "block", span), _var(BLOCKS, "block", span)
+    if k.stream_k:
+        body = _stream_k(k, tiles, block, blocks, span)
+    else:
+        t = ir.BinOp("+", block, ir.BinOp("*", _var(TILE, "loop", span), blocks, span=span), span=span)
+        extent = ir.Call("cdiv", (ir.BinOp("-", tiles, block, span=span), blocks), span=span)
+        body = (ir.For(TILE, extent, None, _at_tile(k, k.body, t), span=span),)
+    return replace(k, grid_vars=(BLOCK,), grid=(tiles,), body=body)
+
+
+def _var(name, kind, span):
+    return ir.Var(name, kind, span=span)
+
+
+def _at_tile(k: ir.Kernel, body, t) -> tuple:
+    """`body` with the grid's block indices computed from tile number `t`, in the
+    order a one-block-per-tile launch numbers its blocks (x fastest)."""
     index, below = {}, t
-    for d, (name, g) in enumerate(zip(k.grid_vars, sizes)):
-        last = d == len(sizes) - 1
-        index[name] = below if last else ir.BinOp("%", below, g, span=span)
-        below = ir.BinOp("/", below, g, span=span)
+    for d, (name, g) in enumerate(zip(k.grid_vars, k.grid)):
+        last = d == len(k.grid) - 1
+        index[name] = below if last else ir.BinOp("%", below, g, span=g.span)
+        below = ir.BinOp("/", below, g, span=g.span)
+    return map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, index)))
 
-    def tile_indices(s):
-        return map_stmt_exprs(s, lambda e: substitute(e, index))
 
-    extent = ir.Call("cdiv", (ir.BinOp("-", tiles, block, span=span), blocks), span=span)
-    loop = ir.For(TILE, extent, None, map_body(k.body, tile_indices), span=span)
-    return replace(k, grid_vars=(BLOCK,), grid=(tiles,), body=(loop,))
+# ---------------------------------------------------------------- stream-K
+
+def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
+    loop_at = _the_pipelined_loop(k, span)
+    loop = k.body[loop_at]
+    before, after = k.body[:loop_at], k.body[loop_at + 1:]
+    accs = _accumulators(k, before, loop)
+
+    def v(name):
+        return _var(name, "let", span)
+
+    def op(o, a, b):
+        return ir.BinOp(o, a, b, span=span)
+
+    def call(f, *args):
+        return ir.Call(f, tuple(args), span=span)
+
+    def wide(e):
+        return ir.Cast(ir.DTYPES["i64"], e, span=span)
+
+    def num(n):
+        return ir.Int(n, span=span)
+
+    steps, rem = v("tl_steps"), v("tl_sk_rem")
+    sk_tiles, sk_steps = v("tl_sk_tiles"), v("tl_sk_steps")
+    begin, end, units = v("tl_sk_begin"), v("tl_sk_end"), v("tl_sk_units")
+    unit, in_sk, t, lo, hi = _var(UNIT, "loop", span), v("tl_in_sk"), v("tl_t"), v("tl_k_lo"), v("tl_k_hi")
+    first = v("tl_first_block")
+    # one wave more when the remainder is under half a wave: ranges of at least a tile's K steps
+    small = op("&&", op("&&", op(">", rem, num(0)), op("<", op("*", rem, num(2)), blocks)),
+               op(">=", v("tl_tiles"), op("+", rem, blocks)))
+    per_block = [
+        ir.Let("tl_tiles", tiles, span=span),
+        ir.Let("tl_steps", loop.extent, span=span),
+        ir.Let("tl_sk_rem", op("%", v("tl_tiles"), blocks), span=span),
+        ir.Let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem), span=span),
+        ir.Let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True, span=span),
+        ir.Let("tl_sk_begin", op("/", op("*", wide(block), sk_steps), blocks), wide=True, span=span),
+        ir.Let("tl_sk_end", op("/", op("*", wide(op("+", block, num(1))), sk_steps), blocks), wide=True, span=span),
+        ir.Let("tl_sk_units", call("select", op(">", end, begin),
+                                   op("+", op("-", op("/", op("-", end, num(1)), steps), op("/", begin, steps)),
+                                      num(1)), num(0)), span=span),
+    ]
+    tile_start = op("*", wide(t), steps)
+    per_unit = [
+        ir.Let("tl_in_sk", op("<", unit, units), span=span),
+        ir.Let("tl_t", call("select", in_sk, op("-", op("/", op("-", end, num(1)), steps), unit),
+                            op("+", op("+", sk_tiles, block), op("*", op("-", unit, units), blocks))), span=span),
+        ir.Let("tl_k_lo", call("select", in_sk, call("max", op("-", begin, tile_start), num(0)), num(0)), span=span),
+        ir.Let("tl_k_hi", call("select", in_sk, call("min", op("-", end, tile_start), steps), steps), span=span),
+        ir.Let("tl_k_steps", op("-", hi, lo), span=span),     # one name: check-barriers fixes it per path
+    ]
+    shifted = map_body(loop.body, lambda s: map_stmt_exprs(
+        s, lambda e: substitute(e, {loop.var: op("+", _var(loop.var, "loop", span), lo)})))
+    part = replace(loop, extent=v("tl_k_steps"), body=shifted)
+    # the first block whose range holds this tile's first K step: the largest b with begin(b) <= X
+    # is min(blocks, cdiv((X + 1) * blocks, sk_steps)) - 1, X = t * steps
+    owner = op("-", call("min", wide(blocks), call("cdiv", op("*", op("+", tile_start, num(1)), blocks),
+                                                   call("max", sk_steps, num(1)))), num(1))
+    partials = ir.For(PART, op("-", block, first), None,
+                      (ir.PartialAdd(accs, op("-", op("-", block, num(1)), _var(PART, "loop", span)), span=span),),
+                      span=span)
+    finish = (ir.Let("tl_first_block", call("select", op(">", lo, num(0)), owner, block), span=span), partials) \
+        + tuple(after)
+    tail = ir.If(op("<", hi, steps), (ir.PartialStore(accs, block, span=span),), finish, span=span)
+    unit_body = _at_tile(k, tuple(per_unit) + tuple(before) + (part, tail), t)
+    count = op("+", units, call("cdiv", op("-", op("-", v("tl_tiles"), sk_tiles), block), blocks))
+    return tuple(per_block) + (ir.For(UNIT, count, None, unit_body, span=span),)
+
+
+def _the_pipelined_loop(k: ir.Kernel, span) -> int:
+    where = [i for i, s in enumerate(k.body) if isinstance(s, ir.For) and s.stages is not None]
+    nested = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.For) and s.stages is not None
+              and not any(s is k.body[i] for i in where)]
+    if len(where) != 1 or nested:
+        raise SemanticError("stream_k = 1 splits the K steps of one pipelined loop in the kernel's body; this kernel "
+                            f"has {len(where)} there" + (" and more inside other statements" if nested else ""),
+                            (nested[0].span if nested else k.body[where[1]].span if len(where) > 1 else span))
+    loop = k.body[where[0]]
+    grid_names = set(k.grid_vars) & free_names(loop.extent)
+    if grid_names:
+        raise SemanticError(f"stream_k = 1: the pipelined loop's extent depends on {', '.join(sorted(grid_names))}; "
+                            "every tile must have the same K steps", loop.extent.span or loop.span)
+    return where[0]
+
+
+def _accumulators(k: ir.Kernel, before, loop: ir.For) -> tuple:
+    """The local tiles the pipelined loop writes: each must be a gemm's accumulator
+    (adding partial sums is then exact) filled with 0 before the loop; nothing
+    in the loop may write a tensor (each block would write its share twice)."""
+    accs = []
+    for s in ir.walk_stmts(loop.body):
+        if isinstance(s, ir.Gemm):
+            accs.append(s.acc)
+            continue
+        for name in sorted(effects.of(k, s).writes):
+            if k.space(name) == "local":
+                raise SemanticError(f"stream_k = 1: '{name}' is written here inside the pipelined loop; the loop "
+                                    "may change local tiles only as gemm accumulators (their partial sums add up)",
+                                    s.span)
+            if k.space(name) == "global":
+                raise SemanticError(f"stream_k = 1: the pipelined loop writes tensor '{name}'; its K steps run "
+                                    "on several blocks, so it may only load", s.span)
+    accs = tuple(dict.fromkeys(accs))
+    if not accs:
+        raise SemanticError("stream_k = 1: the pipelined loop has no gemm accumulator to split", loop.span)
+    zeroed = {s.buffer for s in before
+              if isinstance(s, ir.Fill) and isinstance(s.value, (ir.Int, ir.Float)) and s.value.value == 0}
+    for a in accs:
+        if a not in zeroed:
+            raise SemanticError(f"stream_k = 1: fill '{a}' with 0 before the pipelined loop, where every block "
+                                "starts its share of a tile's K steps", loop.span)
+    return accs

@@ -115,6 +115,9 @@ class Prepared:
     def __init__(self, name, loaded, grid, threads, smem_bytes, ptrs, keep, device):
         self.keep, self.device = (ptrs, keep), device     # the parameter memory the launch points at
         self.launch_on = driver.launcher(loaded, grid, threads, smem_bytes, ptrs, name)
+        workspaces = [p for p in keep if isinstance(p, Workspace)]
+        if workspaces:          # a stream-K kernel: the workspace of the stream it is launched on
+            self.launch_on = workspaces[0].launcher(self.launch_on, device, grid[0])
         self.current_stream = functools.partial(_torch_stream_getter(), device)
 
     def __call__(self, stream=None):
@@ -380,6 +383,54 @@ class Call:
         for k in self.keep:
             if isinstance(k, int):
                 cu.cuMemFree(k)
+
+
+class Workspace(ctypes.c_void_p):
+    """The kernel parameter `tl_workspace` of a stream-K kernel (make-persistent):
+    a flag per launched block, then per block a slot for a tile's partial sums. Each launch
+    points it at the workspace of its device and stream (_WORKSPACES), so that
+    launches on two streams never share one; the kernel leaves every flag
+    cleared, so the next launch on that stream starts from a clean workspace."""
+
+    def __init__(self, bytes_per_block):
+        super().__init__(None)
+        self.bytes_per_block = bytes_per_block
+
+    def launcher(self, launch_on, device, blocks):
+        from ..codegen.abi import WORKSPACE_FLAG_BYTES
+        if blocks * 4 > WORKSPACE_FLAG_BYTES:
+            raise LaunchError(f"a stream-K launch of {blocks} blocks: its workspace has flags for "
+                              f"{WORKSPACE_FLAG_BYTES // 4}")
+        need = WORKSPACE_FLAG_BYTES + blocks * self.bytes_per_block
+
+        def launch_with_workspace(stream):
+            self.value = workspace(device, stream, need)
+            launch_on(stream)
+        return launch_with_workspace
+
+
+_WORKSPACES = {}                # (device, stream) -> (device pointer, bytes)
+
+
+def workspace(device, stream, nbytes) -> int:
+    """A zeroed device buffer of at least `nbytes` for stream-K launches on
+    (`device`, `stream`), kept for later launches there. A larger need gets a
+    new buffer, zeroed on that stream; the old one is kept alive, as a launch
+    still queued on the stream may use it."""
+    key = (device, int(stream))
+    have = _WORKSPACES.get(key)
+    if have is not None and have[1] >= nbytes:
+        return have[0]
+    from cuda.bindings import driver as cu
+    driver.make_current(device)
+    ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
+    check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
+    _RETIRED.append(have)
+    _WORKSPACES[key] = (ptr, nbytes)
+    return ptr
+
+
+_RETIRED = []                   # outgrown workspaces, kept: a queued launch may point at one
 
 
 def check_grid(grid):

@@ -285,6 +285,7 @@ class _Blocks:
         if self.k.persistent:       # grid[0] counts tiles: a few resident blocks, each looping over several
             grid = (min(grid[0], INTERPRETED_RESIDENT_BLOCKS), 1, 1)
         names = self.k.grid_vars
+        self.slots = {}                     # stream-K: the workspace's slots stored and not yet added
         for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
             self.block_index = (bx, by, bz)
             env = dict(self.base_env)
@@ -298,6 +299,9 @@ class _Blocks:
             self.phase_reg = {b.name: 0 for b in self.k.barriers}
             env.update((s.var, np.int32(0)) for s in self.rings)
             self.block(self.k.body, env)
+        if self.slots:
+            raise InterpretError(f"stream-K: workspace slot(s) {sorted(self.slots)} stored and never added: their "
+                                 "flags would stay set into the next launch", None)
 
     def block(self, body, env):
         for s in body:
@@ -358,6 +362,31 @@ class _Blocks:
         if self.lanes is not None:
             return self.lane_if(s, env)
         self.block(s.then if self.ev(s.cond, env) != 0 else s.orelse, env)
+
+    def let(self, s, env):
+        v = self.ev(s.value, env)
+        env[s.name] = np.int64(v) if s.wide else np.int32(v)
+
+    def partial_store(self, s, env):
+        """Stream-K: the block's partial sums go to its workspace slot (a copy of
+        each accumulator in logical order), and the slot is marked ready."""
+        slot = _int(self.ev(s.slot, env))
+        if slot in self.slots:
+            raise InterpretError(f"stream-K: workspace slot {slot} is stored twice in one launch", s.span)
+        self.slots[slot] = {name: self.locals[name].copy() for name in s.buffers}
+
+    def partial_add(self, s, env):
+        """Stream-K: wait for a slot (blocks run in index order here, and a block
+        waits only on lower-numbered ones, so a slot not yet stored would never
+        be on the GPU either: the block would spin forever), add it, free it."""
+        slot = _int(self.ev(s.slot, env))
+        if slot not in self.slots:
+            raise InterpretError(f"stream-K: block {self.block_index[0]} waits for workspace slot {slot}, which no "
+                                 "block has stored: on the GPU it would spin forever", s.span)
+        part = self.slots.pop(slot)
+        for name in s.buffers:
+            acc = self.locals[name]
+            acc[...] = (acc.astype(np.float32) + part[name].astype(np.float32)).astype(acc.dtype)
 
     def nothing(self, s, env):
         """Fences, block barriers, bulk-group commits and waits, wgmma waits:
@@ -822,6 +851,9 @@ class _Blocks:
         return arith(e.op, a, b, e)
 
     def call(self, e, env, double):
+        if e.func == "select":                     # only the arm taken is evaluated, as in C++
+            c = self.ev(e.args[0], env, double)
+            return self.ev(e.args[1] if c != 0 else e.args[2], env, double)
         args = [self.ev(a, env, double) for a in e.args]
         f = e.func
         if f in ("min", "max"):                    # tl_min: a < b ? a : b
@@ -865,4 +897,5 @@ _STMT = {
     ir.Fill: _Blocks.fill, ir.ThreadCopy: _Blocks.thread_copy, ir.Parallel: _Blocks.parallel,
     ir.Assign: _Blocks.assign, ir.Gemm: _Blocks.gemm, ir.MbarrierArrive: _Blocks.mbarrier_arrive,
     ir.WgmmaWait: _Blocks.nothing, ir.Reduce: _Blocks.reduce, ir.Specialized: _Blocks.specialized,
+    ir.Let: _Blocks.let, ir.PartialStore: _Blocks.partial_store, ir.PartialAdd: _Blocks.partial_add,
 }

@@ -1,0 +1,192 @@
+"""`grid ..., persistent = 1, stream_k = 1` (make-persistent's stream-K schedule):
+the tiles of the last, partial wave split their K steps over all blocks, which
+hand partial sums through the launch's workspace. Errors with their line, the IR
+after the pass, the CUDA, the interpreter against numpy with guarded outputs
+(3 resident blocks: ranges inside one tile, across two, three blocks on a tile),
+and the GPU (guarded outputs; kernels of different slot sizes sharing a
+stream's workspace)."""
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as hs
+
+import tilec
+from conftest import ROOT
+from guard import guarded
+from tilec.codegen import export as tilec_export
+
+GEMM = re.sub(r"\n\s*tune [^;]*;", "\n", (ROOT / "examples/gemm.tile").read_text())
+GRID_LINE = next(i for i, line in enumerate(GEMM.splitlines(), 1) if line.strip().startswith("grid"))
+
+
+def error(src, **consts):
+    with pytest.raises(tilec.TilecError) as e:
+        tilec.compile(src, arch="sm_90a", **consts)
+    return str(e.value)
+
+
+def test_stream_k_needs_a_persistent_grid():
+    msg = error(GEMM, PERSISTENT=0, STREAM_K=1)
+    col = GEMM.splitlines()[GRID_LINE - 1].index("STREAM_K;") + 1
+    assert f"<string>:{GRID_LINE}:{col}: error: stream_k = 1 splits the tiles of a persistent grid's last wave: " \
+           "it needs persistent = 1" in msg
+
+
+@pytest.mark.parametrize("value", ["2", "M"])
+def test_stream_k_must_be_a_compile_time_flag(value):
+    msg = error(GEMM.replace("stream_k = STREAM_K", f"stream_k = {value}"), PERSISTENT=1)
+    assert f"<string>:{GRID_LINE}:" in msg and "stream_k must be a compile-time 0 or 1" in msg
+
+
+def test_stream_k_given_twice():
+    msg = error(GEMM.replace("stream_k = STREAM_K", "stream_k = 1, stream_k = 0"), PERSISTENT=1)
+    assert f"<string>:{GRID_LINE}:" in msg and "stream_k is given twice" in msg
+
+
+NO_FILL = GEMM.replace("    fill(acc, 0);\n", "    fill(acc, 1);\n")
+TWO_LOOPS = GEMM.replace("    copy(acc, C[by * BM, bx * BN]);",
+                         "    for j in pipelined(cdiv(K, BK), stages = 2) {\n        copy(A[by * BM, j * BK], a);\n"
+                         "    }\n    copy(acc, C[by * BM, bx * BN]);")
+TILE_EXTENT = GEMM.replace("pipelined(cdiv(K, BK),", "pipelined(cdiv(K, BK) - bx,")
+
+
+@pytest.mark.parametrize("src, line_of, message", [
+    (NO_FILL, "for k in pipelined", "stream_k = 1: fill 'acc' with 0 before the pipelined loop"),
+    (TWO_LOOPS, "for j in pipelined", "stream_k = 1 splits the K steps of one pipelined loop in the kernel's body; "
+                                      "this kernel has 2 there"),
+    (TILE_EXTENT, "for k in pipelined", "stream_k = 1: the pipelined loop's extent depends on bx"),
+])
+def test_kernels_stream_k_cannot_split_are_refused_at_their_line(src, line_of, message):
+    msg = error(src, PERSISTENT=1, STREAM_K=1, PRODUCER=0)
+    line = next(i for i, text in enumerate(src.splitlines(), 1) if line_of in text)
+    assert f"<string>:{line}:" in msg and message in msg
+
+
+def test_ir_after_the_pass():
+    k = tilec.compile(GEMM, BM=128, BN=256, STAGES=3, PERSISTENT=1, STREAM_K=1)
+    ir = k.ir("make-persistent")
+    expect = [
+        "grid (tl_block) = (cdiv(N, 256) * cdiv(M, 128)), persistent = 1, stream_k = 1",
+        "let tl_sk_begin = i64(tl_block) * tl_sk_steps / tl_blocks (64-bit)",
+        "for tl_unit in range(tl_sk_units + cdiv(tl_tiles - tl_sk_tiles - tl_block, tl_blocks))",
+        "for k in pipelined(tl_k_steps, stages = 3, producer = 1)",
+        "copy A[tl_t / cdiv(N, 256) * 128, (k + tl_k_lo) * 64] -> a",
+        "if tl_k_hi < tl_steps {",
+        "partial_store(acc) -> workspace slot tl_block, release",
+        "for tl_part in range(tl_block - tl_first_block)",
+        "partial_add(acc) <- workspace slot tl_block - 1 - tl_part, acquire",
+        "copy acc -> C[tl_t / cdiv(N, 256) * 128, tl_t % cdiv(N, 256) * 256]",
+    ]
+    at = 0
+    for line in expect:
+        found = ir.find(line, at)
+        assert found >= 0, f"{line!r} not found (in order) in:\n{ir}"
+        at = found
+
+
+def test_cuda_hands_partial_sums_through_the_workspace():
+    k = tilec.compile(GEMM, BM=128, BN=256, STAGES=3, PERSISTENT=1, STREAM_K=1)
+    cu = k.cuda_source
+    assert "unsigned char* const tl_workspace" in cu
+    assert "unsigned* const tl_slot_ready = reinterpret_cast<unsigned*>(tl_workspace);" in cu
+    # 128 x 256 f32 partial sums per block: 8192 float4 per slot, register r of thread i at r / 4 * 256 + i
+    assert "float4* const tl_slot = reinterpret_cast<float4*>(tl_workspace + 65536) + " \
+           "static_cast<long long>(tl_block) * 8192;" in cu
+    assert "__stcg(&tl_slot[tl_r / 4 * 256 + threadIdx.x], make_float4(acc[tl_r]" in cu
+    assert "if (threadIdx.x == 0) tl_slot_release(&tl_slot_ready[tl_block]);" in cu
+    assert "if (threadIdx.x == 0) tl_slot_acquire(&tl_slot_ready[tl_block - 1 - tl_part]);" in cu
+    assert "ld.acquire.gpu.global.u32" in cu and "fence.acq_rel.gpu" in cu
+    assert k.compile_log == ""
+    assert "rt.Workspace(131072)" in k.host_source
+
+
+def test_stream_k_zero_is_the_persistent_kernel():
+    """The same CUDA but for the source lines quoted in comments."""
+    plain = GEMM.replace(", stream_k = STREAM_K", "")
+
+    def code(src):
+        return [line for line in tilec.compile(src, PERSISTENT=1).cuda_source.splitlines()[1:]
+                if not line.lstrip().startswith("//")]
+    assert code(GEMM) == code(plain)
+
+
+def test_export_refuses_stream_k(tmp_path):
+    with pytest.raises(tilec.TilecError, match="a stream_k = 1 kernel cannot be exported yet"):
+        tilec_export.export(GEMM, tmp_path, PERSISTENT=1, STREAM_K=1)
+
+
+def _gemm_numpy(k, m, n, kk):
+    rng = np.random.default_rng(m * 7 + n * 3 + kk)
+    a = rng.standard_normal((m, kk)).astype(np.float16)
+    b = rng.standard_normal((kk, n)).astype(np.float16)
+    c = guarded((m, n), "f16", like="numpy")
+    k(a, b, c.view)
+    c.check()
+    np.testing.assert_allclose(c.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
+                               rtol=2e-2, atol=5e-2)
+
+
+@settings(max_examples=14, deadline=None)
+@given(tiles_m=hs.integers(1, 4), tiles_n=hs.integers(1, 2), ksteps=hs.integers(1, 7), stages=hs.integers(1, 4),
+       producer=hs.integers(0, 1), ragged=hs.booleans())
+def test_stream_k_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stages, producer, ragged):
+    """1 to 8 tiles over 3 blocks: the remainder's tiles (plus a wave when it is
+    under half of one) split their 1 to 7 K steps; a block stores at most one
+    partial, a finisher adds up to two, each slot is added exactly once (the
+    interpreter checks both)."""
+    k = tilec.compile(GEMM, backend="interpret", BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=1,
+                      STREAM_K=1)
+    _gemm_numpy(k, tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0), ksteps * 64)
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    return torch
+
+
+GPU_CONFIGS = [dict(BM=128, BN=256, STAGES=3, PRODUCER=1), dict(BM=128, BN=256, STAGES=4, PRODUCER=0),
+               dict(BM=128, BN=128, STAGES=4, PRODUCER=1), dict(BM=192, BN=128, STAGES=4, PRODUCER=1)]
+GPU_SHAPES = [(128, 256, 64), (4096, 4096, 4096), (4095, 4104, 4096), (1000, 3000, 640), (256, 512, 64 * 77),
+              (8192, 1024, 128), (130 * 128, 256, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CONFIGS, ids=lambda c: "{BM}x{BN}x{STAGES}p{PRODUCER}".format(**c))
+def test_stream_k_gemm_on_the_gpu(cfg):
+    """One tile to 2080 tiles, K of 1 to 77 steps, each shape three times in a
+    row (the flags a launch leaves must be clear for the next); guarded outputs."""
+    torch = _torch()
+    k = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, **cfg)
+    for m, n, kk in GPU_SHAPES:
+        a = torch.randn(m, kk, device="cuda").half()
+        b = torch.randn(kk, n, device="cuda").half()
+        want = a.float() @ b.float()
+        c = guarded((m, n), "f16")
+        for _ in range(3):
+            c.view.zero_()
+            k(a, b, c.view)
+            torch.cuda.synchronize()
+            c.check()
+            err = ((c.view.float() - want).norm() / want.norm()).item()
+            assert err < 2e-3, (m, n, kk, err)
+
+
+@pytest.mark.gpu
+def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
+    """128x256 (128 KiB slots) then 128x128 (64 KiB slots) on one stream's workspace
+    and back: the flags sit at the same place for both, never in the other's slots."""
+    torch = _torch()
+    big = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=256, STAGES=3, PRODUCER=1)
+    small = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1)
+    a = torch.randn(4096, 4096, device="cuda").half()
+    b = torch.randn(4096, 4096, device="cuda").half()
+    want = a.float() @ b.float()
+    for k in (big, small, big, small):
+        c = guarded((4096, 4096), "f16")
+        k(a, b, c.view)
+        torch.cuda.synchronize()
+        c.check()
+        assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
