@@ -605,7 +605,7 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
-    assert "  const PERSISTENT = 0\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
+    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
         "PERSISTENT in (0, 1)\n" \
         "  grid (bx, by)" \
         in ir_text
@@ -613,10 +613,10 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
     want = tilec.compile(Source("examples/gemm.tile", (ROOT / "examples/gemm.tile").read_text()), arch="sm_90a",
                          tune=False).cuda_source
     assert cuda == (want if want.endswith("\n") else want + "\n")
-    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1, PERSISTENT = 0\n" in cuda
+    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1, PERSISTENT = 0, STREAM_K = 0\n" in cuda
     pinned = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir", "--after", "fold-consts", "-D", "BN=256").stdout
     assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  const PERSISTENT = 0\n" \
-        "  tune BM in (128, 192), BN in (128, 256)," \
+        "  const STREAM_K = 0\n  tune BM in (128, 192), BN in (128, 256)," \
         in pinned
 
 
