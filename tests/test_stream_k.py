@@ -190,3 +190,32 @@ def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
         torch.cuda.synchronize()
         c.check()
         assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+
+
+SELECT = """
+kernel sel(A: f32[N], B: f32[N]) {
+    grid (bx) = (select(N > 256, cdiv(N, 256), 1));
+    threads 128;
+    shared s: f32[256];
+    copy(A[bx * 256], s);
+    parallel (i) in (256) {
+        s[i] = select(s[i] > 0.0, s[i], 0.5 * s[i]);
+    }
+    copy(s, B[bx * 256]);
+}
+"""
+
+
+@pytest.mark.parametrize("n", [256, 512, 768])
+def test_select_in_grids_and_elements(n):
+    """select(c, a, b), the stream-K schedule's C `?:`, is the language's too:
+    in a grid size (the host wrapper's Python) and per element (interpreter)."""
+    k = tilec.compile(SELECT, backend="interpret")
+    a = np.linspace(-1, 1, n).astype(np.float32)
+    b = guarded((n,), "f32", like="numpy")
+    k(a, b.view)
+    b.check()
+    np.testing.assert_array_equal(b.view, np.where(a > 0, a, np.float32(0.5) * a))
+    cu = tilec.compile(SELECT, arch="sm_90a")
+    assert "s[i] = (s[i] > 0.0f ? s[i] : 0.5f * s[i]);" in cu.cuda_source
+    assert "grid = ((rt.cdiv(N, 256) if N > 256 else 1), 1, 1)" in cu.host_source

@@ -28,6 +28,9 @@ def py_expr(e, prec=0) -> str:
     if isinstance(e, ir.UnaryOp):
         return f"(not {py_expr(e.operand, 7)})" if e.op == "!" else f"-{py_expr(e.operand, 7)}"
     if isinstance(e, ir.Call):
+        if e.func == "select":
+            c, a, b = (py_expr(x) for x in e.args)
+            return f"({a} if {c} else {b})"
         args = ", ".join(py_expr(a) for a in e.args)
         return f"rt.cdiv({args})" if e.func == "cdiv" else f"{e.func}({args})"
     raise TypeError(f"not a host expression: {e!r}")

@@ -223,6 +223,8 @@ def _is_float(k, e) -> bool:
         return _is_float(k, e.operand)
     if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
         return any(_is_float(k, a) for a in e.args)
+    if isinstance(e, ir.Call) and e.func == "select":
+        return any(_is_float(k, a) for a in e.args[1:])
     return False
 
 

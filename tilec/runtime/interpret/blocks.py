@@ -851,9 +851,13 @@ class _Blocks:
         return arith(e.op, a, b, e)
 
     def call(self, e, env, double):
-        if e.func == "select":                     # only the arm taken is evaluated, as in C++
+        if e.func == "select":                     # c ? a : b
             c = self.ev(e.args[0], env, double)
-            return self.ev(e.args[1] if c != 0 else e.args[2], env, double)
+            if np.ndim(c) == 0:                    # one value: only the arm taken is evaluated, as in C++
+                return self.ev(e.args[1] if c != 0 else e.args[2], env, double)
+            a, b = self.ev(e.args[1], env, double), self.ev(e.args[2], env, double)   # per lane
+            t = common_type(a.dtype, b.dtype)
+            return np.where(c != 0, convert(a, t), convert(b, t))
         args = [self.ev(a, env, double) for a in e.args]
         f = e.func
         if f in ("min", "max"):                    # tl_min: a < b ? a : b
