@@ -65,3 +65,18 @@ def cases():
 def case_id(c):
     (bm, bn, bk, th), ta, tb = c
     return f"{bm}x{bn}x{bk}t{th}" + ("-ta" if ta else "") + ("-tb" if tb else "")
+
+
+def check_gemm_against_numpy(k, m, n, kk):
+    """Run gemm kernel `k` (A [m, kk] @ B [kk, n], f16) on numpy operands into a
+    guarded output and compare with numpy's product."""
+    import numpy as np
+    from guard import guarded
+    rng = np.random.default_rng(m * 7 + n * 3 + kk)
+    a = rng.standard_normal((m, kk)).astype(np.float16)
+    b = rng.standard_normal((kk, n)).astype(np.float16)
+    c = guarded((m, n), "f16", like="numpy")
+    k(a, b, c.view)
+    c.check()
+    np.testing.assert_allclose(c.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
+                               rtol=2e-2, atol=5e-2)

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as hs
 
 import tilec
 from conftest import ROOT
+from gemm_shapes import check_gemm_against_numpy
 from guard import guarded
 from tilec.runtime import interpret
 
@@ -106,15 +107,8 @@ def test_persistent_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stag
     """1 to 9 tiles over 3 blocks: a block runs 0 to 3 tiles; the ring (and with a
     producer, both roles) carries its phases from tile to tile."""
     k = tilec.compile(GEMM, backend="interpret", BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=1)
-    m, n, kk = tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0), ksteps * 64
-    rng = np.random.default_rng(m * 7 + n * 3 + kk)
-    a = rng.standard_normal((m, kk)).astype(np.float16)
-    b = rng.standard_normal((kk, n)).astype(np.float16)
-    c = guarded((m, n), "f16", like="numpy")
-    k(a, b, c.view)
-    c.check()
-    np.testing.assert_allclose(c.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
-                               rtol=2e-2, atol=5e-2)
+    check_gemm_against_numpy(k, tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0),
+                             ksteps * 64)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as hs
 
 import tilec
 from conftest import ROOT
+from gemm_shapes import check_gemm_against_numpy
 from guard import guarded
 from tilec.codegen import export as tilec_export
 
@@ -116,17 +117,6 @@ def test_export_refuses_stream_k(tmp_path):
         tilec_export.export(GEMM, tmp_path, PERSISTENT=1, STREAM_K=1)
 
 
-def _gemm_numpy(k, m, n, kk):
-    rng = np.random.default_rng(m * 7 + n * 3 + kk)
-    a = rng.standard_normal((m, kk)).astype(np.float16)
-    b = rng.standard_normal((kk, n)).astype(np.float16)
-    c = guarded((m, n), "f16", like="numpy")
-    k(a, b, c.view)
-    c.check()
-    np.testing.assert_allclose(c.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
-                               rtol=2e-2, atol=5e-2)
-
-
 @settings(max_examples=14, deadline=None)
 @given(tiles_m=hs.integers(1, 4), tiles_n=hs.integers(1, 2), ksteps=hs.integers(1, 7), stages=hs.integers(1, 4),
        producer=hs.integers(0, 1), ragged=hs.booleans())
@@ -137,7 +127,8 @@ def test_stream_k_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stages
     interpreter checks both)."""
     k = tilec.compile(GEMM, backend="interpret", BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=1,
                       STREAM_K=1)
-    _gemm_numpy(k, tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0), ksteps * 64)
+    check_gemm_against_numpy(k, tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0),
+                             ksteps * 64)
 
 
 def _torch():

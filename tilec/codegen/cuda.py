@@ -17,7 +17,7 @@ from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr, widened
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
-from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators
+from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, workspace_bytes_per_block
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
 _C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
@@ -76,10 +76,10 @@ class _Printer:
         if isinstance(e, ir.UnaryOp):
             return f"{e.op}{self.expr(e.operand, 7, double)}"
         if isinstance(e, ir.Call):
-            args = ", ".join(self.expr(a, 0, double) for a in e.args)
             if e.func == "select":
                 c, a, b = (self.expr(x, 0, double) for x in e.args)
                 return f"({c} ? {a} : {b})"
+            args = ", ".join(self.expr(a, 0, double) for a in e.args)
             if e.func in ("min", "max", "cdiv", "abs"):
                 self.uses_math = True
                 return f"tl_{e.func}({args})"
@@ -286,7 +286,8 @@ class _Printer:
         if isinstance(s, ir.Reduce):
             return self.comment(s, ind) + self.reduce(s, ind)
         if isinstance(s, ir.Let):
-            return self.comment(s, ind) + [f"{ind}const {'long long' if s.wide else 'int'} {s.name} = {self.expr(s.value)};"]
+            ctype_ = "long long" if s.wide else "int"
+            return self.comment(s, ind) + [f"{ind}const {ctype_} {s.name} = {self.expr(s.value)};"]
         if isinstance(s, (ir.PartialStore, ir.PartialAdd)):
             return self.comment(s, ind) + self.partial(s, ind)
         if isinstance(s, ir.ThreadCopy):
@@ -297,52 +298,44 @@ class _Printer:
 
     def partial(self, s, ind) -> list:
         """Stream-K's hand-over of a tile's partial sums through the launch's
-        workspace: slot `s.slot` holds each accumulator's fragment registers,
-        register r of thread i at float r * threads + i (coalesced, 16 bytes per
-        thread), and a flag after the slots says whether they are there."""
+        workspace: a flag per block at its start, then the blocks' slots; slot
+        `s.slot` holds each accumulator's fragment registers, register r of
+        thread i at float r * threads + i (coalesced, 16 bytes per thread)."""
         self.uses_stream_k = True
         slot = f"reinterpret_cast<float4*>(tl_workspace + {WORKSPACE_FLAG_BYTES}) + " \
-               f"static_cast<long long>({self.expr(s.slot)}) * {self.slot_floats // 4}"
+               f"static_cast<long long>({self.expr(s.slot)}) * {workspace_bytes_per_block(self.k) // 16}"
         flag = f"&tl_slot_ready[{self.expr(s.slot)}]"
-        out = [f"{ind}{{"]
         if isinstance(s, ir.PartialStore):
-            out += [f"{ind}  float4* const tl_slot = {slot};"]
-            for name, at in self.slot_parts(s.buffers):
-                regs = self.k.buffer(name).elements // self.threads
-                at_r = f"({at} + tl_r)" if at else "tl_r"
-                out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{",
-                        f"{ind}    __stcg(&tl_slot[{at_r} / 4 * {self.threads} + threadIdx.x], "
-                        f"make_float4({name}[tl_r], {name}[tl_r + 1], {name}[tl_r + 2], {name}[tl_r + 3]));",
-                        f"{ind}  }}"]
-            out += [f"{ind}  {self.block_sync}  // every thread's share is written",
-                    f"{ind}  if (threadIdx.x == 0) tl_slot_release({flag});"]
+            body = [f"{ind}  float4* const tl_slot = {slot};"]
+            body += self.slot_loops(s.buffers, ind, lambda name, at: [
+                f"__stcg(&tl_slot[{at}], make_float4({name}[tl_r], {name}[tl_r + 1], {name}[tl_r + 2], "
+                f"{name}[tl_r + 3]));"])
+            body += [f"{ind}  {self.block_sync}  // every thread's share is written",
+                     f"{ind}  if (threadIdx.x == 0) tl_slot_release({flag});"]
         else:
-            out += [f"{ind}  if (threadIdx.x == 0) tl_slot_acquire({flag});",
+            body = [f"{ind}  if (threadIdx.x == 0) tl_slot_acquire({flag});",
                     f"{ind}  {self.block_sync}  // the slot's partial sums are visible to every thread",
                     f"{ind}  const float4* const tl_slot = {slot};"]
-            for name, at in self.slot_parts(s.buffers):
-                regs = self.k.buffer(name).elements // self.threads
-                at_r = f"({at} + tl_r)" if at else "tl_r"
-                out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{",
-                        f"{ind}    const float4 tl_v = __ldcg(&tl_slot[{at_r} / 4 * {self.threads} + threadIdx.x]);",
-                        f"{ind}    {name}[tl_r] += tl_v.x;", f"{ind}    {name}[tl_r + 1] += tl_v.y;",
-                        f"{ind}    {name}[tl_r + 2] += tl_v.z;", f"{ind}    {name}[tl_r + 3] += tl_v.w;",
-                        f"{ind}  }}"]
-            out += self.fence_fragments(ind + "  ", [self.k.buffer(n) for n in s.buffers])
-        return out + [f"{ind}}}"]
+            body += self.slot_loops(s.buffers, ind, lambda name, at: [
+                f"const float4 tl_v = __ldcg(&tl_slot[{at}]);", f"{name}[tl_r] += tl_v.x;",
+                f"{name}[tl_r + 1] += tl_v.y;", f"{name}[tl_r + 2] += tl_v.z;", f"{name}[tl_r + 3] += tl_v.w;"])
+            body += self.fence_fragments(ind + "  ", [self.k.buffer(n) for n in s.buffers])
+        return [f"{ind}{{"] + body + [f"{ind}}}"]
 
-    def slot_parts(self, names) -> list:
-        """(accumulator, its first register's float index in a slot), in slot order."""
-        out, at = [], 0
+    def slot_loops(self, names, ind, lines) -> list:
+        """For each accumulator of `names`, a loop over its registers in fours;
+        `lines(name, at)` is the body, `at` the float4 of registers tl_r..tl_r + 3
+        in the slot (accumulators in slot order, stream_k_accumulators)."""
+        out, first = [], 0
         for b in stream_k_accumulators(self.k):
+            regs = b.elements // self.threads
             if b.name in names:
-                out.append((b.name, at))
-            at += b.elements // self.threads
+                r = f"({first} + tl_r)" if first else "tl_r"
+                out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{"]
+                out += [f"{ind}    {line}" for line in lines(b.name, f"{r} / 4 * {self.threads} + threadIdx.x")]
+                out.append(f"{ind}  }}")
+            first += regs
         return out
-
-    @property
-    def slot_floats(self) -> int:
-        return sum(b.elements for b in stream_k_accumulators(self.k))
 
     def gemm(self, s: ir.Gemm, ind) -> list:
         """acc += a @ b: per K step (32 bytes of K), one wgmma per m64 row tile of

@@ -108,7 +108,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         raise SemanticError("stream_k = 1 splits the tiles of a persistent grid's last wave: it needs persistent = 1",
                             k.stream_k.span)
     body = _resolve_body(k.body, resolve, {})
-    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent, stream_k=stream_k,
+    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
+                   stream_k=stream_k,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
                    buffers=tuple(buffers), body=body)
@@ -153,8 +154,6 @@ def _resolve_body(body, resolve, bound):
                 resolve(ir.Var(s.dst, span=s.dst_span), bound)
         out.append(s)
     return tuple(out)
-
-
 
 
 def _flag(value, message, resolve) -> int:

@@ -425,7 +425,8 @@ def workspace(device, stream, nbytes) -> int:
     driver.make_current(device)
     ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
     check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
-    _RETIRED.append(have)
+    if have is not None:
+        _RETIRED.append(have)
     _WORKSPACES[key] = (ptr, nbytes)
     return ptr
 
