@@ -575,11 +575,8 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 27 of 32 candidates compile\)", lines[0]), lines[0]
-    assert lines[1] == ("examples/gemm.tile: candidate BM=128 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 refused: "
-                        "examples/gemm.tile:8:5: error: shared tiles need 262144 bytes; a Hopper block has at most "
-                        "232448 bytes of shared memory")
-    assert lines[2:] == [f"examples/gemm.tile: candidate BM=192 BN=256 STAGES={stages} PRODUCER=1 "
+                        r"tune: 28 of 32 candidates compile\)", lines[0]), lines[0]
+    assert lines[1:] == [f"examples/gemm.tile: candidate BM=192 BN=256 STAGES={stages} PRODUCER=1 "
                          f"PERSISTENT={persistent} refused: "
                          "examples/gemm.tile:14:9: error: gemm: the accumulator fragments take 128 registers per "
                          "thread (128 for 'acc') and a wgmma needs about 26 more, over the 128 a thread of a "
@@ -588,7 +585,7 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
-                        r"tune: 21 of 24 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
+                        r"tune: 22 of 24 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
     assert "candidate BM=192 BN=256 PRODUCER=1 PERSISTENT=0 refused: " in p.stdout
 
 

@@ -192,3 +192,19 @@ def test_wait_without_any_arrive_hangs():
 def test_tilec_check_runs_the_checker():
     from tilec.passes import PASS_NAMES
     assert "check-barriers" in PASS_NAMES
+
+
+def test_store_waits_leave_later_groups_in_flight():
+    """insert-barriers' record of the tiles TMA stores still read: a wait for
+    one tile leaves the groups committed after its last store in flight; where
+    paths that stored in other orders meet, a wait waits for everything."""
+    from tilec.passes.insert_barriers import _Stores
+    s = _Stores().add("x").add("y").add("x").add("z")          # groups: x y x z -> x's last is second to last
+    wait, left = s.wait({"x"})
+    assert (wait.pending, left.tiles) == (1, ("z",))
+    wait, left = s.wait({"y", "z"})
+    assert (wait.pending, left.tiles) == (0, ())
+    assert _Stores(("x", "y")).join(_Stores(("y",))) == _Stores(("x", "y"))   # a suffix: the same count holds
+    assert _Stores(("y",)).join(_Stores()) == _Stores(("y",))
+    mixed = _Stores(("x", "y")).join(_Stores(("y", "x")))
+    assert not mixed.ordered and mixed.wait({"y"})[0].pending == 0

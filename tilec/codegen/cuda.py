@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import map_body, walk_expr, widened
+from ..ir.exprs import fold, map_body, walk_expr, widened
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
 from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, workspace_bytes_per_block
@@ -242,7 +242,7 @@ class _Printer:
         if isinstance(s, ir.BulkCommit):
             return [f"{ind}bulk_commit_group();"]
         if isinstance(s, ir.BulkWait):
-            return [f"{ind}bulk_wait_group_read_0();"]
+            return [f"{ind}bulk_wait_group_read<{s.pending}>();"]
         if isinstance(s, ir.ProxyFence):
             return [f"{ind}fence_proxy_async_shared();"]
         if isinstance(s, ir.For):
@@ -533,7 +533,7 @@ class _Printer:
             return self.fragment_store(s, src_b, ind)
         if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
                 and dst_dt.name in PAIR_TYPES:
-            return self.fragment_pairs(src_b, dst_b, ind)
+            return self.fragment_pairs(s, src_b, dst_b, ind)
         value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
@@ -590,20 +590,32 @@ class _Printer:
                 f"{ind}}} else {{  // the {t} consumer threads",
                 f"{ind}  setmaxnreg_inc<{s.consumer_regs}>();"] + consumers + [f"{ind}}}"]
 
-    def fragment_pairs(self, acc: ir.Buffer, dst: ir.Buffer, ind) -> list:
-        """copy(acc, shared tile): registers r and r + 1 of a thread are columns
+    def fragment_pairs(self, s: ir.ThreadCopy, acc: ir.Buffer, dst: ir.Buffer, ind) -> list:
+        """copy(acc, shared tile), or of a chunk of acc's columns (the tile's
+        width from a start column): registers r and r + 1 of a thread are columns
         c and c + 1 of one row, so each pair is converted together (cvt .f16x2 /
         .bf16x2) and stored as one 4-byte (8 for f32) word; one conversion per
         register makes ptxas serialize the kernel's wgmmas (C7514)."""
-        _, regs, row, col = self.fragment_index(acc)
+        mt, regs, row, col = self.fragment_index(acc)
         self.pair_stores.add(dst.dtype.name)
         pair_t, pack = PAIR_TYPES[dst.dtype.name]
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
-        return [f"{ind}#pragma unroll",
-                f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1",
-                f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col};",
-                f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
-                f"{ind}}}"]
+        first = fold(s.src.starts[1]).value if s.src.starts else 0
+        body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};",
+                f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"]
+        if not first and dst.shape == acc.shape:
+            return [f"{ind}#pragma unroll",
+                    f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1"] + \
+                body + [f"{ind}}}"]
+        # the chunk's registers: in each m64 tile's share (regs / mt), those of its columns
+        half, lo, hi = regs // mt, first // 2, (first + dst.shape[1]) // 2
+        what = f"columns tl_i1, tl_i1 + 1 of acc's columns {first} .. {first + dst.shape[1] - 1}"
+        if mt == 1:
+            head = [f"{ind}for (int tl_r = {lo}; tl_r < {hi}; tl_r += 2) {{  // {what}"]
+        else:
+            head = [f"{ind}for (int tl_j = 0; tl_j < {mt * (hi - lo)}; tl_j += 2) {{  // {what}",
+                    f"{ind}  const int tl_r = tl_j / {hi - lo} * {half} + {lo} + tl_j % {hi - lo};"]
+        return [f"{ind}#pragma unroll"] + head + body + [f"{ind}}}"]
 
     def fragment_store(self, s: ir.ThreadCopy, acc: ir.Buffer, ind) -> list:
         """copy(acc, T[...]) from wgmma fragments: a thread's registers cover 2 rows

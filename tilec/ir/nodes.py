@@ -431,6 +431,8 @@ class StoreTail(Stmt):
     tensor: str
     coords: tuple
     shape: tuple            # of int: the tile's shape
+    chunk: int = 0          # an epilogue staged in column chunks: this one's place among them; as the
+    chunks: int = 1         # chunks lie side by side, the tail crosses one of them at most
     span: Optional[Span] = SPAN
 
 
@@ -518,9 +520,10 @@ class BulkCommit(Stmt):
 
 @dataclass(frozen=True)
 class BulkWait(Stmt):
-    """cp.async.bulk.wait_group[.read] 0: earlier TMA stores have read their smem
-    (`read=True`) or completed."""
+    """cp.async.bulk.wait_group[.read] N: earlier TMA stores, all but the last
+    `pending` bulk groups, have read their smem (`read=True`) or completed."""
     read: bool
+    pending: int = 0
     span: Optional[Span] = SPAN
 
 

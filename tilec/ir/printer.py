@@ -52,7 +52,7 @@ def region(r: ir.Region) -> str:
     if not r.starts:
         return r.name
     parts = []
-    for s, x in zip(r.starts, r.extents):
+    for s, x in zip(r.starts, r.extents or (None,) * len(r.starts)):
         parts.append(expr(s) if x is None else f"{expr(s)} : +{expr(x)}")
     return f"{r.name}[{', '.join(parts)}]"
 
@@ -159,7 +159,7 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.BulkCommit):
         return [f"{ind}cp.async.bulk.commit_group"]
     if isinstance(s, ir.BulkWait):
-        return [f"{ind}cp.async.bulk.wait_group{'.read' if s.read else ''} 0"]
+        return [f"{ind}cp.async.bulk.wait_group{'.read' if s.read else ''} {s.pending}"]
     if isinstance(s, ir.OneThread):
         return [f"{ind}one_thread {{"] + block(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, ir.Specialized):

@@ -85,6 +85,11 @@ NAME = "check-barriers"
 
 TRIP_COUNTS = (0, 1, 2, 3)
 MAX_PATHS = 4096
+# env key of a path: whether the store tails of this trip run. A staged epilogue's tile crosses
+# the last whole granule in one column chunk at most, but each tail sits between block barriers of
+# its own, so running all of them checks every tail's reads, and running none the path that lacks
+# their barriers: two choices per trip, not one per chunk
+TAIL = "#tail"
 T0, REST = "thread 0", "the other threads"
 PRODUCER = "the producer warpgroup"
 CONSUMERS = "the consumers"
@@ -115,10 +120,16 @@ class _State:
     touched: set = field(default_factory=set)          # tiles used by threads since the last block barrier
     written: set = field(default_factory=set)          # thread-written since the last proxy fence + barrier
     fenced: set = field(default_factory=set)           # ... fenced, barrier still to come
-    storing: set = field(default_factory=set)          # read by TMA stores not waited for
+    groups: list = field(default_factory=list)         # tiles read by each bulk group not waited for, in order
+    uncommitted: set = field(default_factory=set)      # read by TMA stores not in a bulk group yet
     env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
     wgmma: list = field(default_factory=list)          # tiles read by each wgmma group still in flight
     released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
+
+
+def _storing(st) -> set:
+    """The tiles TMA stores may still be reading."""
+    return set(st.uncommitted).union(*st.groups)
 
 
 def _fail(msg, span):
@@ -196,10 +207,15 @@ class _Checker:
             return out
         if isinstance(s, ir.StoreTail):
             # in blocks whose tile crosses the last whole granule: barrier, reads, barrier
-            tail = copy.deepcopy(st)
-            for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
-                self.step(x, tail, classes)
-            return [tail, st]
+            forks = [st]
+            if s.chunk == 0:
+                forks = [copy.deepcopy(st), st]
+                forks[0].env[TAIL], st.env[TAIL] = True, False
+            for fork in forks:
+                if fork.env[TAIL]:
+                    for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
+                        self.step(x, fork, classes)
+            return forks
         if isinstance(s, ir.If):
             cond = evaluate(s.cond, st.env)
             if cond is not None:
@@ -289,7 +305,9 @@ class _Checker:
                 taken = cond if cond is not None else run.choose(2) == 0
                 yield from self.side(s.then if taken else s.orelse, run, classes)
             elif isinstance(s, ir.StoreTail):
-                if run.choose(2) == 0:      # a block whose tile crosses the last whole granule
+                if s.chunk == 0:            # a block whose tile crosses the last whole granule
+                    st.env[TAIL] = run.choose(2) == 0
+                if st.env[TAIL]:
                     for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
                         yield x, classes
                         self.step(x, st, classes)
@@ -359,9 +377,12 @@ class _Checker:
             if t in st.written:
                 _fail(f"TMA store of '{t}', which threads wrote, without fence.proxy.async and a block barrier "
                       "after the writes", s.span)
-            st.storing.add(t)
+            st.uncommitted.add(t)
+        elif isinstance(s, ir.BulkCommit):
+            st.groups.append(st.uncommitted)
+            st.uncommitted = set()
         elif isinstance(s, ir.BulkWait):
-            st.storing.clear()
+            st.groups = st.groups[len(st.groups) - s.pending:] if s.pending else []
         elif shared_accesses(self.k, s) != (set(), set()):
             self.thread_access(s, st, classes)      # threads touching tiles (copies, fill, parallel, tails, ...)
 
@@ -391,7 +412,7 @@ class _Checker:
         if t in st.unwaited and st.unwaited[t] != bname:
             _fail(f"TMA load overwrites '{t}' while its previous load (mbarrier {st.unwaited[t]}) is unwaited",
                   s.span)
-        if t in st.storing:
+        if t in _storing(st):
             _fail(f"TMA load overwrites '{t}' while a TMA store may still be reading it (no wait_group.read)",
                   s.span)
         if t in st.touched:
@@ -475,7 +496,7 @@ class _Checker:
             if t in st.visible and set(classes) - st.visible[t]:
                 _fail(f"threads use '{t}' before waiting for its TMA load", s.span)
         for t in writes:
-            if t in st.storing:
+            if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
         if isinstance(s, ir.Gemm):
             for t in reads & st.written:
@@ -500,7 +521,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                 span = next((s.span for s in ir.walk_stmts(k.body)
                              if isinstance(s, ir.ArriveExpectTx) and s.barrier == name.partition("[")[0]), None)
                 _fail(f"mbarrier {name} is armed at the end of the kernel and never waited on", span)
-        if st.storing:
+        if _storing(st):
             span = next((s.span for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaStore)), None)
             _fail("the kernel can exit while a TMA store still reads shared memory (no wait_group)", span)
     return k

@@ -33,24 +33,55 @@ NAME = "insert-barriers"
 WGMMA_GROUPS_IN_FLIGHT = 1
 
 
+@dataclass(frozen=True)
+class _Stores:
+    """The tiles TMA stores may still be reading: each once, in the order of its
+    last bulk group, so a wait for some of them leaves the later groups in
+    flight (wait_group.read N). Where paths that stored in different orders
+    meet, only which tiles is known (`ordered` off), and a wait waits for all."""
+    tiles: tuple = ()
+    ordered: bool = True
+
+    def __bool__(self):
+        return bool(self.tiles)
+
+    def reading(self, tiles) -> bool:
+        return any(t in tiles for t in self.tiles)
+
+    def add(self, t) -> "_Stores":
+        return _Stores(tuple(x for x in self.tiles if x != t) + (t,), self.ordered)
+
+    def wait(self, tiles, span=None):
+        """(the wait for the stores reading `tiles`, what is left in flight)."""
+        last = max(i for i, t in enumerate(self.tiles) if t in tiles)
+        left = _Stores(self.tiles[last + 1:]) if self.ordered else _Stores()
+        return ir.BulkWait(read=True, pending=len(left.tiles), span=span), left
+
+    def join(self, other) -> "_Stores":
+        for a, b in ((self, other), (other, self)):
+            if a.ordered and b.ordered and a.tiles[len(a.tiles) - len(b.tiles):] == b.tiles:
+                return a        # b's groups are a's last ones: a wait computed on a is right on b
+        return _Stores(tuple(sorted(set(self.tiles) | set(other.tiles))), False)
+
+
 @dataclass
 class _State:
     pending: dict = field(default_factory=dict)       # tile -> barrier of a load not yet waited
     thread_read: set = field(default_factory=set)     # tiles read by threads since the last block barrier
     thread_written: set = field(default_factory=set)  # ... written by threads since the last block barrier
     unfenced: set = field(default_factory=set)        # written by threads since the last proxy fence
-    storing: set = field(default_factory=set)         # read by a TMA store not yet waited for
+    storing: _Stores = _Stores()                      # read by a TMA store not yet waited for
     one_thread_seen: set = field(default_factory=set)  # waited by thread 0 only: others need a barrier
     observed: set = field(default_factory=set)        # its load's phase was waited on by every thread
 
     def copy(self):
         return _State(dict(self.pending), set(self.thread_read), set(self.thread_written),
-                      set(self.unfenced), set(self.storing), set(self.one_thread_seen), set(self.observed))
+                      set(self.unfenced), self.storing, set(self.one_thread_seen), set(self.observed))
 
     def join(self, other):
         assert not self.pending and not other.pending
         return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
-                      self.unfenced | other.unfenced, self.storing | other.storing,
+                      self.unfenced | other.unfenced, self.storing.join(other.storing),
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
 
 
@@ -315,11 +346,16 @@ class _Inserter:
         tile), are waited for, and threads that used any of it since the last
         block barrier meet at one (after a proxy fence if they wrote it)."""
         mem = set(tiles) | {b.name for b in self.k.buffers if b.alias in tiles}
-        if st.storing & mem:
-            out.append(ir.OneThread((ir.BulkWait(read=True),)))
-            st.storing -= mem
+        if st.storing.reading(mem):
+            self.wait_stores(st, mem, out)
         if mem & (st.thread_read | st.thread_written | st.unfenced | st.observed):
             self.sync(st, out, fence=bool(mem & st.unfenced), span=span)
+
+    @staticmethod
+    def wait_stores(st, tiles, out):
+        """Thread 0 waits until the TMA stores reading `tiles` have read them."""
+        wait, st.storing = st.storing.wait(tiles)
+        out.append(ir.OneThread((wait,)))
 
     def store(self, s, st, out):
         t = s.buffer
@@ -328,7 +364,7 @@ class _Inserter:
         if t in st.unfenced:
             self.sync(st, out, fence=True, span=s.span)
         out.append(ir.OneThread((s, ir.BulkCommit())))
-        st.storing.add(t)
+        st.storing = st.storing.add(t)
 
     def thread_access(self, s, st, out):
         reads, writes = shared_accesses(self.k, s)
@@ -339,16 +375,14 @@ class _Inserter:
         for t in sorted(under):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
-        if under & st.storing:
-            out.append(ir.OneThread((ir.BulkWait(read=True),)))
-            st.storing -= under
+        if st.storing.reading(under):
+            self.wait_stores(st, under, out)
         for t in sorted(touched):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
         need_sync = bool(touched & st.one_thread_seen)
-        if writes & st.storing:
-            out.append(ir.OneThread((ir.BulkWait(read=True),)))
-            st.storing -= writes
+        if st.storing.reading(writes):
+            self.wait_stores(st, writes, out)
             need_sync = True
         if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
             need_sync = True
@@ -435,7 +469,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     st = _State()
     body = list(ins.block(k.body, st, False))
     if st.storing:
-        body.append(ir.OneThread((ir.BulkWait(read=True),)))
+        body.append(ir.OneThread((ir.BulkWait(read=True),)))    # all of them, before the block exits
     if ins.producer_loops:
         _check_ring_tiles_private(k, k.body, ins.producer_loops)
         producer = _producer_program(k.body, ins.producer_loops)

@@ -9,6 +9,10 @@
 A gemm accumulator's copy to global memory (the epilogue) goes through shared
 memory: a thread copy of the fragments (converting) into a 128-byte swizzled
 tile placed over a pipeline ring that is no longer used, then a TMA store.
+Where the staging tile needs memory of its own (a loop over output tiles with a
+producer warpgroup), it is two tiles of one 128-byte column chunk each, used in
+turn: chunk c of the accumulator is staged in tile c % 2 and stored while the
+threads stage chunk c + 1 in the other.
 
 With `opts.tma` off (the fallback variant, run when an argument breaks a TMA
 rule at launch) global <-> shared copies become thread copies too.
@@ -44,20 +48,18 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if (src, dst) == ("shared", "global") and opts.tma:
             return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
         if id(s) in staged:
-            tile = staged[id(s)]
-            return [ir.ThreadCopy(s.src, ir.Region(tile.name, (), (), span=s.span), tile.shape, span=s.span),
-                    *tma_store(k, tile, s.dst, s.span)]
+            return _staged_store(k, s, staged[id(s)])
         tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
         return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)
     return replace(k, body=map_body(k.body, lower))
 
 
-def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span) -> list:
+def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chunks=1) -> list:
     """A TMA store of `tile` at region `dst`, and its StoreTail when the tensor's rows
     may end inside a 16-byte granule (TMA stores clip at granules, not elements)."""
     out = [ir.TmaStore(tile.name, dst.name, dst.starts, span=span)]
     if not ir.rows_in_whole_granules(k.param(dst.name)):
-        out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), span=span))
+        out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), chunk, chunks, span=span))
     return out
 
 
@@ -70,7 +72,9 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
     output tile) the ring is reused by the next trip, whose pipeline meets the
     stores first (insert-barriers); but with a producer warpgroup the next
     trip's loads run while the consumers stage this one, so there the staging
-    tile gets memory of its own."""
+    tile gets memory of its own: two tiles of one 128-byte column chunk each,
+    when the accumulator has more chunks than one and each warpgroup holds
+    all of its columns (then a chunk is a compile-time set of registers)."""
     rings = {}                                  # operand tile -> bytes of its ring
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.For):
@@ -103,6 +107,10 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
         if in_loop and k.producer_warpgroup:
+            if acc.shape[1] > width and acc.wg_cols == 1:
+                staged[id(s)] = tuple(_tile(acc, t, (acc.shape[0], width), "", s.span, str(i)) for i in range(2))
+                new.extend(staged[id(s)])
+                return
             alias = ""                  # memory of its own
         else:
             free = [r for r, size in rings.items() if r not in later and size >= nbytes
@@ -110,10 +118,32 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
             if not free:
                 return
             alias = max(free, key=rings.get)
-        tile = ir.Buffer(f"tl_{acc.name}_out", "shared", t.dtype, acc.shape, layout="sw128", alias=alias,
-                         span=s.span)
+        tile = _tile(acc, t, acc.shape, alias, s.span)
         new.append(tile)
-        staged[id(s)] = tile
+        staged[id(s)] = (tile,)
 
     visit(k.body, (), False)
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
+
+
+def _tile(acc: ir.Buffer, t: ir.TensorParam, shape, alias, span, suffix="") -> ir.Buffer:
+    return ir.Buffer(f"tl_{acc.name}_out{suffix}", "shared", t.dtype, tuple(shape), layout="sw128", alias=alias,
+                     span=span)
+
+
+def _staged_store(k: ir.Kernel, s: ir.Copy, tiles: tuple) -> list:
+    """The epilogue through its staging tile, or with two tiles chunk c of the
+    accumulator's columns through tiles[c % 2]."""
+    if len(tiles) == 1:
+        return [ir.ThreadCopy(s.src, ir.Region(tiles[0].name, (), (), span=s.span), tiles[0].shape, span=s.span),
+                *tma_store(k, tiles[0], s.dst, s.span)]
+    width = tiles[0].shape[1]
+    *rows, x = s.dst.starts
+    out, chunks = [], k.buffer(s.src.name).shape[1] // width
+    for c in range(chunks):
+        tile, col = tiles[c % 2], ir.Int(c * width)
+        src = ir.Region(s.src.name, (ir.Int(0), col), (None, None), span=s.span)
+        dst = replace(s.dst, starts=(*rows, ir.BinOp("+", x, col, span=s.span) if c else x))
+        out += [ir.ThreadCopy(src, ir.Region(tile.name, (), (), span=s.span), tile.shape, span=s.span),
+                *tma_store(k, tile, dst, s.span, c, chunks)]
+    return out

@@ -631,7 +631,11 @@ class _Blocks:
         k = self.k
         src_b, dst_b, view = self.buffers.get(s.src.name), self.buffers.get(s.dst.name), k.view(s.src.name)
         if src_b is not None:
-            data = self.tile(src_b).reshape(s.shape)
+            data = self.tile(src_b)
+            if s.src.starts:        # a part of the tile (a chunk of an accumulator's columns)
+                data = data[tuple(slice(o, o + n) for o, n in
+                                  zip((_int(self.ev(c, env)) for c in s.src.starts), s.shape))]
+            data = data.reshape(s.shape)
             src_dt = src_b.dtype
         elif view is not None:
             data = self.view_elements(s, view, env)
