@@ -602,18 +602,19 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
-    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
+    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
         "PERSISTENT in (0, 1)\n" \
-        "  grid (bx, by)" \
+        "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text
     cuda = tilec_cli("emit", "examples/gemm.tile", "--emit", "cuda").stdout
     want = tilec.compile(Source("examples/gemm.tile", (ROOT / "examples/gemm.tile").read_text()), arch="sm_90a",
                          tune=False).cuda_source
     assert cuda == (want if want.endswith("\n") else want + "\n")
-    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1, PERSISTENT = 0, STREAM_K = 0\n" in cuda
+    assert "// consts: BM = 128, BN = 128, BK = 64, STAGES = 3, PRODUCER = 1, PERSISTENT = 0, STREAM_K = 0, " \
+        "GROUP = 8\n" in cuda
     pinned = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir", "--after", "fold-consts", "-D", "BN=256").stdout
     assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  const PERSISTENT = 0\n" \
-        "  const STREAM_K = 0\n  tune BM in (128, 192), BN in (128, 256)," \
+        "  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (128, 192), BN in (128, 256)," \
         in pinned
 
 
@@ -621,7 +622,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 32 candidates (5 refused: 4 for registers, 1 for shared memory), keyed by
+    """examples/gemm.tile as shipped: 32 candidates (4 refused for registers), keyed by
     M, K, N; then warm starts from the disk cache, compile and first call."""
     import torch
     from guard import guarded
@@ -645,7 +646,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     assert err < 2e-3, f"relative error {err:.2e}"
     c.check()
     report = k.tune_report()
-    assert report.count(" ms") == 27 and report.count("refused") == 5, report
+    assert report.count(" ms") == 28 and report.count("refused") == 4, report
     assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0: ")  # declared first
     assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1: refused: " in report
     assert set(k.best_config) == {"BM", "BN", "STAGES", "PRODUCER", "PERSISTENT"}
@@ -735,8 +736,8 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
             refused.append(cfg)
             continue
         check(kern, cfg)
-    assert refused == [{"BM": 128, "BN": 256, "STAGES": 4, "PRODUCER": 1, "PERSISTENT": 1}] + [   # shared memory
-        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]   # registers
+    assert refused == [   # registers
+        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]
     tuned_conv = tilec.compile(CONV_PATH)
     check(tuned_conv, "tuned")
     assert tuned_conv.tune_report().count(" ms") == 43 and tuned_conv.best_config in cands

@@ -307,12 +307,14 @@ CHECK:      Variant tma_variant(tma_variant_cubin, 99328, 384);  // the TMA vari
 CHECK:        (v.smem_bytes > 48 * 1024 &&  // over 48 KiB of dynamic shared memory must be asked for
 CHECK-NEXT:    driver_failed(cuFuncSetAttribute(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 CHECK:        // the shape symbols as the kernel takes them: 32-bit ints
-CHECK-NEXT:   if (K > 2147483647)
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "shape symbol K = ", K,
+CHECK-NEXT:   if (M > 2147483647)
+CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "shape symbol M = ", M,
 CHECK-NEXT:                 " is over 2^31-1: kernels index each dimension with 32-bit ints");
-CHECK-NEXT:   const int tl_K = static_cast<int>(K);
+CHECK-NEXT:   const int tl_M = static_cast<int>(M);
+CHECK-NEXT:   if (K > 2147483647)
+CHECK:        const int tl_N = static_cast<int>(N);
 CHECK:        params[] = {&tmap_A, &tmap_B, &tmap_C, param(&C), param(&C_shape[0]), param(&C_shape[1]),
-CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&tl_K)};
+CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&tl_M), param(&tl_K), param(&tl_N)};
 """,
     "conv2d": """
 CHECK:      const Im2colMap tmap_Xc_rule = {

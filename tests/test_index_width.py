@@ -54,7 +54,7 @@ def test_symbols_are_ints_and_products_of_sizes_are_64_bit():
     assert "static_cast<long long>(M) * N + static_cast<long long>(tl_cdiv(M, 7)) * tl_cdiv(N, 5) * i" in cuda
     # a size times a block index or a const stays 32-bit
     gemm = tilec.compile(str(ROOT / "examples/gemm.tile")).cuda_source
-    assert "const int K)" in gemm and "static_cast<long long>" not in re.sub(r"(?s)\{  // C's columns.*", "", gemm)
+    assert "const int K," in gemm and "static_cast<long long>" not in re.sub(r"(?s)\{  // C's columns.*", "", gemm)
 
 
 def test_cdiv_is_exact_without_overflow():

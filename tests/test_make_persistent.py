@@ -16,7 +16,8 @@ from gemm_shapes import check_gemm_against_numpy
 from guard import guarded
 from tilec.runtime import interpret
 
-GEMM = re.sub(r"\n\s*tune [^;]*;", "\n", (ROOT / "examples/gemm.tile").read_text())
+# gemm.tile in the order a one-block-per-tile launch numbers its tiles (group = 1)
+GEMM = re.sub(r"\n\s*tune [^;]*;", "\n", (ROOT / "examples/gemm.tile").read_text()).replace(", group = GROUP", "")
 assert "persistent = PERSISTENT" in GEMM
 
 COPY3 = """
@@ -74,20 +75,69 @@ def test_persistent_must_be_a_compile_time_flag(value, message):
 
 def test_grid_options_are_checked_with_their_line():
     msg = error(COPY3.replace("persistent = P", "persistant = 1"))
-    assert "<string>:4:64: error: grid takes the options persistent = 0 or 1 and stream_k = 0 or 1, not " \
-           "'persistant'" in msg
+    assert "<string>:4:64: error: grid takes the options persistent = 0 or 1, stream_k = 0 or 1 and group = rows, " \
+           "not 'persistant'" in msg
     msg = error(COPY3.replace("persistent = P", "persistent = P, persistent = 0"))
     assert ":4:" in msg and "persistent is given twice" in msg
 
 
-def _copy3(d, m, n):
-    k = tilec.compile(COPY3, backend="interpret")
+def _copy3(d, m, n, group=1, persistent=1):
+    k = tilec.compile(COPY3.replace("persistent = P", f"persistent = {persistent}, group = {group}"),
+                      backend="interpret")
     a = np.arange(d * m * n, dtype=np.float32).reshape(d, m, n)
     b = guarded((d, m, n), "f32", like="numpy")
     k(a, b.view)
     b.check()
     bz, by, bx = np.meshgrid(np.arange(d) // 4, np.arange(m) // 8, np.arange(n) // 64, indexing="ij")
     np.testing.assert_array_equal(b.view, a + (bz * 100 + by * 10 + bx) * 1000.0)
+
+
+def test_group_numbers_tiles_in_groups_of_rows():
+    """group = G: tile t of a group of G rows of by (the last one may have fewer)
+    is column t / rows, row t % rows of it, bound by lets at the top of each
+    trip; without persistent the same lets take blockIdx.x."""
+    for persistent, t in ((1, "tl_t"), (0, "tl_block")):
+        src = GEMM.replace("persistent = PERSISTENT", f"persistent = {persistent}, group = 8")
+        k = tilec.compile(src, arch="sm_90a", PRODUCER=1)
+        text = k.ir("make-persistent")
+        lets = ["let tl_t = tl_block + tl_tile * tl_blocks"] if persistent else []
+        lets += [f"let tl_group_row = {t} / (8 * cdiv(N, 128)) * 8",
+                 "let tl_group_rows = min(cdiv(M, 128) - tl_group_row, 8)",
+                 f"let by = tl_group_row + {t} % (8 * cdiv(N, 128)) % tl_group_rows",
+                 f"let bx = {t} % (8 * cdiv(N, 128)) / tl_group_rows", "fill acc, 0"]
+        at = [text.index(x) for x in lets]
+        assert at == sorted(at), text
+        assert ", group = 8" in text.splitlines()[text.splitlines().index(
+            next(x for x in text.splitlines() if x.strip().startswith("grid")))]
+        assert "A[by * 128, k * 64]" in text and f"const int bx = {t} % (8 * tl_cdiv(N, 128)) / tl_group_rows;" \
+            in k.cuda_source
+        assert k.compile_log == ""
+    assert "group" not in tilec.compile(GEMM, arch="sm_90a").ir("make-persistent")     # group = 1: as before
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", ":4:88: error: group must be a compile-time integer >= 1"),
+    ("N", ":4:88: error: group must be a compile-time integer >= 1"),
+])
+def test_group_must_be_a_compile_time_count(value, message):
+    assert message in error(COPY3.replace("persistent = P", f"persistent = P, group = {value}"))
+
+
+def test_group_needs_rows():
+    src = "kernel c(A: f32[N], B: f32[N]) {\n    grid (bx) = (cdiv(N, 64)), group = 4;\n    threads 64;\n" \
+          "    shared s: f32[64];\n    copy(A[bx * 64], s);\n    copy(s, B[bx * 64]);\n}\n"
+    assert "<string>:2:40: error: group = 4 numbers the tiles of 4 rows (the grid's second index) together: it " \
+           "needs a grid of 2 or 3 dims" in error(src)
+
+
+@pytest.mark.filterwarnings("ignore::tilec.TmaFallbackWarning")
+@settings(max_examples=25, deadline=None)
+@given(shape=hs.tuples(hs.integers(1, 9), hs.integers(1, 40), hs.integers(1, 300)), group=hs.integers(1, 7),
+       persistent=hs.integers(0, 1))
+def test_grouped_tiles_each_run_once(shape, group, persistent):
+    """Every (bx, by, bz) of a 3-dim grid runs exactly once with any group, the
+    last group short or not, persistent (3 resident blocks) or one block per tile."""
+    _copy3(*shape, group=group, persistent=persistent)
 
 
 @pytest.mark.filterwarnings("ignore::tilec.TmaFallbackWarning")

@@ -29,7 +29,7 @@ def error(src, **consts):
 
 def test_stream_k_needs_a_persistent_grid():
     msg = error(GEMM, PERSISTENT=0, STREAM_K=1)
-    col = GEMM.splitlines()[GRID_LINE - 1].index("STREAM_K;") + 1
+    col = GEMM.splitlines()[GRID_LINE - 1].index("STREAM_K,") + 1
     assert f"<string>:{GRID_LINE}:{col}: error: stream_k = 1 splits the tiles of a persistent grid's last wave: " \
            "it needs persistent = 1" in msg
 
@@ -68,16 +68,17 @@ def test_ir_after_the_pass():
     k = tilec.compile(GEMM, BM=128, BN=256, STAGES=3, PERSISTENT=1, STREAM_K=1)
     ir = k.ir("make-persistent")
     expect = [
-        "grid (tl_block) = (cdiv(N, 256) * cdiv(M, 128)), persistent = 1, stream_k = 1",
+        "grid (tl_block) = (cdiv(N, 256) * cdiv(M, 128)), persistent = 1, stream_k = 1, group = 8",
         "let tl_sk_begin = i64(tl_block) * tl_sk_steps / tl_blocks (64-bit)",
         "for tl_unit in range(tl_sk_units + cdiv(tl_tiles - tl_sk_tiles - tl_block, tl_blocks))",
+        "let by = tl_group_row + tl_t % (8 * cdiv(N, 256)) % tl_group_rows",     # gemm.tile's group = 8
         "for k in pipelined(tl_k_steps, stages = 3, producer = 1)",
-        "copy A[tl_t / cdiv(N, 256) * 128, (k + tl_k_lo) * 64] -> a",
+        "copy A[by * 128, (k + tl_k_lo) * 64] -> a",
         "if tl_k_hi < tl_steps {",
         "partial_store(acc) -> workspace slot tl_block, release",
         "for tl_part in range(tl_block - tl_first_block)",
         "partial_add(acc) <- workspace slot tl_block - 1 - tl_part, acquire",
-        "copy acc -> C[tl_t / cdiv(N, 256) * 128, tl_t % cdiv(N, 256) * 256]",
+        "copy acc -> C[by * 128, bx * 256]",
     ]
     at = 0
     for line in expect:

@@ -146,18 +146,18 @@ class _Builder(Transformer):
                                 self._span(meta))
         if len(names) > 3:
             raise SemanticError("a grid has at most 3 dimensions", self._span(meta))
-        options = {"persistent": ir.Int(0), "stream_k": ir.Int(0)}
+        options = {"persistent": ir.Int(0), "stream_k": ir.Int(0), "group": ir.Int(1)}
         given = set()
         for _, key, value, span in kws:
             if key not in options:
-                raise SemanticError(f"grid takes the options persistent = 0 or 1 and stream_k = 0 or 1, not '{key}'",
-                                    span)
+                raise SemanticError(f"grid takes the options persistent = 0 or 1, stream_k = 0 or 1 and group = "
+                                    f"rows, not '{key}'", span)
             if key in given:
                 raise SemanticError(f"{key} is given twice", span)
             given.add(key)
             options[key] = value
-        return _Decl("grid", (tuple(map(str, names)), tuple(exprs), options["persistent"], options["stream_k"]),
-                     self._span(meta))
+        return _Decl("grid", (tuple(map(str, names)), tuple(exprs), options["persistent"], options["stream_k"],
+                              options["group"]), self._span(meta))
 
     def threads_stmt(self, meta, ch):
         return _Decl("threads", ch[0], self._span(meta))
@@ -347,7 +347,7 @@ class _Builder(Transformer):
         space = self._tune_space(tune[0], tune[1], consts, seen, params) if tune is not None else ()
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
                          grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space,
-                         persistent=grid[2], stream_k=grid[3])
+                         persistent=grid[2], stream_k=grid[3], group=grid[4])
 
     def _tune_space(self, decl, before, consts, seen, params):
         """`tune NAME in (INT, ...), ...;`: ((name, (value, ...)), ...) as written.

@@ -619,6 +619,8 @@ class Kernel:
     stream_k: object = 0        # grid ..., persistent = 1, stream_k = 1: the tiles of the last, partial
                                 # wave split their K steps over all blocks (make-persistent); the launch
                                 # then needs a workspace (kernel param tl_workspace)
+    group: object = 1           # grid ..., group = G: tiles numbered in groups of G rows of the second
+                                # grid index, the first one fastest inside a group (make-persistent)
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

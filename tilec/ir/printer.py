@@ -203,8 +203,9 @@ def kernel(k: ir.Kernel) -> str:
     for r in k.requires:
         out.append(f"  require {expr(r.cond)}")
     persistent = "".join(f", {name} = {expr(v) if isinstance(v, ir.Expr) else v}"
-                         for name, v in (("persistent", k.persistent), ("stream_k", k.stream_k))
-                         if v != 0 and v != ir.Int(0))
+                         for name, v, default in (("persistent", k.persistent, 0), ("stream_k", k.stream_k, 0),
+                                                  ("group", k.group, 1))
+                         if v != default and v != ir.Int(default))
     out.append(f"  grid ({', '.join(k.grid_vars)}) = ({', '.join(expr(g) for g in k.grid)}){persistent}")
     out.append(f"  threads {expr(k.threads)}")
     for b in k.buffers:

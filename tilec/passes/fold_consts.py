@@ -107,9 +107,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if stream_k and not persistent:
         raise SemanticError("stream_k = 1 splits the tiles of a persistent grid's last wave: it needs persistent = 1",
                             k.stream_k.span)
+    group = _group(k, resolve)
     body = _resolve_body(k.body, resolve, {})
     return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
-                   stream_k=stream_k,
+                   stream_k=stream_k, group=group,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
                    buffers=tuple(buffers), body=body)
@@ -154,6 +155,20 @@ def _resolve_body(body, resolve, bound):
                 resolve(ir.Var(s.dst, span=s.dst_span), bound)
         out.append(s)
     return tuple(out)
+
+
+def _group(k: ir.Kernel, resolve) -> int:
+    """`group = G` as an int: a compile-time G >= 1, and rows to group (a grid of 2 or 3 dims)."""
+    if not isinstance(k.group, ir.Expr):
+        return k.group
+    v = resolve(k.group, {})
+    if not isinstance(v, ir.Int) or v.value < 1:
+        raise SemanticError("group must be a compile-time integer >= 1 (the rows of tiles that are numbered "
+                            "together)", k.group.span)
+    if v.value > 1 and len(k.grid) < 2:
+        raise SemanticError(f"group = {v.value} numbers the tiles of {v.value} rows (the grid's second index) "
+                            "together: it needs a grid of 2 or 3 dims", k.group.span)
+    return v.value
 
 
 def _flag(value, message, resolve) -> int:

@@ -46,14 +46,16 @@ UNIT, PART = "tl_unit", "tl_part"
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    if not k.persistent:
+    if not k.persistent and k.group == 1:
         return k
     span = k.grid[0].span
     tiles = k.grid[0]
     for g in k.grid[1:]:
         tiles = ir.BinOp("*", tiles, g, span=span)
     block, blocks = _var(BLOCK, "block", span), _var(BLOCKS, "block", span)
-    if k.stream_k:
+    if not k.persistent:        # group = G alone: one block per tile, numbered in groups
+        body = _at_tile(k, k.body, block)
+    elif k.stream_k:
         body = _stream_k(k, tiles, block, blocks, span)
     else:
         t = ir.BinOp("+", block, ir.BinOp("*", _var(TILE, "loop", span), blocks, span=span), span=span)
@@ -67,14 +69,50 @@ def _var(name, kind, span):
 
 
 def _at_tile(k: ir.Kernel, body, t) -> tuple:
-    """`body` with the grid's block indices computed from tile number `t`, in the
-    order a one-block-per-tile launch numbers its blocks (x fastest)."""
+    """`body` with the grid's block indices computed from tile number `t`: in
+    the order a one-block-per-tile launch numbers its blocks (x fastest), or
+    with `group = G` (_grouped) as lets at the top of the body."""
+    if k.group > 1:
+        lets = _grouped(k, t)
+        index = {name: _var(name, "let", t.span) for name in k.grid_vars}
+        return tuple(lets) + map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, index)))
     index, below = {}, t
     for d, (name, g) in enumerate(zip(k.grid_vars, k.grid)):
         last = d == len(k.grid) - 1
         index[name] = below if last else ir.BinOp("%", below, g, span=g.span)
         below = ir.BinOp("/", below, g, span=g.span)
     return map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, index)))
+
+
+def _grouped(k: ir.Kernel, t) -> list:
+    """Tile number `t` as block indices, tiles numbered in groups of G rows (the
+    grid's second index), the first index slowest and the second fastest inside
+    a group, so the blocks running at once share G rows of one operand and a
+    few columns of the other (Triton's GROUP_M); the last group may have fewer
+    rows. A third index, if any, is outermost."""
+    span = t.span
+    (x, y), (gx, gy) = k.grid_vars[:2], k.grid[:2]
+
+    def op(o, a, b):
+        return ir.BinOp(o, a, b, span=span)
+
+    def v(name):
+        return _var(name, "let", span)
+
+    per_group = op("*", ir.Int(k.group, span=span), gx)
+    lets = [ir.Let("tl_t", t, span=span)] if not isinstance(t, ir.Var) else []
+    t = v("tl_t") if lets else t
+    if len(k.grid) == 3:
+        plane = op("*", gx, gy)
+        lets += [ir.Let(k.grid_vars[2], op("/", t, plane), span=span), ir.Let("tl_in_plane", op("%", t, plane),
+                                                                              span=span)]
+        t = v("tl_in_plane")
+    lets += [ir.Let("tl_group_row", op("*", op("/", t, per_group), ir.Int(k.group, span=span)), span=span),
+             ir.Let("tl_group_rows", ir.Call("min", (op("-", gy, v("tl_group_row")), ir.Int(k.group, span=span)),
+                                            span=span), span=span),
+             ir.Let(y, op("+", v("tl_group_row"), op("%", op("%", t, per_group), v("tl_group_rows"))), span=span),
+             ir.Let(x, op("/", op("%", t, per_group), v("tl_group_rows")), span=span)]
+    return lets
 
 
 # ---------------------------------------------------------------- stream-K
@@ -142,7 +180,7 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     finish = (ir.Let("tl_first_block", call("select", op(">", lo, num(0)), owner, block), span=span), partials) \
         + tuple(after)
     tail = ir.If(op("<", hi, steps), (ir.PartialStore(accs, block, span=span),), finish, span=span)
-    unit_body = _at_tile(k, tuple(per_unit) + tuple(before) + (part, tail), t)
+    unit_body = tuple(per_unit) + _at_tile(k, tuple(before) + (part, tail), t)
     count = op("+", units, call("cdiv", op("-", op("-", v("tl_tiles"), sk_tiles), block), blocks))
     return tuple(per_block) + (ir.For(UNIT, count, None, unit_body, span=span),)
 
