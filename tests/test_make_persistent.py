@@ -164,12 +164,14 @@ def test_persistent_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stag
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore::tilec.TmaFallbackWarning")
 @pytest.mark.parametrize("shape", [(1, 8, 64), (5, 17, 130), (64, 64, 1000), (300, 64, 640)])
-def test_three_dim_grid_on_the_gpu(shape):
-    """Up to 5 x 8 x 75 = 3000 tiles over the GPU's resident blocks."""
+@pytest.mark.parametrize("persistent, group", [(1, 1), (1, 3), (0, 5)])
+def test_three_dim_grid_on_the_gpu(shape, persistent, group):
+    """Up to 5 x 8 x 75 = 3000 tiles over the GPU's resident blocks (or a block
+    each), numbered in groups of rows or not."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    k = tilec.compile(COPY3)
+    k = tilec.compile(COPY3.replace("persistent = P", f"persistent = {persistent}, group = {group}"))
     d, m, n = shape
     a = torch.arange(d * m * n, dtype=torch.float32, device="cuda").reshape(d, m, n)
     b = guarded((d, m, n), "f32")
