@@ -701,7 +701,7 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
         err = ((c.view.float() - want).norm() / want.norm()).item()
         assert torch.isfinite(c.view.float()).all() and err < 2e-3, (cfg, err)
         c.check()
-    assert refused == [{"BM": 128, "BN": 256, "STAGES": 4, "PRODUCER": 1, "PERSISTENT": 1}] + [   # shared memory
+    assert refused == [   # registers
         {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]
 
 
@@ -740,7 +740,7 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
         {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4) for p in (0, 1)]
     tuned_conv = tilec.compile(CONV_PATH)
     check(tuned_conv, "tuned")
-    assert tuned_conv.tune_report().count(" ms") == 43 and tuned_conv.best_config in cands
+    assert tuned_conv.tune_report().count(" ms") == 44 and tuned_conv.best_config in cands
 
 
 @pytest.mark.gpu
