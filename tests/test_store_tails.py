@@ -290,6 +290,14 @@ def test_gpu_im2col_tiles_write_only_their_views(case):
 @settings(GPU, max_examples=40)
 @given(st.tuples(st.integers(1, 600), st.integers(1, 600), st.integers(1, 300)), st.sampled_from(["f16", "bf16"]))
 def test_gpu_gemm_epilogue_writes_only_its_view(mnk, dt):
+    a, b, c = gpu_gemm_operands(mnk, dt)
+    src = (ROOT / "examples" / "gemm.tile").read_text().replace("f16", dt)
+    launch(src, a.view, b.view, c.view)
+    check_gpu_gemm(a, b, c)
+
+
+def gpu_gemm_operands(mnk, dt):
+    """Guarded A [M, K] and B [K, N] of seeded random values and a guarded C, on the GPU."""
     import torch
     m, n, k = mnk
     gen = torch.Generator(device="cuda").manual_seed(m * 10007 + n * 101 + k)
@@ -298,12 +306,13 @@ def test_gpu_gemm_epilogue_writes_only_its_view(mnk, dt):
     b = guarded((k, n), dt, like="torch")
     a.view.copy_(torch.randn(m, k, device="cuda", generator=gen).to(tdt))
     b.view.copy_(torch.randn(k, n, device="cuda", generator=gen).to(tdt))
-    c = guarded((m, n), dt, like="torch")
-    src = (ROOT / "examples" / "gemm.tile").read_text().replace("f16", dt)
-    launch(src, a.view, b.view, c.view)
+    return a, b, guarded((m, n), dt, like="torch")
+
+
+def check_gpu_gemm(a, b, c):
+    import torch
     c.check()
-    ref = a.view.float() @ b.view.float()
-    torch.testing.assert_close(c.view.float(), ref, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(c.view.float(), a.view.float() @ b.view.float(), rtol=2e-2, atol=5e-2)
 
 
 CHUNKED = dict(BM=128, STAGES=4, PRODUCER=1, PERSISTENT=1)     # with BN: the epilogue in 64-column chunks
@@ -342,18 +351,10 @@ def test_chunked_epilogue_writes_only_its_view(mnk, bn):
        st.sampled_from([128, 256]))
 def test_gpu_chunked_epilogue_writes_only_its_view(mnk, dt, bn):
     import torch
-    m, n, k = mnk
-    gen = torch.Generator(device="cuda").manual_seed(m * 10007 + n * 101 + k)
-    tdt = getattr(torch, DTYPES[dt][1])
-    a = guarded((m, k), dt, like="torch")
-    b = guarded((k, n), dt, like="torch")
-    a.view.copy_(torch.randn(m, k, device="cuda", generator=gen).to(tdt))
-    b.view.copy_(torch.randn(k, n, device="cuda", generator=gen).to(tdt))
-    c = guarded((m, n), dt, like="torch")
+    a, b, c = gpu_gemm_operands(mnk, dt)
     chunked_gemm(dt, bn)(a.view, b.view, c.view)
     torch.cuda.synchronize()
-    c.check()
-    torch.testing.assert_close(c.view.float(), a.view.float() @ b.view.float(), rtol=2e-2, atol=5e-2)
+    check_gpu_gemm(a, b, c)
 
 
 @pytest.mark.gpu
