@@ -258,42 +258,41 @@ def _device_name(args) -> str:
     return check(cu.cuDeviceGetName(64, dev), "cuDeviceGetName").rstrip(b"\0").decode()
 
 
-TIMING_BATCHES = 5          # a candidate's time: the median of this many batches' mean launch time
+TIMING_LAUNCHES = 10        # a candidate's time: the median of this many launches, each alone
 RUNOFF_WITHIN = 0.03        # candidates this close to the fastest (at most RUNOFF_MAX of them) are
 RUNOFF_MAX = 3              # timed RUNOFF_ROUNDS times more, in turns, and keep the median of their
 RUNOFF_ROUNDS = 3           # times: one timing each cannot tell 1% apart from the GPU's drift
-MAX_BATCH = 8               # launches per batch at most
-SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each batch: its launches queue up behind it
+SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each launch: the launch queues up behind it
 
 
-def _time(kernel, args, stream, budget_s: float = 0.02) -> float:
+def _time(kernel, args, stream) -> float:
     """The time of one launch on the GPU, CUDA events on the launch stream: one
-    warm-up, one timed launch to size the batches, then the median of
-    TIMING_BATCHES batches of back-to-back launches (1 to MAX_BATCH each, about
-    `budget_s` in all), each queued behind a short GPU spin so that the events
-    time the kernels and not the host's launch path (a few us per call, which
-    varies more than candidates close in speed differ)."""
+    warm-up, then the median of TIMING_LAUNCHES launches, each alone and queued
+    behind a short GPU spin, so that the events time the kernel and not the
+    host's launch path (a few us per call, which varies more than candidates
+    close in speed differ). Alone, not back to back: as benchmarks/bench.py and
+    Triton's do_bench time kernels (batches of 8 launches back to back picked
+    among 128x256 tiles with 3 or 4 stages, producer or not, persistent or not,
+    differently from run to run, where bench.py's single launches find 1-3%
+    between them)."""
     import statistics
     import torch
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
     spin = getattr(torch.cuda, "_sleep", None)
 
-    def batch(n):
+    def launch():
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if spin is not None:
             with torch.cuda.stream(s):
                 spin(SPIN_CYCLES)
         a.record(s)
-        for _ in range(n):
-            kernel(*args, stream=stream)
+        kernel(*args, stream=stream)
         b.record(s)
         b.synchronize()
-        return a.elapsed_time(b) * 1e-3 / n
-    batch(1)                                 # warm-up: module load, tensor maps
-    first = batch(1)
-    n = max(1, min(MAX_BATCH, int(budget_s / TIMING_BATCHES / max(first, 1e-6))))
-    return statistics.median(batch(n) for _ in range(TIMING_BATCHES))
+        return a.elapsed_time(b) * 1e-3
+    launch()                                 # warm-up: module load, tensor maps
+    return statistics.median(launch() for _ in range(TIMING_LAUNCHES))
 
 
 # ---- progress
