@@ -65,6 +65,7 @@ class Env:
         monkeypatch.delenv("TILEC_CACHE", raising=False)
         self.clear()
         monkeypatch.setattr(autotune, "_can_time", lambda args: True)
+        monkeypatch.setattr(autotune, "TIMING_ROUNDS", 1)     # one fake timing per candidate (and run-off)
         monkeypatch.setattr(autotune, "_device_name", lambda args: "Fake GPU")
         monkeypatch.setattr(autotune, "_run", interpret_run)
 
@@ -119,6 +120,26 @@ def tuned():
 
 
 # ------------------------------------------------------------------ CPU
+
+def test_candidates_are_timed_in_rounds(env, monkeypatch):
+    """Each round launches every candidate once, every other round in reverse
+    order, so drift over the tuning hits them alike; a candidate's time is the
+    median of its rounds."""
+    monkeypatch.setattr(autotune, "TIMING_ROUNDS", 3)
+    monkeypatch.setattr(autotune, "RUNOFF_WITHIN", 0.0)
+    monkeypatch.setattr(sys.modules[__name__], "fake_times",
+                        lambda cfg: 1e-3 * (1 + len(env.timed)) if cfg == FASTEST else 1.0)
+    k = tuned()
+    x, y = arrays()
+    k(x, y, 0.5)
+    order = [(c["BM"], c["BN"]) for c in env.timed]
+    first = order[:4]
+    assert sorted(first) == [(16, 64), (16, 128), (32, 64), (32, 128)]
+    assert order == first + first[::-1] + first
+    assert k.best_config == FASTEST
+    at = [n + 2 for n, c in enumerate(order) if c == (32, 128)]      # call n (from 0) took 1e-3 * (n + 2)
+    assert f"BM=32 BN=128: {1e-3 * sorted(at)[1] * 1e3:.4f} ms  <- chosen" in k.tune_report()
+
 
 def test_close_candidates_are_timed_again_in_turns(env, monkeypatch):
     """Candidates within 3% of the fastest first time get three more timings

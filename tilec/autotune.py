@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import statistics
 import sys
 import threading
 
@@ -258,41 +259,54 @@ def _device_name(args) -> str:
     return check(cu.cuDeviceGetName(64, dev), "cuDeviceGetName").rstrip(b"\0").decode()
 
 
-TIMING_LAUNCHES = 10        # a candidate's time: the median of this many launches, each alone
+TIMING_ROUNDS = 10          # a candidate's time: the median of its launches in this many rounds, each
+                            # round one launch of every candidate, in turns
 RUNOFF_WITHIN = 0.03        # candidates this close to the fastest (at most RUNOFF_MAX of them) are
-RUNOFF_MAX = 3              # timed RUNOFF_ROUNDS times more, in turns, and keep the median of their
-RUNOFF_ROUNDS = 3           # times: one timing each cannot tell 1% apart from the GPU's drift
+RUNOFF_MAX = 3              # timed RUNOFF_ROUNDS rounds more, in turns, and keep the median of all
+RUNOFF_ROUNDS = 3           # their times
 SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each launch: the launch queues up behind it
 
 
 def _time(kernel, args, stream) -> float:
-    """The time of one launch on the GPU, CUDA events on the launch stream: one
-    warm-up, then the median of TIMING_LAUNCHES launches, each alone and queued
-    behind a short GPU spin, so that the events time the kernel and not the
-    host's launch path (a few us per call, which varies more than candidates
-    close in speed differ). Alone, not back to back: as benchmarks/bench.py and
-    Triton's do_bench time kernels (batches of 8 launches back to back picked
-    among 128x256 tiles with 3 or 4 stages, producer or not, persistent or not,
-    differently from run to run, where bench.py's single launches find 1-3%
-    between them)."""
-    import statistics
+    """The time of one launch on the GPU, CUDA events on the launch stream, the
+    launch alone and queued behind a short GPU spin, so that the events time the
+    kernel and not the host's launch path (a few us per call, which varies more
+    than candidates close in speed differ): as benchmarks/bench.py and Triton's
+    do_bench time kernels."""
     import torch
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
     spin = getattr(torch.cuda, "_sleep", None)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if spin is not None:
+        with torch.cuda.stream(s):
+            spin(SPIN_CYCLES)
+    a.record(s)
+    kernel(*args, stream=stream)
+    b.record(s)
+    b.synchronize()
+    return a.elapsed_time(b) * 1e-3
 
-    def launch():
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if spin is not None:
-            with torch.cuda.stream(s):
-                spin(SPIN_CYCLES)
-        a.record(s)
-        kernel(*args, stream=stream)
-        b.record(s)
-        b.synchronize()
-        return a.elapsed_time(b) * 1e-3
-    launch()                                 # warm-up: module load, tensor maps
-    return statistics.median(launch() for _ in range(TIMING_LAUNCHES))
+
+def _rounds(compiled, order, rounds, args, stream, saved) -> dict:
+    """{candidate: its launch times}: `rounds` rounds of one launch of each
+    candidate in `order` (every other round in reverse), so that the GPU's clock
+    and temperature drift over the tuning hits every candidate alike; the
+    tensors the kernels write restored after each round."""
+    samples = {i: [] for i in order}
+    try:
+        for r in range(rounds):
+            for i in (order if r % 2 == 0 else order[::-1]):
+                samples[i].append(_time(compiled[i], args, stream))
+            _restore_all(args, saved)
+    finally:
+        _restore_all(args, saved)
+    return samples
+
+
+def _restore_all(args, saved):
+    for j, t in saved.items():
+        _restore(args[j], t)
 
 
 # ---- progress
@@ -453,23 +467,24 @@ class TunedKernel:
         progress.total = n + len(compiled)
         writes = _written_args(signature(self.source), compiled.values())
         saved = {i: _save(args[i]) for i in writes}
-        times = {}
+        ready = []
         try:
             for i in sorted(compiled):
                 try:
-                    times[i] = _time(compiled[i], args, stream)
+                    _run(compiled[i], args, stream)     # warm-up: module load, tensor maps
+                    ready.append(i)
                 except TilecError as e:        # a launch the candidate refuses (e.g. too much shared memory)
                     refused[i] = e
-                for j, t in saved.items():
-                    _restore(args[j], t)
+                _restore_all(args, saved)
                 progress.step("timing")
         finally:
-            for j, t in saved.items():
-                _restore(args[j], t)
-        if not times:
+            _restore_all(args, saved)
+        if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        self._runoff(compiled, times, args, stream, saved)
+        samples = _rounds(compiled, ready, TIMING_ROUNDS, args, stream, saved)
+        times = {i: statistics.median(t) for i, t in samples.items()}
+        self._runoff(compiled, samples, times, args, stream, saved)
         best = min(times, key=lambda i: (times[i], i))
         for i in compiled:
             if i != best:
@@ -488,26 +503,16 @@ class TunedKernel:
         return winner, self._candidates[best], report
 
     @staticmethod
-    def _runoff(compiled, times, args, stream, saved):
-        """Time the candidates within RUNOFF_WITHIN of the fastest again, in turns
-        (so drift hits each alike), and give each the median of its times."""
-        import statistics
+    def _runoff(compiled, samples, times, args, stream, saved):
+        """Time the candidates within RUNOFF_WITHIN of the fastest for RUNOFF_ROUNDS
+        rounds more; each keeps the median of all its times."""
         first = min(times.values())
         close = sorted((i for i in times if times[i] <= first * (1 + RUNOFF_WITHIN)), key=lambda i: (times[i], i))
         close = close[:RUNOFF_MAX]
         if len(close) < 2:
             return
-        samples = {i: [times[i]] for i in close}
-        try:
-            for _ in range(RUNOFF_ROUNDS):
-                for i in close:
-                    samples[i].append(_time(compiled[i], args, stream))
-                    for j, t in saved.items():
-                        _restore(args[j], t)
-        finally:
-            for j, t in saved.items():
-                _restore(args[j], t)
-        for i in close:
+        for i, more in _rounds(compiled, close, RUNOFF_ROUNDS, args, stream, saved).items():
+            samples[i] += more
             times[i] = statistics.median(samples[i])
 
     # ---- inspection
