@@ -63,12 +63,23 @@ def _unknown_atoms(e, env):
     return out
 
 
+def _key(e) -> str:
+    """`e` as printed: the name its value has in a path's env. Kept on the node
+    (IR nodes are immutable; the field-based == and hash do not see it), as the
+    checker asks for each subexpression's text on every path."""
+    key = e.__dict__.get("_tl_key")
+    if key is None:
+        key = show(e)
+        object.__setattr__(e, "_tl_key", key)
+    return key
+
+
 def evaluate(e, env):
     """The integer value of `e` on a path (C semantics), or None where it depends
     on something the path does not fix (a shape, a block index)."""
     if e is None:
         return None
-    key = show(e)
+    key = _key(e)
     if key in env:
         return env[key]
     if isinstance(e, ir.Int):
