@@ -184,6 +184,37 @@ def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
         assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
 
 
+@pytest.mark.gpu
+def test_stream_k_launch_captured_in_a_cuda_graph():
+    """Warmed up on the default stream, then captured on torch's capture stream,
+    whose workspace does not exist yet: it is made outside the capture (which
+    refuses cuMemAlloc in global mode), and the graph replays right, as does an
+    eager call after it."""
+    torch = _torch()
+    k = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1)
+    a = torch.randn(1000, 640, device="cuda").half()
+    b = torch.randn(640, 3000, device="cuda").half()
+    c = guarded((1000, 3000), "f16")
+    k(a, b, c.view)                                   # the warm-up call
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        k(a, b, c.view)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        want = a.float() @ b.float()
+        c.view.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        c.check()
+        assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+    c.view.zero_()
+    k(a, b, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+
+
 SELECT = """
 kernel sel(A: f32[N], B: f32[N]) {
     grid (bx) = (select(N > 256, cdiv(N, 256), 1));

@@ -423,11 +423,38 @@ def workspace(device, stream, nbytes) -> int:
         return have[0]
     from cuda.bindings import driver as cu
     driver.make_current(device)
-    ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
-    check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
+    status = check(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+    if status == cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+        ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
+        check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
+    else:
+        ptr = _workspace_beside_a_capture(nbytes)
     if have is not None:
         _RETIRED.append(have)
     _WORKSPACES[key] = (ptr, nbytes)
+    return ptr
+
+
+def _workspace_beside_a_capture(nbytes) -> int:
+    """A zeroed workspace for a stream that a CUDA graph is being captured on
+    (the graph then holds the launch that points at it, and later launches on
+    that stream use it too): allocated and zeroed outside the capture, on a
+    stream of its own, with this thread's capture mode relaxed for the while
+    (a capture in global mode refuses cuMemAlloc, and a memset on the captured
+    stream would be recorded instead of run)."""
+    from cuda.bindings import driver as cu
+    mode = check(cu.cuThreadExchangeStreamCaptureMode(
+        cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuThreadExchangeStreamCaptureMode")
+    try:
+        ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
+        side = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        try:
+            check(cu.cuMemsetD8Async(ptr, 0, nbytes, side), "cuMemsetD8Async (stream-K workspace)")
+            check(cu.cuStreamSynchronize(side), "cuStreamSynchronize")
+        finally:
+            check(cu.cuStreamDestroy(side), "cuStreamDestroy")
+    finally:
+        check(cu.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
     return ptr
 
 
