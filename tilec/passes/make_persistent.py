@@ -8,6 +8,10 @@ picks, in the order a one-block-per-tile launch numbers them:
         // the body, with bx = t % GX and by = t / GX, t = tl_block + tl_tile * tl_blocks
     }
 
+With `group = G` the block indices are lets at the top of the body instead,
+tiles numbered in groups of G rows of `by` (_grouped); `group = G` without
+`persistent` makes the same 1-dim grid and lets from t = tl_block, no loop.
+
 `tl_blocks` is the number of blocks launched (gridDim.x). A pipelined loop in
 the body keeps its ring, and its barriers' phases, from one tile to the next
 (insert-barriers), so a producer warpgroup runs on into the next tile while the
