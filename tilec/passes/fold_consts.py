@@ -100,14 +100,19 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not isinstance(threads, ir.Int):
         raise SemanticError("threads must be a compile-time integer", k.threads.span)
 
-    persistent = _flag(k.persistent, "persistent must be a compile-time 0 (a block per tile) or 1 (as many blocks "
-                                      "as the GPU holds at once, each looping over tiles)", resolve)
-    stream_k = _flag(k.stream_k, "stream_k must be a compile-time 0 or 1 (the last wave's tiles split their K steps "
-                                 "over the blocks)", resolve)
+    flag = lambda v: v in (0, 1)  # noqa: E731
+    persistent = _option(k.persistent, flag, "persistent must be a compile-time 0 (a block per tile) or 1 (as many "
+                                             "blocks as the GPU holds at once, each looping over tiles)", resolve)
+    stream_k = _option(k.stream_k, flag, "stream_k must be a compile-time 0 or 1 (the last wave's tiles split their "
+                                         "K steps over the blocks)", resolve)
     if stream_k and not persistent:
         raise SemanticError("stream_k = 1 splits the tiles of a persistent grid's last wave: it needs persistent = 1",
                             k.stream_k.span)
-    group = _group(k, resolve)
+    group = _option(k.group, lambda v: v >= 1, "group must be a compile-time integer >= 1 (the rows of tiles "
+                                                "that are numbered together)", resolve)
+    if group > 1 and len(k.grid) < 2:
+        raise SemanticError(f"group = {group} numbers the tiles of {group} rows (the grid's second index) "
+                            "together: it needs a grid of 2 or 3 dims", k.group.span)
     body = _resolve_body(k.body, resolve, {})
     return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
                    stream_k=stream_k, group=group,
@@ -157,25 +162,12 @@ def _resolve_body(body, resolve, bound):
     return tuple(out)
 
 
-def _group(k: ir.Kernel, resolve) -> int:
-    """`group = G` as an int: a compile-time G >= 1, and rows to group (a grid of 2 or 3 dims)."""
-    if not isinstance(k.group, ir.Expr):
-        return k.group
-    v = resolve(k.group, {})
-    if not isinstance(v, ir.Int) or v.value < 1:
-        raise SemanticError("group must be a compile-time integer >= 1 (the rows of tiles that are numbered "
-                            "together)", k.group.span)
-    if v.value > 1 and len(k.grid) < 2:
-        raise SemanticError(f"group = {v.value} numbers the tiles of {v.value} rows (the grid's second index) "
-                            "together: it needs a grid of 2 or 3 dims", k.group.span)
-    return v.value
-
-
-def _flag(value, message, resolve) -> int:
-    """A grid option (persistent, stream_k) as 0 or 1."""
+def _option(value, valid, message, resolve) -> int:
+    """A grid option (persistent, stream_k, group) as the compile-time integer
+    it must be, `valid` saying which; `message` where it is not."""
     if not isinstance(value, ir.Expr):
         return value
     v = resolve(value, {})
-    if not isinstance(v, ir.Int) or v.value not in (0, 1):
+    if not isinstance(v, ir.Int) or not valid(v.value):
         raise SemanticError(message, value.span)
     return v.value

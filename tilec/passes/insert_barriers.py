@@ -51,11 +51,11 @@ class _Stores:
     def add(self, t) -> "_Stores":
         return _Stores(tuple(x for x in self.tiles if x != t) + (t,), self.ordered)
 
-    def wait(self, tiles, span=None):
+    def wait(self, tiles):
         """(the wait for the stores reading `tiles`, what is left in flight)."""
         last = max(i for i, t in enumerate(self.tiles) if t in tiles)
         left = _Stores(self.tiles[last + 1:]) if self.ordered else _Stores()
-        return ir.BulkWait(read=True, pending=len(left.tiles), span=span), left
+        return ir.BulkWait(read=True, pending=len(left.tiles)), left
 
     def join(self, other) -> "_Stores":
         for a, b in ((self, other), (other, self)):

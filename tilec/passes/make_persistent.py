@@ -72,6 +72,31 @@ def _var(name, kind, span):
     return ir.Var(name, kind, span=span)
 
 
+class _At:
+    """Expressions and lets at one span (the grid's): the schedules' index math."""
+
+    def __init__(self, span):
+        self.span = span
+
+    def op(self, o, a, b):
+        return ir.BinOp(o, a, b, span=self.span)
+
+    def v(self, name):
+        return _var(name, "let", self.span)
+
+    def num(self, n):
+        return ir.Int(n, span=self.span)
+
+    def call(self, f, *args):
+        return ir.Call(f, tuple(args), span=self.span)
+
+    def wide(self, e):
+        return ir.Cast(ir.DTYPES["i64"], e, span=self.span)
+
+    def let(self, name, value, wide=False):
+        return ir.Let(name, value, wide, span=self.span)
+
+
 def _at_tile(k: ir.Kernel, body, t) -> tuple:
     """`body` with the grid's block indices computed from tile number `t`: in
     the order a one-block-per-tile launch numbers its blocks (x fastest), or
@@ -94,28 +119,20 @@ def _grouped(k: ir.Kernel, t) -> list:
     a group, so the blocks running at once share G rows of one operand and a
     few columns of the other (Triton's GROUP_M); the last group may have fewer
     rows. A third index, if any, is outermost."""
-    span = t.span
+    at = _At(t.span)
+    op, v, let, g = at.op, at.v, at.let, at.num(k.group)
     (x, y), (gx, gy) = k.grid_vars[:2], k.grid[:2]
-
-    def op(o, a, b):
-        return ir.BinOp(o, a, b, span=span)
-
-    def v(name):
-        return _var(name, "let", span)
-
-    per_group = op("*", ir.Int(k.group, span=span), gx)
-    lets = [ir.Let("tl_t", t, span=span)] if not isinstance(t, ir.Var) else []
+    per_group = op("*", g, gx)
+    lets = [let("tl_t", t)] if not isinstance(t, ir.Var) else []
     t = v("tl_t") if lets else t
     if len(k.grid) == 3:
         plane = op("*", gx, gy)
-        lets += [ir.Let(k.grid_vars[2], op("/", t, plane), span=span), ir.Let("tl_in_plane", op("%", t, plane),
-                                                                              span=span)]
+        lets += [let(k.grid_vars[2], op("/", t, plane)), let("tl_in_plane", op("%", t, plane))]
         t = v("tl_in_plane")
-    lets += [ir.Let("tl_group_row", op("*", op("/", t, per_group), ir.Int(k.group, span=span)), span=span),
-             ir.Let("tl_group_rows", ir.Call("min", (op("-", gy, v("tl_group_row")), ir.Int(k.group, span=span)),
-                                            span=span), span=span),
-             ir.Let(y, op("+", v("tl_group_row"), op("%", op("%", t, per_group), v("tl_group_rows"))), span=span),
-             ir.Let(x, op("/", op("%", t, per_group), v("tl_group_rows")), span=span)]
+    lets += [let("tl_group_row", op("*", op("/", t, per_group), g)),
+             let("tl_group_rows", at.call("min", op("-", gy, v("tl_group_row")), g)),
+             let(y, op("+", v("tl_group_row"), op("%", op("%", t, per_group), v("tl_group_rows")))),
+             let(x, op("/", op("%", t, per_group), v("tl_group_rows")))]
     return lets
 
 
@@ -127,20 +144,8 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     before, after = k.body[:loop_at], k.body[loop_at + 1:]
     accs = _accumulators(k, before, loop)
 
-    def v(name):
-        return _var(name, "let", span)
-
-    def op(o, a, b):
-        return ir.BinOp(o, a, b, span=span)
-
-    def call(f, *args):
-        return ir.Call(f, tuple(args), span=span)
-
-    def wide(e):
-        return ir.Cast(ir.DTYPES["i64"], e, span=span)
-
-    def num(n):
-        return ir.Int(n, span=span)
+    at = _At(span)
+    v, op, call, wide, num, let = at.v, at.op, at.call, at.wide, at.num, at.let
 
     steps, rem = v("tl_steps"), v("tl_sk_rem")
     sk_tiles, sk_steps = v("tl_sk_tiles"), v("tl_sk_steps")
@@ -151,25 +156,25 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     small = op("&&", op("&&", op(">", rem, num(0)), op("<", op("*", rem, num(2)), blocks)),
                op(">=", v("tl_tiles"), op("+", rem, blocks)))
     per_block = [
-        ir.Let("tl_tiles", tiles, span=span),
-        ir.Let("tl_steps", loop.extent, span=span),
-        ir.Let("tl_sk_rem", op("%", v("tl_tiles"), blocks), span=span),
-        ir.Let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem), span=span),
-        ir.Let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True, span=span),
-        ir.Let("tl_sk_begin", op("/", op("*", wide(block), sk_steps), blocks), wide=True, span=span),
-        ir.Let("tl_sk_end", op("/", op("*", wide(op("+", block, num(1))), sk_steps), blocks), wide=True, span=span),
-        ir.Let("tl_sk_units", call("select", op(">", end, begin),
-                                   op("+", op("-", op("/", op("-", end, num(1)), steps), op("/", begin, steps)),
-                                      num(1)), num(0)), span=span),
+        let("tl_tiles", tiles),
+        let("tl_steps", loop.extent),
+        let("tl_sk_rem", op("%", v("tl_tiles"), blocks)),
+        let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem)),
+        let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True),
+        let("tl_sk_begin", op("/", op("*", wide(block), sk_steps), blocks), wide=True),
+        let("tl_sk_end", op("/", op("*", wide(op("+", block, num(1))), sk_steps), blocks), wide=True),
+        let("tl_sk_units", call("select", op(">", end, begin),
+                                op("+", op("-", op("/", op("-", end, num(1)), steps), op("/", begin, steps)),
+                                   num(1)), num(0))),
     ]
     tile_start = op("*", wide(t), steps)
     per_unit = [
-        ir.Let("tl_in_sk", op("<", unit, units), span=span),
-        ir.Let("tl_t", call("select", in_sk, op("-", op("/", op("-", end, num(1)), steps), unit),
-                            op("+", op("+", sk_tiles, block), op("*", op("-", unit, units), blocks))), span=span),
-        ir.Let("tl_k_lo", call("select", in_sk, call("max", op("-", begin, tile_start), num(0)), num(0)), span=span),
-        ir.Let("tl_k_hi", call("select", in_sk, call("min", op("-", end, tile_start), steps), steps), span=span),
-        ir.Let("tl_k_steps", op("-", hi, lo), span=span),     # one name: check-barriers fixes it per path
+        let("tl_in_sk", op("<", unit, units)),
+        let("tl_t", call("select", in_sk, op("-", op("/", op("-", end, num(1)), steps), unit),
+                         op("+", op("+", sk_tiles, block), op("*", op("-", unit, units), blocks)))),
+        let("tl_k_lo", call("select", in_sk, call("max", op("-", begin, tile_start), num(0)), num(0))),
+        let("tl_k_hi", call("select", in_sk, call("min", op("-", end, tile_start), steps), steps)),
+        let("tl_k_steps", op("-", hi, lo)),     # one name: check-barriers fixes it per path
     ]
     shifted = map_body(loop.body, lambda s: map_stmt_exprs(
         s, lambda e: substitute(e, {loop.var: op("+", _var(loop.var, "loop", span), lo)})))
@@ -181,7 +186,7 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     partials = ir.For(PART, op("-", block, first), None,
                       (ir.PartialAdd(accs, op("-", op("-", block, num(1)), _var(PART, "loop", span)), span=span),),
                       span=span)
-    finish = (ir.Let("tl_first_block", call("select", op(">", lo, num(0)), owner, block), span=span), partials) \
+    finish = (let("tl_first_block", call("select", op(">", lo, num(0)), owner, block)), partials) \
         + tuple(after)
     tail = ir.If(op("<", hi, steps), (ir.PartialStore(accs, block, span=span),), finish, span=span)
     unit_body = tuple(per_unit) + _at_tile(k, tuple(before) + (part, tail), t)
