@@ -32,7 +32,7 @@ import pytest
 
 import tilec
 from tilec.codegen import export as tilec_export
-from tilec.codegen.abi import kernel_params
+from tilec.codegen.abi import WORKSPACE_FLAG_BYTES, kernel_params, workspace_bytes_per_block
 from tilec.errors import LaunchError
 from tilec.ir import nodes as ir
 from tilec.runtime import host as rt
@@ -101,6 +101,8 @@ kernel persist(A: f32[N], B: f32[N]) {
 }
 """
 STUB_RESIDENT = 4       # the stub's SMs (4) times the blocks per SM its occupancy query answers (1)
+# gemm.tile's declared tiles, persistent, stream-K: every const given, so nothing is tuned
+STREAM_K_GEMM = dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
 PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3, "persist": PERSIST}
 CXX = shutil.which("g++") or shutil.which("c++")
 CC = shutil.which("gcc") or shutil.which("cc")
@@ -138,7 +140,8 @@ def compile_kernel(name, **consts):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """name -> (directory, tilec.Kernel) of each example's export (with its
-    thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict."""
+    thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict
+    and gemm.tile with a stream-K schedule (STREAM_K_GEMM) as gemm_sk."""
     out = {}
     for name in EXAMPLES + list(PROGRAMS):
         d = tmp_path_factory.mktemp(name)
@@ -149,6 +152,10 @@ def exported(tmp_path_factory):
     k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch="sm_90a", debug=False, fallback=False)
     tilec_export.generate(k, fallback=False).write(d)
     out["copy2d_strict"] = (d, k)
+    d = tmp_path_factory.mktemp("gemm_sk")
+    k = compile_kernel("gemm", **STREAM_K_GEMM)
+    tilec_export.generate(k).write(d)
+    out["gemm_sk"] = (d, k)
     return out
 
 
@@ -498,6 +505,10 @@ CUresult cuStreamCreate(CUstream* s, unsigned) { *s = reinterpret_cast<CUstream>
 CUresult cuStreamSynchronize(CUstream) { return CUDA_SUCCESS; }
 CUresult cuMemAlloc(CUdeviceptr* p, size_t n) { *p = reinterpret_cast<CUdeviceptr>(malloc(n)); return CUDA_SUCCESS; }
 CUresult cuMemFree(CUdeviceptr p) { free(reinterpret_cast<void*>(p)); return CUDA_SUCCESS; }
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
+  memset(reinterpret_cast<void*>(d), v, n);
+  return CUDA_SUCCESS;
+}
 CUresult cuMemcpyHtoD(CUdeviceptr d, const void* s, size_t n) { memcpy(reinterpret_cast<void*>(d), s, n); return CUDA_SUCCESS; }
 CUresult cuMemcpyDtoH(void* d, CUdeviceptr s, size_t n) { memcpy(d, reinterpret_cast<void*>(s), n); return CUDA_SUCCESS; }
 CUresult cuModuleLoadData(CUmodule* module, const void* image) {
@@ -605,6 +616,24 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
     else:
         lines += ["  CUstream stream = reinterpret_cast<CUstream>(0x2000);"]
     call = []
+    if k.stream_k:      # gpu: a zeroed workspace of the size the export asks for; else its pointer and size
+        if gpu:
+            lines += ["  size_t workspace_bytes = 0;",
+                      "  char need_err[512];",
+                      f"  if (tilec_{k.name}_workspace_bytes(&workspace_bytes, need_err, sizeof need_err) != TILEC_OK) {{",
+                      "    fprintf(stderr, \"%s\\n\", need_err);",
+                      "    return 2;",
+                      "  }",
+                      "  CUdeviceptr workspace;",
+                      "  check(cuMemAlloc(&workspace, workspace_bytes), \"cuMemAlloc\");",
+                      "  check(cuMemsetD8Async(workspace, 0, workspace_bytes, stream), \"cuMemsetD8Async\");"]
+        else:
+            lines += ["  const CUdeviceptr workspace = strtoull(argv[i++], nullptr, 0);",
+                      "  const size_t workspace_bytes = strtoull(argv[i++], nullptr, 0);",
+                      "  size_t need = 0;",
+                      f"  const int need_rc = tilec_{k.name}_workspace_bytes(&need, nullptr, 0);",
+                      "  printf(\"need_rc=%d need=%zu\\n\", need_rc, need);"]
+        call += ["workspace", "workspace_bytes"]
     for p in k.params:
         if isinstance(p, ir.TensorParam):
             r = len(p.shape)
@@ -630,7 +659,10 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
             call.append(p.name)
     lines += ["  const size_t err_len = strtoull(argv[i++], nullptr, 0);",
               "  std::vector<char> err(err_len + 1, 'X');",
-              f"  const int rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);",
+              "  int rc = TILEC_OK;",
+              # stream-K on the GPU: two launches, the second on the workspace the first left
+              f"  for (int tl_launch = 0; tl_launch < {2 if k.stream_k and gpu else 1} && rc == TILEC_OK; ++tl_launch)",
+              f"    rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);",
               "  printf(\"rc=%d\\nerr=%s\\n\", rc, err_len ? err.data() : \"(null)\");"]
     if gpu:
         lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
@@ -669,12 +701,13 @@ def param_sizes(k: ir.Kernel) -> str:
     return ",".join(str(p.nbytes) for p in kernel_params(k))
 
 
-def run_stub(exported, stub_programs, name, args, err_len=4096, **env):
+def run_stub(exported, stub_programs, name, args, err_len=4096, workspace=None, **env):
+    """workspace: (pointer, bytes), a stream-K export's first arguments."""
     d, k = exported[name]
     variants = [(k.cubin, k.kernel_ir)] + ([(k.fallback.cubin, k.fallback.kernel_ir)]
                                            if name != "copy2d_strict" and k.kernel_ir.tensor_maps else [])
     spec = ";".join(f"{len(c)}={param_sizes(ir_)}" for c, ir_ in variants)
-    argv = []
+    argv = [hex(workspace[0]), str(workspace[1])] if workspace is not None else []
     for p, a in zip(k.kernel_ir.params, args):
         if isinstance(p, ir.TensorParam):
             ptr, shape, strides = a
@@ -1144,14 +1177,14 @@ class _Placed:
         self.buffer[...] = data.reshape(self.buffer.shape)
 
 
-def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_warning=False):
+def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_warning=False, consts=None):
     """Export `name`, run it from the C++ main on `inputs` (numpy arrays or views
     inside larger buffers, placed as they lie) with the output a guarded view, run
     the Python launch on the same data into a guarded torch view, and compare."""
     import torch
     from guard import guarded
     d = tmp_path / "export"
-    k = compile_kernel(name)
+    k = compile_kernel(name, **(consts or {}))
     tilec_export.generate(k).write(d)
     exe = build_gpu_main(d, k.kernel_ir, tmp_path)
     placed = []
@@ -1177,7 +1210,7 @@ def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_w
                                              whole.storage_offset() + start))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
-        tilec.compile(str(ROOT / "examples" / f"{name}.tile"))(*torch_inputs, g_py.view, *scalars)
+        tilec.compile(str(ROOT / "examples" / f"{name}.tile"), **(consts or {}))(*torch_inputs, g_py.view, *scalars)
     torch.cuda.synchronize()
     g_py.check()
     py = g_py.view.cpu().numpy()
@@ -1334,3 +1367,86 @@ def test_stub_persistent_launch_keeps_the_resident_blocks(exported, stub_program
     launches = [c for c in calls if c.startswith("launch")]
     assert len(launches) == 1 and " grid=4,1,1 " in launches[0]
     assert calls == stub_expectation(k, cubin, lines)
+
+
+# ---------------------------------------------------------------- stream-K: the caller's workspace
+
+SK_WORKSPACE = 0x7f0000300000
+
+
+def stream_k_need(k) -> int:
+    """The workspace any launch on the stub's GPU needs: the flags, a slot per resident block."""
+    return WORKSPACE_FLAG_BYTES + STUB_RESIDENT * workspace_bytes_per_block(k.kernel_ir)
+
+
+@needs_cxx
+def test_stub_stream_k_launch_passes_the_workspace(exported, stub_programs, python_driver, monkeypatch):
+    """gemm with stream_k = 1: the size query answers the flags plus a slot per resident
+    block; the launch encodes what Python encodes and launches what Python launches, with
+    the caller's workspace where Python puts its own."""
+    d, k = exported["gemm_sk"]
+    need = stream_k_need(k)
+    kind, cubin, lines = python_launch(k, GOOD["gemm"], python_driver, monkeypatch)
+    rc, err, calls = run_stub(exported, stub_programs, "gemm_sk", GOOD["gemm"], workspace=(SK_WORKSPACE, need))
+    assert (rc, err) == (0, "")
+    assert f"need_rc=0 need={need}" in calls
+    encodes = [c for c in calls if c.startswith("encode")]
+    assert encodes == [line for line in lines if line.startswith("encode")]
+    at = next(i for i, c in enumerate(lines) if c.startswith("launch"))
+    want = lines[at:]
+    slot = 1 + [p.kind for p in kernel_params(k.kernel_ir)].index("workspace")
+    assert want[slot] == "param 0"              # Python's rt.Workspace, before a launch points it at its own
+    want[slot] = f"param {SK_WORKSPACE}"
+    assert calls[next(i for i, c in enumerate(calls) if c.startswith("launch")):] == want
+    assert f" grid={STUB_RESIDENT},1,1 " in want[0]
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", ["one byte short", "null", "no context"])
+def test_stub_stream_k_workspace_errors(exported, stub_programs, case):
+    d, k = exported["gemm_sk"]
+    need = stream_k_need(k)
+    ws = {"one byte short": (SK_WORKSPACE, need - 1), "null": (0, need), "no context": (SK_WORKSPACE, need)}[case]
+    env = {"STUB_NO_CONTEXT": "1"} if case == "no context" else {}
+    rc, err, calls = run_stub(exported, stub_programs, "gemm_sk", GOOD["gemm"], workspace=ws, **env)
+    assert not any(c.startswith("launch") for c in calls)
+    if case == "one byte short":
+        assert (rc, err) == (1, f"workspace: {need - 1} bytes, but this launch of {STUB_RESIDENT} blocks needs {need} "
+                                "(tilec_gemm_workspace_bytes() gives enough for any launch on this device)")
+    elif case == "null":
+        assert (rc, err) == (1, "workspace: a null pointer; a stream_k = 1 kernel needs a zeroed workspace of "
+                                "tilec_gemm_workspace_bytes() bytes")
+    else:       # the query and the launch both need the current context
+        assert "need_rc=3 need=0" in calls
+        assert rc == 3 and "context" in err
+
+
+@needs_cxx
+def test_gpu_main_stream_k_plumbing_on_the_stub(exported, tmp_path):
+    """The GPU main of a stream-K export against the stand-in driver: it asks for the
+    workspace's size, allocates and zeroes that much, and launches twice on it."""
+    d, k = exported["gemm_sk"]
+    (tmp_path / "stub.cc").write_text(STUB)
+    exe = build_gpu_main(d, k.kernel_ir, tmp_path, link=[str(tmp_path / "stub.cc")])
+    tensors = []
+    for name, shape, pitch in (("A", (300, 264), 264), ("B", (264, 196), 200), ("C", (300, 196), 200)):
+        (tmp_path / f"{name}.bin").write_bytes(np.zeros((shape[0], pitch), np.float16).tobytes())
+        tensors.append((tmp_path / f"{name}.bin", 0, shape, (pitch, 1)))
+    p = run_gpu_main(exe, k.kernel_ir, tensors, tmp_path)
+    assert "rc=0\nerr=\n" in p.stdout
+    assert p.stdout.count("\nlaunch ") + p.stdout.startswith("launch ") == 2
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_stream_k_gemm_from_cpp_equals_python(tmp_path):
+    """2560x512 @ 512x2048 in 128x128 tiles: 320 tiles, more than two waves of 132,
+    so whole tiles and split ones (stream-K) both run; launched twice from C++ on
+    one zeroed workspace, equal bit for bit to the Python launch."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((2560, 512)).astype(np.float16)
+    b_buffer = rng.standard_normal((512, 2056)).astype(np.float16)
+    g = _gpu_case(tmp_path, "gemm", [(a, a), (b_buffer, b_buffer[:, :2048])], (2560, 2048), "f16",
+                  consts=STREAM_K_GEMM)
+    ref = a.astype(np.float32) @ b_buffer[:, :2048].astype(np.float32)
+    assert np.allclose(g.view.astype(np.float32), ref, rtol=2e-2, atol=2e-1)

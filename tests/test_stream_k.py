@@ -113,9 +113,16 @@ def test_stream_k_zero_is_the_persistent_kernel():
     assert code(GEMM) == code(plain)
 
 
-def test_export_refuses_stream_k(tmp_path):
-    with pytest.raises(tilec.TilecError, match="a stream_k = 1 kernel cannot be exported yet"):
-        tilec_export.export(GEMM, tmp_path, PERSISTENT=1, STREAM_K=1)
+def test_export_of_stream_k_takes_a_workspace(tmp_path):
+    """The exported launcher takes the workspace after the stream and has a query for
+    its size (tests/test_export.py runs both against the stub driver and on the GPU)."""
+    tilec_export.export(GEMM, tmp_path, PERSISTENT=1, STREAM_K=1)
+    header = (tmp_path / "gemm.h").read_text()
+    assert "    CUstream stream,\n    CUdeviceptr workspace,\n    size_t workspace_bytes,\n    CUdeviceptr A," in header
+    assert "int tilec_gemm_workspace_bytes(size_t* bytes, char* err, size_t err_len);" in header
+    plain = tmp_path / "plain"
+    tilec_export.export(GEMM, plain, PERSISTENT=1)
+    assert "workspace" not in (plain / "gemm.h").read_text() + (plain / "gemm.cc").read_text()
 
 
 @settings(max_examples=14, deadline=None)

@@ -20,7 +20,7 @@ from ..ir.exprs import free_names
 from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
 from ..runtime import tensormap
-from .abi import kernel_params, shape_bindings
+from .abi import WORKSPACE_FLAG_BYTES, kernel_params, shape_bindings, workspace_bytes_per_block
 from .cuda import _env
 
 # Scalar parameters by value: the kernel's own parameter type, bit for bit
@@ -231,6 +231,8 @@ def _param_refs(k: ir.Kernel) -> list:
             refs.append(f"param(&tl_{p.name})")     # its 32-bit copy
         elif p.kind == "scalar":
             refs.append(f"param(&{p.name})")
+        elif p.kind == "workspace":
+            refs.append("param(&workspace)")
         else:
             raise TilecError(f"cannot export a kernel parameter of kind {p.kind}")
     return refs
@@ -260,11 +262,8 @@ def generate(kernel, fallback: bool = True) -> Export:
         raise TilecError(f"kernel {kernel.name}: a debug build cannot be exported (its kernel takes a debug "
                          "record the launcher does not pass); compile it with debug=False")
     k: ir.Kernel = kernel.kernel_ir
-    if k.stream_k:
-        raise TilecError(f"kernel {kernel.name}: a stream_k = 1 kernel cannot be exported yet (its launch needs a "
-                         "zeroed workspace per stream, which the exported launcher does not manage); export it "
-                         "with stream_k = 0", k.span)
     source_name = kernel.source.name
+    function = f"tilec_{k.name}"
     ex = _HostExpr(k)
     lines = []
 
@@ -312,6 +311,11 @@ def generate(kernel, fallback: bool = True) -> Export:
     lines.append("    return succeed(err, err_len, \"\");  // an empty grid: no block to run")
 
     fb = kernel.fallback if k.tensor_maps and fallback else None
+    slot_bytes = workspace_bytes_per_block(k)
+    workspace = "workspace_bytes, " if k.stream_k else ""
+    if fb is not None and workspace_bytes_per_block(fb.kernel_ir) != slot_bytes:
+        raise TilecError(f"kernel {k.name}: its thread-copy variant's stream-K slots differ from its own; "
+                         "export it with fallback off")
     launched = kernel_params(k) + (kernel_params(fb.kernel_ir) if fb else [])
     symbols = list(dict.fromkeys(p.name for p in launched if p.kind == "symbol"))
     if symbols:
@@ -341,21 +345,27 @@ def generate(kernel, fallback: bool = True) -> Export:
             fb_params = _param_refs(fb.kernel_ir)
             lines.append("  if (rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
             lines += _wrap("    void* thread_copy_params[] = {", fb_params or ["nullptr"], "};")
-            lines.append("    return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,")
+            lines.append(f"    return launch(thread_copy_variant, grid, thread_copy_params, stream, {workspace}err, "
+                         "err_len,")
             lines.append(f"                  why + \": TMA cannot copy it, so kernel {k.name} ran its thread-copy "
                          "variant (correct, slower)\");")
             lines.append("  }")
         lines.append("  if (rc != TILEC_OK)")
         lines.append("    return fail(err, err_len, rc, why);")
     lines += _wrap("  void* params[] = {", params or ["nullptr"], "};")
-    lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, err, "
-                 "err_len, \"\");")
+    lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, "
+                 f"{workspace}err, err_len, \"\");")
 
     names = ex.names | set(symbols)
     bindings = [binding[n] for n in binding if n in names]
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
-    entry = ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]
+    entry = []
+    if k.stream_k:
+        entry += ["  if (workspace == 0)",
+                  fail("TILEC_EARG", "workspace: a null pointer; a stream_k = 1 kernel needs a zeroed workspace "
+                       f"of {function}_workspace_bytes() bytes")]
+    entry += ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]
     for t in k.tensors:
         entry.append(f"  if (int rc = check_tensor({_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
                      "err, err_len))")
@@ -374,8 +384,8 @@ def generate(kernel, fallback: bool = True) -> Export:
             args.append(f"{SCALAR_CTYPES[p.dtype.name]} {p.name}")
             note = f" ({BITS_NOTE[p.dtype.name]})" if p.dtype.name in BITS_NOTE else ""
             doc.append(f"{p.name}: {p.dtype.name}{note}")
-    args = ["CUstream stream"] + args + ["char* err", "size_t err_len"]
-    function = f"tilec_{k.name}"
+    args = ["CUstream stream"] + (["CUdeviceptr workspace", "size_t workspace_bytes"] if k.stream_k else []) + \
+        args + ["char* err", "size_t err_len"]
     consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     kinds = {t.kind for t in k.tensor_maps}
     variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{k.name}.cubin", kernel.cubin, k.smem_bytes,
@@ -385,7 +395,8 @@ def generate(kernel, fallback: bool = True) -> Export:
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, function=function,
                   consts=consts, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
-                  has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H")
+                  has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H",
+                  stream_k=bool(k.stream_k), flag_bytes=WORKSPACE_FLAG_BYTES, slot_bytes=slot_bytes)
     header = _env().get_template("export.h.j2").render(**common)
     helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
     runs_on, runs_on_note = _runs_on(kernel.arch)
