@@ -141,7 +141,8 @@ def compile_kernel(name, **consts):
 def exported(tmp_path_factory):
     """name -> (directory, tilec.Kernel) of each example's export (with its
     thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict
-    and gemm.tile with a stream-K schedule (STREAM_K_GEMM) as gemm_sk."""
+    and gemm.tile persistent with a stream-K schedule (STREAM_K_GEMM) as gemm_sk,
+    without one as gemm_pe."""
     out = {}
     for name in EXAMPLES + list(PROGRAMS):
         d = tmp_path_factory.mktemp(name)
@@ -152,10 +153,11 @@ def exported(tmp_path_factory):
     k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch="sm_90a", debug=False, fallback=False)
     tilec_export.generate(k, fallback=False).write(d)
     out["copy2d_strict"] = (d, k)
-    d = tmp_path_factory.mktemp("gemm_sk")
-    k = compile_kernel("gemm", **STREAM_K_GEMM)
-    tilec_export.generate(k).write(d)
-    out["gemm_sk"] = (d, k)
+    for name, consts in (("gemm_sk", STREAM_K_GEMM), ("gemm_pe", dict(STREAM_K_GEMM, STREAM_K=0))):
+        d = tmp_path_factory.mktemp(name)
+        k = compile_kernel("gemm", **consts)
+        tilec_export.generate(k).write(d)
+        out[name] = (d, k)
     return out
 
 
@@ -800,14 +802,15 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
         self.args.append(arg)
         return arg
 
-    def launch(self, grid, threads, smem_bytes, params, persistent=False):
+    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False):
         def loaded(device):
-            if persistent:      # the real launch clamps to loaded.resident_blocks: the stub's GPU's
-                raise _Launched((min(grid[0], STUB_RESIDENT), 1, 1), threads, smem_bytes, params)
+            if persistent:      # the real launch takes loaded.resident_blocks: the stub's GPU's
+                raise _Launched((rt.persistent_blocks(grid[0], STUB_RESIDENT, balanced), 1, 1), threads,
+                                smem_bytes, params)
             raise _Launched(grid, threads, smem_bytes, params)
         self.loaded = loaded
         try:
-            _REAL_LAUNCH(self, grid, threads, smem_bytes, params, persistent)
+            _REAL_LAUNCH(self, grid, threads, smem_bytes, params, persistent, balanced)
         except _Launched as stop:
             return stop.args
         raise AssertionError("the wrapper's launch did not load the kernel")
@@ -1367,6 +1370,25 @@ def test_stub_persistent_launch_keeps_the_resident_blocks(exported, stub_program
     launches = [c for c in calls if c.startswith("launch")]
     assert len(launches) == 1 and " grid=4,1,1 " in launches[0]
     assert calls == stub_expectation(k, cubin, lines)
+
+
+@needs_cxx
+def test_stub_persistent_gemm_launches_the_fewest_blocks_of_as_many_waves(exported, stub_programs, python_driver,
+                                                                          monkeypatch):
+    """A persistent gemm (no stream-K) of 6 tiles where 4 blocks fit: 2 waves either way, so both
+    launchers run 3 blocks of 2 tiles (rt.persistent_blocks), not 4 (two of them with 1)."""
+    d, k = exported["gemm_pe"]
+    kind, cubin, lines = python_launch(k, GOOD["gemm"], python_driver, monkeypatch)
+    rc, err, calls = run_stub(exported, stub_programs, "gemm_pe", GOOD["gemm"])
+    assert (rc, err) == (0, "")
+    assert calls == stub_expectation(k, cubin, lines)
+    assert [c for c in calls if c.startswith("launch")][0].count(" grid=3,1,1 ") == 1
+
+
+def test_persistent_blocks():
+    assert [rt.persistent_blocks(t, 132, True) for t in (1, 131, 132, 133, 264, 265, 512, 784, 2752)] == \
+        [1, 131, 132, 67, 132, 89, 128, 131, 132]
+    assert [rt.persistent_blocks(t, 132, False) for t in (1, 133, 512)] == [1, 132, 132]
 
 
 # ---------------------------------------------------------------- stream-K: the caller's workspace

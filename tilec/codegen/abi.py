@@ -118,3 +118,10 @@ def workspace_bytes_per_block(k: ir.Kernel) -> int:
 # stream's workspace never read another's partial sums as a flag (every launch
 # leaves the flags cleared). Room for 16384 blocks; the host refuses more.
 WORKSPACE_FLAG_BYTES = 65536
+
+
+def balanced_grid(k: ir.Kernel) -> bool:
+    """Whether a persistent launch of `k` runs the fewest blocks that take its tiles
+    in as many waves (runtime.host.persistent_blocks): its tiles are tensor-core
+    gemms (compute-bound) and it has no stream-K schedule."""
+    return bool(k.persistent) and not k.stream_k and any(isinstance(s, ir.Gemm) for s in ir.walk_stmts(k.body))

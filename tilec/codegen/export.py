@@ -20,7 +20,7 @@ from ..ir.exprs import free_names
 from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
 from ..runtime import tensormap
-from .abi import WORKSPACE_FLAG_BYTES, kernel_params, shape_bindings, workspace_bytes_per_block
+from .abi import WORKSPACE_FLAG_BYTES, balanced_grid, kernel_params, shape_bindings, workspace_bytes_per_block
 from .cuda import _env
 
 # Scalar parameters by value: the kernel's own parameter type, bit for bit
@@ -404,7 +404,7 @@ def generate(kernel, fallback: bool = True) -> Export:
         **common, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
         im2col="im2col" in kinds, rounded=rounded,
         helpers=sorted(helpers),
-        persistent=bool(k.persistent),
+        persistent=bool(k.persistent), balanced=balanced_grid(k),
         variants=[dict(var=v, file=f, size=len(c), smem=s, threads=t, what=w, rows=_byte_rows(c))
                   for v, f, c, s, t, w in variants])
     files = {f"{k.name}.h": header, f"{k.name}.cc": source}

@@ -6,7 +6,7 @@ from ..ir import nodes as ir
 from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import binary, expr as tile_expr
-from .abi import kernel_params, shape_bindings, workspace_bytes_per_block
+from .abi import balanced_grid, kernel_params, shape_bindings, workspace_bytes_per_block
 from .cuda import _env
 
 _PY_OPS = {"/": "//", "&&": "and", "||": "or"}
@@ -112,7 +112,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         version=__version__, source_name=source_name, kernel_name=k.name, threads=k.launch_threads,
         smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc, debug=debug and bool(k.barriers),
         barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
-        arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent),
+        arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent), balanced=balanced_grid(k),
         grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
         maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"],
         params=[p.name if p.kind == "tensor_map" else _param(k, p) for p in params])

@@ -14,6 +14,8 @@ import threading
 import numpy as np
 
 from ...errors import DeviceError
+from .. import host
+from ...codegen.abi import balanced_grid
 from ...ir import im2col
 from ...ir import nodes as ir
 from ...ir.exprs import walk_expr, widened
@@ -283,7 +285,7 @@ class _Blocks:
 
     def run(self, grid):
         if self.k.persistent:       # grid[0] counts tiles: a few resident blocks, each looping over several
-            grid = (min(grid[0], INTERPRETED_RESIDENT_BLOCKS), 1, 1)
+            grid = (host.persistent_blocks(grid[0], INTERPRETED_RESIDENT_BLOCKS, balanced_grid(self.k)), 1, 1)
         names = self.k.grid_vars
         self.slots = {}                     # stream-K: the workspace's slots stored and not yet added
         for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
