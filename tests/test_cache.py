@@ -61,6 +61,45 @@ def test_corrupt_entry_is_rebuilt_not_loaded(cache_dir, damage):
     assert cubin == good and meta["name"] == "copy2d"
 
 
+def test_long_texts_and_bytes_round_trip_as_raw_sections(cache_dir):
+    """Long strings and bytes leave the JSON for raw sections after the cubin; the meta
+    comes back equal, and the JSON holds only the short values and the sections' list."""
+    meta = {"name": "k", "n": 3, "short": "x" * cache.RAW_OVER, "long": "é\n\"" * 4000, "code": bytes(range(256)) * 9,
+            "empty": b""}
+    cache.store("ab" + "0" * 62, meta, b"\x7fELF cubin")
+    assert cache.load("ab" + "0" * 62) == (meta, b"\x7fELF cubin")
+    blob = entries(cache_dir)[0].read_bytes()
+    meta_len = int.from_bytes(blob[40:48], "little")
+    small = __import__("json").loads(blob[56:56 + meta_len])
+    assert sorted(small) == ["n", "name", "short", cache.SECTIONS]
+    assert small[cache.SECTIONS] == [["long", "str", 16000], ["code", "bytes", 2304], ["empty", "bytes", 0]]
+
+
+def test_host_wrapper_code_comes_from_the_disk_cache(cache_dir, monkeypatch):
+    """A kernel loaded from the disk cache runs the host wrapper's code object stored there
+    (marshal, for the Python that wrote it: no compile of its source); a tag of another
+    Python, or bytes that do not unmarshal, fall back to compiling the source."""
+    from tilec import kernel as kernel_mod
+    tilec.compile(COPY2D, BM=8)
+    _CACHE.clear()
+    compiled = []
+    real = kernel_mod._compile_host
+    monkeypatch.setattr(kernel_mod, "_compile_host", lambda *a: compiled.append(a) or real(*a))
+    k = tilec.compile(COPY2D, BM=8)
+    assert k.from_disk_cache and callable(k._launch) and not compiled
+    (path,) = entries(cache_dir)
+    for tag, code in ((kernel_mod._CODE_TAG + "-other", None), (kernel_mod._CODE_TAG, b"not marshal")):
+        meta, cubin = cache.load(path.stem)
+        meta["host_code_tag"] = tag
+        if code is not None:
+            meta["host_code"] = code
+        cache.store(path.stem, meta, cubin)
+        _CACHE.clear()
+        k = tilec.compile(COPY2D, BM=8)
+        assert k.from_disk_cache and callable(k._launch)
+    assert len(compiled) == 2
+
+
 def test_cache_off(cache_dir, monkeypatch):
     monkeypatch.setenv("TILEC_CACHE", "0")
     tilec.compile(COPY2D, BM=4)

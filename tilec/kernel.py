@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import marshal
 import os
 import sys
 import threading
@@ -15,6 +16,8 @@ from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
 
 _CACHE: dict = {}
+# The host wrapper's code object is kept in the disk cache (marshal), for this Python only.
+_CODE_TAG = f"{sys.implementation.cache_tag}:{marshal.version}"
 _CACHE_LOCK = threading.Lock()
 _KEY_LOCKS: dict = {}       # program key -> the lock its first compile holds
 
@@ -40,14 +43,20 @@ class Kernel(Program):
                              nvrtc.identity())
         hit = cache.load(disk_key)
         self.from_disk_cache = hit is not None
+        self._host_code = None      # the host wrapper compiled, or as marshal bytes from the disk cache
         if hit is not None:
             meta, cubin = hit
+            if meta.get("host_code_tag") == _CODE_TAG:
+                self._host_code = meta.get("host_code")
         else:
             lw = self._lowered
             cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug, arch)
             compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
+            host_source = host_codegen.generate(lw.kernel, source.name, debug)
+            self._host_code = _compile_host(host_source, lw.kernel.name)
             meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
-                    "cuda_source": cuda_source, "host_source": host_codegen.generate(lw.kernel, source.name, debug),
+                    "cuda_source": cuda_source, "host_source": host_source,
+                    "host_code": marshal.dumps(self._host_code), "host_code_tag": _CODE_TAG,
                     "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log}
             cubin = compiled.cubin
             cache.store(disk_key, meta, cubin)
@@ -67,9 +76,18 @@ class Kernel(Program):
         w = self._wrapper
         if w is None:
             namespace = {}
-            exec(builtins.compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
+            exec(self._host_code_object(), namespace)
             w = self._wrapper = (namespace["launch"], namespace["WRITES"], namespace.get("DEBUG"))
         return w
+
+    def _host_code_object(self):
+        code = self._host_code
+        if isinstance(code, bytes):         # from the disk cache, written by this Python
+            try:
+                code = marshal.loads(code)
+            except (ValueError, EOFError, TypeError):
+                code = None
+        return code if code is not None else _compile_host(self.host_source, self.name)
 
     @property
     def _launch(self):
@@ -164,6 +182,10 @@ class Kernel(Program):
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
         return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
+
+
+def _compile_host(host_source: str, name: str):
+    return builtins.compile(host_source, f"<tilec host wrapper of {name}>", "exec")
 
 
 def _capturing() -> bool:
