@@ -2,6 +2,8 @@
 inspection. Works with no GPU and no CUDA toolkit: NVRTC comes from a wheel."""
 from __future__ import annotations
 
+import functools
+
 import re
 import threading
 from pathlib import Path
@@ -34,9 +36,12 @@ def version() -> tuple:
     return tuple(_check(nvrtc.nvrtcVersion(), "version"))
 
 
+@functools.lru_cache(maxsize=None)
 def identity() -> str:
     """Which NVRTC compiles here, cheaply (no library load): the wheel's library
-    file, its size and mtime; else the version NVRTC reports."""
+    file, its size and mtime; else the version NVRTC reports. Found once per
+    process (a key of every disk-cache lookup; the process keeps the library it
+    loaded first anyway)."""
     try:
         import nvidia
         for root in nvidia.__path__:
