@@ -208,3 +208,27 @@ def test_store_waits_leave_later_groups_in_flight():
     assert _Stores(("y",)).join(_Stores()) == _Stores(("y",))
     mixed = _Stores(("x", "y")).join(_Stores(("y", "x")))
     assert not mixed.ordered and mixed.wait({"y"})[0].pending == 0
+
+
+GEMM_FIXED_K = (ROOT / "examples/gemm.tile").read_text().replace(
+    "for k in pipelined(cdiv(K, BK),", "for k in pipelined(4,")
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("producer", [0, 1])
+def test_a_constant_extent_runs_its_own_trip_count(stages, producer):
+    """`pipelined(4)`: the checker runs the ring 4 times, the count the kernel runs. It used
+    to try 0 .. stages + 2 trips as for an unknown extent, and so reported the prologue's
+    loads (issued for a known count without guards) as 'armed and never waited on' when it
+    tried 0 trips, and took the literal 4 elsewhere for the trip count it tried."""
+    assert "pipelined(4," in GEMM_FIXED_K
+    k = lower(GEMM_FIXED_K, dict(BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=0)).stages[
+        "insert-barriers"]
+    check_barriers.run(k, Options())
+
+
+def test_a_constant_extent_is_checked_at_its_count():
+    """A missing wait inside `for i in range(4)` is still found (exactly 4 trips run)."""
+    text = STORE_LOOP.replace("range(cdiv(M, 32))", "range(4)")
+    err = rejected(broken(text, lambda s: isinstance(s, ir.MbarrierWait)))
+    assert "mbarrier" in err.message

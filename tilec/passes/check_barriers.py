@@ -4,7 +4,9 @@ the first violation with the barrier and the .tile line.
 The kernel is run abstractly, as two classes of threads in block-synchronous
 program order: thread 0 (which also runs `one_thread` blocks) and the rest.
 Loops run 0, 1, 2 and 3 times (trip counts are not known at compile time, and
-small ones are where tails go wrong); both sides of every `if` are explored.
+small ones are where tails go wrong; a pipelined ring 0 to stages + 2 times); a
+loop whose extent is known (a constant, or fixed earlier on the path) runs that
+many times. Both sides of every `if` are explored.
 On every path it checks that
 
   (a) each phase's expect-tx equals the full-box bytes of the TMA loads that
@@ -180,6 +182,7 @@ class _Checker:
         self.k = k
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
+        self._accesses = {}         # id(statement) -> (statement, reads, writes)
         # tiles a producer warpgroup refills: no block barrier of the consumers orders that
         self.refilled = {x.buffer for s in ir.walk_stmts(k.body) if isinstance(s, ir.Specialized)
                          for x in ir.walk_stmts(s.producer) if isinstance(x, ir.TmaLoad)}
@@ -204,12 +207,16 @@ class _Checker:
         if isinstance(s, ir.For):
             out = []
             extent = show(s.extent)
-            for n in TRIP_COUNTS if s.stages is None else range(0, s.stages + 3):
-                if st.env.get(extent, n) != n:
-                    continue            # the same extent is already fixed on this path
+            known = evaluate(s.extent, st.env)
+            if known is not None:       # a constant extent, or one fixed on this path: its own count
+                counts = (max(int(known), 0),)
+            else:
+                counts = TRIP_COUNTS if s.stages is None else range(0, s.stages + 3)
+            for n in counts:
                 cur = [copy.deepcopy(st)]
-                for c in cur:
-                    c.env[extent] = n
+                if known is None:       # fixed for the rest of the path
+                    for c in cur:
+                        c.env[extent] = n
                 for i in range(n):
                     for c in cur:
                         c.env[s.var] = i
@@ -394,7 +401,7 @@ class _Checker:
             st.uncommitted = set()
         elif isinstance(s, ir.BulkWait):
             st.groups = st.groups[len(st.groups) - s.pending:] if s.pending else []
-        elif shared_accesses(self.k, s) != (set(), set()):
+        elif self.accesses(s) != (set(), set()):
             self.thread_access(s, st, classes)      # threads touching tiles (copies, fill, parallel, tails, ...)
 
     def bar_name(self, st, name, index, s):
@@ -497,8 +504,15 @@ class _Checker:
             st.unwaited.pop(t, None)
             st.visible.setdefault(t, set()).add(c)
 
+    def accesses(self, s):
+        """shared_accesses(s), once per statement (every path steps through it again)."""
+        hit = self._accesses.get(id(s))
+        if hit is None:
+            hit = self._accesses[id(s)] = (s, *shared_accesses(self.k, s))    # s: its id stays its own
+        return hit[1], hit[2]
+
     def thread_access(self, s, st, classes):
-        reads, writes = shared_accesses(self.k, s)
+        reads, writes = self.accesses(s)
         stage = getattr(s, "stage", None)
         if stage is not None:
             reads = {self.tile(st, t, stage) for t in reads}
