@@ -232,3 +232,22 @@ def test_a_constant_extent_is_checked_at_its_count():
     text = STORE_LOOP.replace("range(cdiv(M, 32))", "range(4)")
     err = rejected(broken(text, lambda s: isinstance(s, ir.MbarrierWait)))
     assert "mbarrier" in err.message
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("producer", [0, 1])
+def test_a_constant_extent_gemm_interpreted_equals_numpy(stages, producer):
+    """The pipelined(4) gemm the checker now accepts computes C = A @ B (the interpreter, K = 256:
+    four steps), writing nothing around C."""
+    import numpy as np
+    import tilec
+    from guard import guarded
+    k = tilec.compile(GEMM_FIXED_K, backend="interpret", BM=128, BN=128, STAGES=stages, PRODUCER=producer,
+                      PERSISTENT=0)
+    rng = np.random.default_rng(stages * 2 + producer)
+    a = rng.standard_normal((130, 256)).astype(np.float16)
+    b = rng.standard_normal((256, 136)).astype(np.float16)
+    g = guarded((130, 136), "f16", like="numpy")
+    k(a, b, g.view)
+    g.check()
+    assert np.allclose(g.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-2, atol=5e-2)
