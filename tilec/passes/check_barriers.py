@@ -81,18 +81,46 @@ def evaluate(e, env):
     on something the path does not fix (a shape, a block index)."""
     if e is None:
         return None
+    return _compiled(e)(env)
+
+
+def _compiled(e):
+    """`e` as a function of a path's env (kept on the node, like _key): a name, a
+    call or an operation whose text the env pins takes that value; an operation
+    of known operands computes; anything else is None. A literal is its value
+    (the env never pins a literal's text: a loop over a known extent is not a
+    choice)."""
+    fn = e.__dict__.get("_tl_eval")
+    if fn is not None:
+        return fn
     key = _key(e)
-    if key in env:
-        return env[key]
     if isinstance(e, ir.Int):
-        return e.value
-    if isinstance(e, ir.BinOp):
-        a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
-        return None if a is None or b is None else _C_OPS[e.op](a, b)
-    if isinstance(e, ir.UnaryOp):
-        a = evaluate(e.operand, env)
-        return None if a is None else (-a if e.op == "-" else int(not a))
-    return None
+        value = e.value
+        fn = lambda env: value     # noqa: E731
+    elif isinstance(e, ir.BinOp):
+        lhs, rhs, op = _compiled(e.lhs), _compiled(e.rhs), _C_OPS[e.op]
+
+        def fn(env):
+            if key in env:
+                return env[key]
+            a = lhs(env)
+            if a is None:
+                return None
+            b = rhs(env)
+            return None if b is None else op(a, b)
+    elif isinstance(e, ir.UnaryOp):
+        operand, negate = _compiled(e.operand), e.op == "-"
+
+        def fn(env):
+            if key in env:
+                return env[key]
+            a = operand(env)
+            return None if a is None else (-a if negate else int(not a))
+    else:
+        fn = lambda env: env.get(key)     # noqa: E731
+    object.__setattr__(e, "_tl_eval", fn)
+    return fn
+
 
 NAME = "check-barriers"
 
@@ -124,6 +152,11 @@ class _Bar:
     counted: bool = False                               # completed by arrivals alone (a pipeline's empty)
 
 
+    def clone(self):
+        return _Bar(self.armed, self.expect, self.loaded, set(self.tiles), self.completed, dict(self.seen),
+                    self.counted)
+
+
 @dataclass
 class _State:
     bars: dict = field(default_factory=dict)
@@ -138,6 +171,15 @@ class _State:
     env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
     wgmma: list = field(default_factory=list)          # tiles read by each wgmma group still in flight
     released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy by hand (a path's fork copies the state; the generic copy was a
+        third of a check's time): every container copied, the strings, numbers and tuples
+        in them shared."""
+        return _State({n: b.clone() for n, b in self.bars.items()}, dict(self.phase), dict(self.unwaited),
+                      {t: set(c) for t, c in self.visible.items()}, set(self.touched), set(self.written),
+                      set(self.fenced), [set(g) for g in self.groups], set(self.uncommitted), dict(self.env),
+                      [set(w) for w in self.wgmma], dict(self.released))
 
 
 def _storing(st) -> set:
