@@ -251,3 +251,44 @@ def test_a_constant_extent_gemm_interpreted_equals_numpy(stages, producer):
     k(a, b, g.view)
     g.check()
     assert np.allclose(g.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-2, atol=5e-2)
+
+
+LONG_LOOP = """kernel long_loop(A: f32[M, N], B: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 512));
+    threads 128;
+    shared s: f32[8, 64];
+    for i in range(64) {
+        if by * 512 + i * 8 < M && bx * 64 < N {
+            copy(A[by * 512 + i * 8, bx * 64], s);
+            copy(s, B[by * 512 + i * 8, bx * 64]);
+        }
+    }
+}
+"""
+
+
+def test_a_long_constant_loop_runs_a_count_of_the_same_phase():
+    """range(64) with an `if` of two unknowns inside: the check runs 2 + 62 % 2 = 2 trips
+    (phases repeat every 2 trips here), not 64 (2^64 paths of that `if`: 22 s before)."""
+    import time
+    t = time.perf_counter()
+    check_barriers.run(barriers_ir(LONG_LOOP), Options())
+    assert time.perf_counter() - t < 5
+    err = rejected(broken(LONG_LOOP, lambda s: isinstance(s, ir.MbarrierWait)))
+    assert "mbarrier" in err.message
+
+
+@pytest.mark.parametrize("extent", [64, 1000, 1001])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("producer", [0, 1])
+def test_long_constant_rings_pass_and_a_dropped_wait_is_found(extent, stages, producer):
+    """pipelined(64 / 1000 / 1001): the producer's plain loop and the consumers' ring run the
+    same shortened count (the rings' fill and period are the kernel's), and a consumer's
+    missing wait on the ring is still reported."""
+    text = GEMM_FIXED_K.replace("pipelined(4,", f"pipelined({extent},")
+    k = lower(text, dict(BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=1)).stages[
+        "insert-barriers"]
+    check_barriers.run(k, Options())
+    with pytest.raises(BarrierBug):
+        check_barriers.run(replace(k, body=mutate(k.body, lambda s: isinstance(s, ir.MbarrierWait) and
+                                                  "full" in s.barrier, lambda s: None)), Options())

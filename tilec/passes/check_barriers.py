@@ -6,7 +6,9 @@ program order: thread 0 (which also runs `one_thread` blocks) and the rest.
 Loops run 0, 1, 2 and 3 times (trip counts are not known at compile time, and
 small ones are where tails go wrong; a pipelined ring 0 to stages + 2 times); a
 loop whose extent is known (a constant, or fixed earlier on the path) runs that
-many times. Both sides of every `if` are explored.
+many times, or, past the rings' fill plus one period of the barriers' state, a
+count equal to it modulo that period (`_Checker.trips`). Both sides of every
+`if` are explored.
 On every path it checks that
 
   (a) each phase's expect-tx equals the full-box bytes of the TMA loads that
@@ -38,6 +40,7 @@ written by one block and read by another."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 from ..errors import SemanticError
@@ -88,15 +91,14 @@ def _compiled(e):
     """`e` as a function of a path's env (kept on the node, like _key): a name, a
     call or an operation whose text the env pins takes that value; an operation
     of known operands computes; anything else is None. A literal is its value
-    (the env never pins a literal's text: a loop over a known extent is not a
-    choice)."""
+    unless _Checker.trips pinned its text."""
     fn = e.__dict__.get("_tl_eval")
     if fn is not None:
         return fn
     key = _key(e)
-    if isinstance(e, ir.Int):
+    if isinstance(e, ir.Int):       # pinned only as a long constant loop's extent (_Checker.trips)
         value = e.value
-        fn = lambda env: value     # noqa: E731
+        fn = lambda env: env.get(key, value)     # noqa: E731
     elif isinstance(e, ir.BinOp):
         lhs, rhs, op = _compiled(e.lhs), _compiled(e.rhs), _C_OPS[e.op]
 
@@ -225,9 +227,33 @@ class _Checker:
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
         self._accesses = {}         # id(statement) -> (statement, reads, writes)
+        # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
+        rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
+        self.period = math.lcm(2, *(2 * n for n in rings))
+        self.fill = max(rings, default=0) + 2   # the same for a producer's plain loop and its consumers' ring
         # tiles a producer warpgroup refills: no block barrier of the consumers orders that
         self.refilled = {x.buffer for s in ir.walk_stmts(k.body) if isinstance(s, ir.Specialized)
                          for x in ir.walk_stmts(s.producer) if isinstance(x, ir.TmaLoad)}
+
+    def trips(self, s, known, st, run=None):
+        """The trips to run of loop `s` whose extent is `known`: that many while it is
+        small; past the rings' fill (the most stages + 2) plus one period of the barriers' state
+        (`self.period`: phases flip every trip, a ring of S stages repeats every 2S), the
+        count in [fill, fill + period) equal to it modulo the period, which leaves every
+        phase and stage where `known` trips would. Only a literal extent is shortened, its
+        text then pinned to that count on the path, so that conditions such as `k + 2 < 64`
+        agree with the trips run (a long constant loop with an unknown `if` inside forks at
+        every trip); an extent pinned on the path (an atom's 0..7) runs exactly."""
+        n = max(int(known), 0)
+        if not isinstance(s.extent, ir.Int) or _key(s.extent) in st.env:
+            return n                # pinned on this path (an atom's 0..7, or the other side's literal)
+        fill = self.fill
+        if n <= fill + self.period:
+            return n
+        short = fill + (n - fill) % self.period
+        for env in (run.envs.values() if run is not None else (st.env,)):
+            env[_key(s.extent)] = short
+        return short
 
     # ---- running blocks over sets of states
     def run(self, body, states, classes):
@@ -251,7 +277,7 @@ class _Checker:
             extent = show(s.extent)
             known = evaluate(s.extent, st.env)
             if known is not None:       # a constant extent, or one fixed on this path: its own count
-                counts = (max(int(known), 0),)
+                counts = (self.trips(s, known, st),)
             else:
                 counts = TRIP_COUNTS if s.stages is None else range(0, s.stages + 3)
             for n in counts:
@@ -357,6 +383,8 @@ class _Checker:
                     options = run.counts.get(show(s.extent), TRIP_COUNTS)
                     n = options[run.choose(len(options))]
                     run.fix(show(s.extent), n)      # the same extent on both sides
+                else:
+                    n = self.trips(s, n, st, run)
                 for i in range(n):
                     st.env[s.var] = i
                     yield from self.side(s.body, run, classes)
