@@ -661,11 +661,11 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
             call.append(p.name)
     lines += ["  const size_t err_len = strtoull(argv[i++], nullptr, 0);",
               "  std::vector<char> err(err_len + 1, 'X');",
-              "  int rc = TILEC_OK;",
-              # stream-K on the GPU: two launches, the second on the workspace the first left
-              f"  for (int tl_launch = 0; tl_launch < {2 if k.stream_k and gpu else 1} && rc == TILEC_OK; ++tl_launch)",
-              f"    rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);",
-              "  printf(\"rc=%d\\nerr=%s\\n\", rc, err_len ? err.data() : \"(null)\");"]
+              f"  int rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
+    if k.stream_k and gpu:      # a second launch, on the workspace the first left
+        lines += ["  if (rc == TILEC_OK)",
+                  f"    rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
+    lines += ["  printf(\"rc=%d\\nerr=%s\\n\", rc, err_len ? err.data() : \"(null)\");"]
     if gpu:
         lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
         for p in k.tensors:

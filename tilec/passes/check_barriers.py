@@ -153,7 +153,6 @@ class _Bar:
     seen: dict = field(default_factory=lambda: {T0: -1, REST: -1, PRODUCER: -1})  # last phase each class observed
     counted: bool = False                               # completed by arrivals alone (a pipeline's empty)
 
-
     def clone(self):
         return _Bar(self.armed, self.expect, self.loaded, set(self.tiles), self.completed, dict(self.seen),
                     self.counted)

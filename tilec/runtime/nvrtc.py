@@ -3,7 +3,6 @@ inspection. Works with no GPU and no CUDA toolkit: NVRTC comes from a wheel."""
 from __future__ import annotations
 
 import functools
-
 import re
 import threading
 from pathlib import Path
