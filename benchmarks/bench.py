@@ -40,21 +40,24 @@ ROOT = Path(__file__).resolve().parent.parent
 SLEEP_CYCLES = 300_000
 
 
+def time_one(fn) -> float:
+    """One call of `fn`, in seconds: CUDA events around it, queued behind a GPU spin."""
+    import torch
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e-3
+
+
 def time_gpu(fn, reps=30, warmup=5):
     import torch
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    return statistics.median(times)
+    return statistics.median([time_one(fn) for _ in range(reps)])
 
 
 def compare(mine, peer, rounds=7, reps=10):

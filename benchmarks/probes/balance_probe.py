@@ -1,29 +1,23 @@
 """Same process: a persistent grid of as many blocks as the GPU holds (132) vs the fewest blocks
 that still finish in the same number of tile waves (512 tiles: 4 waves -> 128 blocks), gemm."""
-import os, statistics, sys
+import os, sys
 os.environ["TILEC_CACHE"] = "0"
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, tilec
 from tilec.runtime import host as rt
+from common import rounds
 
 BAL = {"on": False}
 real = rt.Call.launch
-def launch(self, grid, threads, smem_bytes, params, persistent=False):
-    if persistent and BAL["on"]:
-        loaded = self.loaded(self.device or 0)
-        res = loaded.resident_blocks(threads, smem_bytes)
-        tiles = grid[0]
-        waves = -(-tiles // res)
-        grid = (-(-tiles // waves), 1, 1)
-    return real(self, grid, threads, smem_bytes, params, persistent)
+
+
+def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False):
+    return real(self, grid, threads, smem_bytes, params, persistent, BAL["on"])     # the probe's choice, not the wrapper's
+
+
 rt.Call.launch = launch
 
-def time_one(fn):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(300_000); s.record(); fn(); e.record(); e.synchronize()
-    return s.elapsed_time(e)
-
-def run(n, dtype, cfg, rounds=11, reps=5):
+def run(n, dtype, cfg, n_rounds=11, reps=5):
     src = open("examples/gemm.tile").read()
     if dtype == torch.bfloat16: src = src.replace("f16", "bf16")
     a = torch.randn(n, n, device="cuda", dtype=dtype); b = torch.randn(n, n, device="cuda", dtype=dtype)
@@ -33,15 +27,8 @@ def run(n, dtype, cfg, rounds=11, reps=5):
     def plain(): BAL["on"] = False; k(a, b, c1)
     def bal(): BAL["on"] = True; k(a, b, c2)
     fns = {"cublas": lambda: torch.matmul(a, b), "132 blocks": plain, "balanced": bal}
-    for f in fns.values():
-        for _ in range(3): f()
-    torch.cuda.synchronize()
+    med = rounds(fns, n=n_rounds, reps=reps)
     assert (c1.float() - want).abs().max() < 2 and (c2.float() - want).abs().max() < 2
-    t = {m: [] for m in fns}
-    for r in range(rounds):
-        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            t[m].extend(time_one(fns[m]) for _ in range(reps))
-    med = {m: statistics.median(v) for m, v in t.items()}
     for m in fns:
         print(f"  gemm {n} {str(dtype)[6:]} {cfg} {m:12s} {med[m]*1e3:8.1f} us  vs cuBLAS {med['cublas']/med[m]:.3f}", flush=True)
 

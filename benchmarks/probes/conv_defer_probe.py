@@ -1,59 +1,35 @@
 """Same process: conv2d.tile layers, persistent producer configs, as emitted vs the epilogue deferred
 under the next tile's first wgmmas (benchmarks/probes/defer.py), against cuDNN."""
-import os, statistics, sys
+import os, sys
 os.environ["TILEC_CACHE"] = "0"
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.nn.functional as F
+import torch
 import tilec
-from tilec import kernel as tk
+from common import Conv, rewrite_cuda, rounds
 from defer import deferred
 torch.backends.cudnn.benchmark = True
 SRC = open("examples/conv2d.tile").read()
 GSRC = open("examples/gemm.tile").read()
-orig = tk.cuda_codegen.generate
-PATCH = {"fn": None}
-tk.cuda_codegen.generate = lambda *a, **kw: (PATCH["fn"] or (lambda t: t))(orig(*a, **kw))
-
-def time_one(fn):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(300_000); s.record(); fn(); e.record(); e.synchronize()
-    return s.elapsed_time(e)
-
-def rounds(fns, n=9, reps=5):
-    for fn in fns.values():
-        for _ in range(3): fn()
-    torch.cuda.synchronize()
-    t = {m: [] for m in fns}
-    for r in range(n):
-        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            t[m].extend(time_one(fns[m]) for _ in range(reps))
-    return {m: statistics.median(v) for m, v in t.items()}
+PATCH = rewrite_cuda()
 
 def build(src, tag, defer, consts):
     PATCH["fn"] = deferred if defer else None
     return tilec.compile(f"// {tag} {defer}\n" + src, tune=False, **consts)
 
-def conv(hw, c, f, ks, s, configs, N=128):
-    p = ks // 2
-    x = torch.randn(N, hw, hw, c, device="cuda").half()
-    w = torch.randn(f, c, ks, ks, device="cuda").half() / (ks * ks * c) ** 0.5
-    wt = w.permute(2, 3, 1, 0).reshape(ks * ks * c, f).contiguous()
-    o = (hw + 2 * p - ks) // s + 1
-    xn = x.permute(0, 3, 1, 2); wn = w.contiguous(memory_format=torch.channels_last)
-    want = F.conv2d(xn, wn, stride=s, padding=p).permute(0, 2, 3, 1).reshape(-1, f).float()
-    fns = {"cudnn": lambda: F.conv2d(xn, wn, stride=s, padding=p)}
-    shape = dict(S=s) if ks == 3 else dict(KH=ks, KW=ks, S=s, P=p)
+def conv(hw, c, f, ks, s, configs):
+    L = Conv(hw, c, f, ks, s)
+    fns = {"cudnn": L.cudnn}
     for cfg in configs:
         for defer in (False, True):
             name = "x".join(map(str, cfg)) + ("/def" if defer else "")
-            k = build(SRC, f"{hw}{c}{f}{ks}{s}", defer, dict(shape, BM=cfg[0], BN=cfg[1], STAGES=cfg[2], PRODUCER=1, PERSISTENT=1))
-            big = torch.full((N * o * o + 2, f + 16), 3.0, device="cuda").half()
+            k = build(SRC, f"{hw}{c}{f}{ks}{s}", defer, dict(L.consts, BM=cfg[0], BN=cfg[1], STAGES=cfg[2], PRODUCER=1, PERSISTENT=1))
+            big = torch.full((L.rows + 2, f + 16), 3.0, device="cuda").half()
             y = big[1:-1, 8:f + 8]
-            k(x, wt, y); torch.cuda.synchronize()
-            err = ((y.float() - want).norm() / want.norm()).item()
+            k(L.x, L.wt, y); torch.cuda.synchronize()
+            err = L.relerr(y)
             y.fill_(3.0)
             ok = bool((big == 3).all())
-            fns[name] = (lambda k=k, y=y: k(x, wt, y))
+            fns[name] = (lambda k=k, y=y: k(L.x, L.wt, y))
             print(f"conv {hw}x{hw} C{c}->{f} {ks}x{ks} s{s} {name}: relerr {err:.2e} margin {ok}", flush=True)
     med = rounds(fns)
     for m in fns:

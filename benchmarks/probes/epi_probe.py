@@ -1,22 +1,18 @@
 """Same-process probe: where do the last % of the 128x256/4 producer persistent gemm go?
 Variants are CUDA text patches of the emitted kernel (consumer branch rewritten)."""
-import os, re, statistics, sys
+import os, re, sys
 os.environ["TILEC_CACHE"] = "0"
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilec
 try:
     import torch
-except ImportError:
+    from common import rewrite_cuda, rounds
+except ImportError:         # on a machine without torch: rewrite() alone, to compile its variants
     torch = None
-from tilec import kernel as tk
+else:
+    PATCH = rewrite_cuda()
 
 SRC = open("examples/gemm.tile").read()
-orig_generate = tk.cuda_codegen.generate
-PATCH = {"fn": None}
-def generate(*a, **kw):
-    text = orig_generate(*a, **kw)
-    return PATCH["fn"](text) if PATCH["fn"] else text
-tk.cuda_codegen.generate = generate
 
 def consumer_head(text):
     i = text.index("  } else {  // the 256 consumer threads")
@@ -97,13 +93,7 @@ def rewrite(text, mode):
 """
     return head + body
 
-SLEEP = 300_000
-def time_one(fn):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SLEEP); s.record(); fn(); e.record(); e.synchronize()
-    return s.elapsed_time(e)
-
-def run(size, dtype, modes, rounds=7, reps=5):
+def run(size, dtype, modes, n_rounds=7, reps=5):
     M = N = K = size
     a = torch.randn(M, K, device="cuda", dtype=dtype); b = torch.randn(K, N, device="cuda", dtype=dtype)
     ref = a.float() @ b.float()
@@ -123,15 +113,7 @@ def run(size, dtype, modes, rounds=7, reps=5):
         margin_ok = bool((big[0] == 7).all() and (big[-1] == 7).all() and (big[:, :8] == 7).all() and (big[:, -8:] == 7).all())
         print(f"{size} {dtype} {mode}: regs {regs} lmem {lmem} maxerr {err:.3g} margin_ok {margin_ok} log {k.compile_log[:300]!r}", flush=True)
         fns[mode] = (lambda k=k, c=c: k(a, b, c))
-    for fn in fns.values():
-        for _ in range(3): fn()
-    torch.cuda.synchronize()
-    t = {m: [] for m in fns}
-    for r in range(rounds):
-        order = list(fns) if r % 2 == 0 else list(fns)[::-1]
-        for m in order:
-            t[m].extend(time_one(fns[m]) for _ in range(reps))
-    med = {m: statistics.median(v) for m, v in t.items()}
+    med = rounds(fns, n=n_rounds, reps=reps)
     for m in fns:
         print(f"  {size} {str(dtype)[6:]} {m:12s} {med[m]*1e3:8.1f} us  vs cuBLAS {med['cublas']/med[m]:.3f}", flush=True)
 

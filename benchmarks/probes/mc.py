@@ -1,6 +1,9 @@
 """Text patch: a 2-CTA cluster (__cluster_dims__(2,1,1)) whose CTAs (consecutive tile numbers)
-share operand b; each CTA loads half of b's 64-column boxes and multicasts them to both.
-The consumers release each stage on both CTAs' empty barriers (remote arrive, .cta semantics)."""
+share operand b. cluster(text) as measured in NOTES.md session 11: each CTA loads half of b's
+64-column boxes and multicasts them to both, and the consumers release each stage on both CTAs'
+empty barriers (a remote arrive after mapa). The variants mc_probe.py compares: `multicast=False`
+(the cluster launch and its barriers alone), `b_loads="self"` (every CTA loads its whole b, the
+remote arrives kept), `peer_release="cluster"` (the remote arrive with .release.cluster)."""
 import re
 
 HELPERS = r'''
@@ -26,7 +29,7 @@ __device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map
 
 LOAD = re.compile(r"tma_load_2d\(reinterpret_cast<unsigned char\*>\(b\) \+ (.*?) \* (\d+), &(tl_tmap_\w+), (&tl_full0\[.*?\]), (.*), k \* 64\);")
 
-def multicast_b(text):
+def cluster(text, multicast=True, b_loads="split", peer_release="cta"):
     text = text.replace("extern \"C\" __global__ void __launch_bounds__",
                         "extern \"C\" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__")
     text = text.replace("template <class A, class B> __device__ __forceinline__ auto tl_min",
@@ -35,6 +38,10 @@ def multicast_b(text):
     text = text[:i] + "  cluster_sync_all();\n" + text[i + len("  __syncthreads();\n"):]
     assert text.endswith("  }\n}\n"), text[-30:]
     text = text[:-2] + "  cluster_sync_all();\n}\n"
+    if peer_release == "cluster":
+        text = text.replace("mbarrier.arrive.shared::cluster.b64", "mbarrier.arrive.release.cluster.shared::cluster.b64")
+    if not multicast:
+        return text
     text = re.sub(r"mbarrier_init\(&tl_empty1\[(\d)\], (\d)\)",
                   lambda m: f"mbarrier_init(&tl_empty1[{m.group(1)}], {2 * int(m.group(2))})", text)
     text, n = re.subn(r"if \(threadIdx.x % 128 == 0\) mbarrier_arrive\((&tl_empty1\[[^;]*\])\);",
@@ -47,7 +54,11 @@ def multicast_b(text):
     m = LOAD.search(lines[bl[0]])
     stage, stride, tmap, bar, x = m.groups()
     h = nb // 2
-    lines[bl[0]:bl[-1] + 1] = [
-        f"          for (unsigned tl_j = {h} * cluster_rank(); tl_j < {h} * cluster_rank() + {h}; ++tl_j)\n"
-        f"            tma_load_2d_mc(reinterpret_cast<unsigned char*>(b) + {stage} * {stride} + tl_j * 8192, &{tmap}, {bar}, {x} + tl_j * 64, k * 64, 3);"]
+    if b_loads == "self":
+        new = (f"          for (unsigned tl_j = 0; tl_j < {nb}; ++tl_j)\n"
+               f"            tma_load_2d(reinterpret_cast<unsigned char*>(b) + {stage} * {stride} + tl_j * 8192, &{tmap}, {bar}, {x} + tl_j * 64, k * 64);")
+    else:
+        new = (f"          for (unsigned tl_j = {h} * cluster_rank(); tl_j < {h} * cluster_rank() + {h}; ++tl_j)\n"
+               f"            tma_load_2d_mc(reinterpret_cast<unsigned char*>(b) + {stage} * {stride} + tl_j * 8192, &{tmap}, {bar}, {x} + tl_j * 64, k * 64, 3);")
+    lines[bl[0]:bl[-1] + 1] = [new]
     return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""What the probes share: one call timed as benchmarks/bench.py times it (its time_one:
+alone, behind a GPU spin, CUDA events), alternating rounds over several calls, a conv layer's
+tensors as bench.py builds them, and a hook on tilec's CUDA generation through which a probe
+rewrites the emitted kernel before NVRTC sees it."""
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench  # noqa: E402
+from tilec import kernel as tilec_kernel  # noqa: E402
+
+
+def time_one(fn):
+    """One call of `fn`, in ms (bench.time_one)."""
+    return bench.time_one(fn) * 1e3
+
+
+def rounds(fns, n=9, reps=5):
+    """{name: median ms}: three warm-up calls each, then `n` rounds of `reps` calls of
+    every fn, every other round in reverse order."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    t = {m: [] for m in fns}
+    for r in range(n):
+        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            t[m].extend(time_one(fns[m]) for _ in range(reps))
+    return {m: statistics.median(v) for m, v in t.items()}
+
+
+def rewrite_cuda():
+    """Install the hook once; returns {"fn": None}: set "fn" to a text -> text function to
+    rewrite every kernel compiled after that (None: as emitted). Compile with a distinct
+    source (a comment) per variant, or the in-process cache returns the earlier kernel."""
+    generate = tilec_kernel.cuda_codegen.generate
+    patch = getattr(generate, "probe_patch", None)
+    if patch is None:
+        patch = {"fn": None}
+
+        def rewritten(*a, **kw):
+            text = generate(*a, **kw)
+            return patch["fn"](text) if patch["fn"] else text
+        rewritten.probe_patch = patch
+        tilec_kernel.cuda_codegen.generate = rewritten
+    return patch
+
+
+class Conv:
+    """One NHWC conv layer as bench.py's _conv_layer builds it (N images, f16): `x`, the
+    weights as conv2d.tile takes them (`wt`: [KH * KW * C, F]), the output's `rows`,
+    `want` (cuDNN's result as [rows, F] f32), `cudnn()` the peer's call on NCHW views of
+    channels-last memory, and `consts` the layer's shape consts for conv2d.tile."""
+
+    def __init__(self, hw, c, f, ks, s, n=128):
+        p = ks // 2
+        self.x = torch.randn(n, hw, hw, c, device="cuda").half()
+        w = torch.randn(f, c, ks, ks, device="cuda").half() / (ks * ks * c) ** 0.5
+        self.wt = w.permute(2, 3, 1, 0).reshape(ks * ks * c, f).contiguous()
+        o = (hw + 2 * p - ks) // s + 1
+        self.rows, self.f = n * o * o, f
+        xn, wn = self.x.permute(0, 3, 1, 2), w.contiguous(memory_format=torch.channels_last)
+        self.cudnn = lambda: F.conv2d(xn, wn, stride=s, padding=p)
+        self.want = self.cudnn().permute(0, 2, 3, 1).reshape(-1, f).float()
+        self.consts = dict(S=s) if ks == 3 else dict(KH=ks, KW=ks, S=s, P=p)
+
+    def relerr(self, y):
+        return ((y.float() - self.want).norm() / self.want.norm()).item()
