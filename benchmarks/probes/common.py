@@ -1,13 +1,11 @@
 """What the probes share: one call timed as benchmarks/bench.py times it (its time_one:
 alone, behind a GPU spin, CUDA events), alternating rounds over several calls, a conv layer's
 tensors as bench.py builds them, and a hook on tilec's CUDA generation through which a probe
-rewrites the emitted kernel before NVRTC sees it."""
+rewrites the emitted kernel before NVRTC sees it. torch is imported where it is used, so
+a probe's compile-only part (rewrite, NVRTC, SASS) runs on a machine without it."""
 import os
 import statistics
 import sys
-
-import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench  # noqa: E402
@@ -22,6 +20,7 @@ def time_one(fn):
 def rounds(fns, n=9, reps=5):
     """{name: median ms}: three warm-up calls each, then `n` rounds of `reps` calls of
     every fn, every other round in reverse order."""
+    import torch
     for fn in fns.values():
         for _ in range(3):
             fn()
@@ -57,6 +56,8 @@ class Conv:
     channels-last memory, and `consts` the layer's shape consts for conv2d.tile."""
 
     def __init__(self, hw, c, f, ks, s, n=128):
+        import torch
+        import torch.nn.functional as F
         p = ks // 2
         self.x = torch.randn(n, hw, hw, c, device="cuda").half()
         w = torch.randn(f, c, ks, ks, device="cuda").half() / (ks * ks * c) ** 0.5
