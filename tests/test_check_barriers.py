@@ -1,5 +1,6 @@
 """The static barrier checker (pass check-barriers): tilec's own kernels pass;
 deliberately broken IR is rejected with the barrier and the .tile line."""
+import re
 from dataclasses import replace
 
 import pytest
@@ -292,3 +293,59 @@ def test_long_constant_rings_pass_and_a_dropped_wait_is_found(extent, stages, pr
     with pytest.raises(BarrierBug):
         check_barriers.run(replace(k, body=mutate(k.body, lambda s: isinstance(s, ir.MbarrierWait) and
                                                   "full" in s.barrier, lambda s: None)), Options())
+
+
+# stream-K: the per-unit lets (tl_k_steps, ...) run once per unit, so units of one block may run
+# different numbers of K steps on one path
+GEMM_SK = re.sub(r"\n\s*tune [^;]*;", "\n", (ROOT / "examples/gemm.tile").read_text())
+
+
+def stream_k_ir(stages, producer):
+    return lower(GEMM_SK, dict(BM=128, BN=128, STAGES=stages, PRODUCER=producer, PERSISTENT=1,
+                               STREAM_K=1)).stages["insert-barriers"]
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+@pytest.mark.parametrize("producer", [0, 1])
+def test_stream_k_units_of_different_lengths_are_explored(stages, producer, monkeypatch):
+    """Each run of `let tl_k_steps` is a new generation: some path's second unit runs
+    another K-step count than its first (before, the first unit's count was pinned for the
+    rest of the path)."""
+    runs = []
+    real = check_barriers._Checker.let
+
+    def let(self, s, env):
+        if s.name == "tl_k_steps":
+            runs.append(env.get("tl_k_steps"))      # the count the previous unit ran (None: first)
+        real(self, s, env)
+    monkeypatch.setattr(check_barriers._Checker, "let", let)
+    check_barriers.run(stream_k_ir(stages, producer), Options())
+    assert any(prev is not None for prev in runs)
+    counts = {n for n in runs if n is not None}
+    assert {1, stages + 1} <= counts and len(counts) > 2
+
+
+def _ring_as_if_units_were_equal(s):
+    """`base += tl_k_steps` as `base = (tl_unit + 1) * tl_k_steps`: right only while every
+    unit of the block runs the same number of K steps."""
+    unit_plus_1 = ir.BinOp("+", ir.Var("tl_unit", "loop"), ir.Int(1))
+    return replace(s, by=ir.BinOp("-", ir.BinOp("*", unit_plus_1, s.by), ir.Var(s.var, "let")))
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("producer", [0, 1])
+def test_a_ring_that_assumes_equal_units_is_refused(stages, producer):
+    """A ring carried across stream-K units as if they all ran the first unit's count hangs
+    or reads a stale stage when a block's units differ (the partial tile, then a whole one);
+    the check now finds it (it passed while the count was pinned once per path)."""
+    k = stream_k_ir(stages, producer)
+    body, done = k.body, []
+    while True:
+        new = mutate(body, lambda s: isinstance(s, ir.RingAdvance) and id(s) not in done, _ring_as_if_units_were_equal)
+        if new == body:
+            break
+        done += [id(s) for s in ir.walk_stmts(new) if isinstance(s, ir.RingAdvance)]
+        body = new
+    assert sum(isinstance(s, ir.RingAdvance) for s in ir.walk_stmts(body)) == 1 + producer
+    err = rejected(replace(k, body=body))
+    assert "mbarrier" in err.message or "stage" in err.message or "tile" in err.message

@@ -222,6 +222,61 @@ def test_stream_k_launch_captured_in_a_cuda_graph():
     assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
 
 
+def _stream_workspace(stream):
+    from tilec.runtime import host
+    found = [buf for (_, handle), buf in host._WORKSPACES.items() if handle == stream.cuda_stream]
+    assert len(found) == 1
+    return found[0]
+
+
+def _sk_gemm_checked(torch, k, a, b, want):
+    c = guarded((a.shape[0], b.shape[1]), "f16")
+    k(a, b, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+
+
+@pytest.mark.gpu
+def test_an_outgrown_workspace_is_freed_and_a_captured_one_kept():
+    """On a stream of its own: 64 KiB slots, then 128 KiB slots outgrow the
+    workspace, and the old one is freed on the stream (not kept); on another
+    stream a graph captured with the stream's workspace keeps it when a larger
+    launch outgrows it there, and replays right afterwards."""
+    from tilec.runtime import host
+    torch = _torch()
+    big = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=256, STAGES=3, PRODUCER=1)
+    small = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1)
+    a = torch.randn(1000, 640, device="cuda").half()
+    b = torch.randn(640, 3000, device="cuda").half()
+    want = a.float() @ b.float()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _sk_gemm_checked(torch, small, a, b, want)
+        first = _stream_workspace(s)
+        _sk_gemm_checked(torch, big, a, b, want)
+        grown = _stream_workspace(s)
+        assert grown.nbytes > first.nbytes and first not in host._RETIRED and not grown.captured
+        _sk_gemm_checked(torch, small, a, b, want)
+        assert _stream_workspace(s) is grown
+    s2 = torch.cuda.Stream()
+    c = guarded((1000, 3000), "f16")
+    with torch.cuda.stream(s2):
+        _sk_gemm_checked(torch, small, a, b, want)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s2):
+            small(a, b, c.view)
+        kept = _stream_workspace(s2)
+        assert kept.captured
+        _sk_gemm_checked(torch, big, a, b, want)
+        assert kept in host._RETIRED and _stream_workspace(s2) is not kept
+    c.view.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    c.check()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+
+
 SELECT = """
 kernel sel(A: f32[N], B: f32[N]) {
     grid (bx) = (select(N > 256, cdiv(N, 256), 1));

@@ -8,7 +8,9 @@ small ones are where tails go wrong; a pipelined ring 0 to stages + 2 times); a
 loop whose extent is known (a constant, or fixed earlier on the path) runs that
 many times, or, past the rings' fill plus one period of the barriers' state, a
 count equal to it modulo that period (`_Checker.trips`). Both sides of every
-`if` are explored.
+`if` are explored. A `let` that runs again (stream-K's K-step count, once per
+unit) starts a new generation of its value, so units of one block run counts of
+their own (`_Checker.let`, `_Checker.counts`).
 On every path it checks that
 
   (a) each phase's expect-tx equals the full-box bytes of the TMA loads that
@@ -31,7 +33,8 @@ Every path runs twice: producer preferred (it fills the ring as far ahead as
 the `empty` barriers let it, exposing refills of stages not yet released) and
 consumers preferred (exposing reads before loads land). Loop trip counts, the
 arms of unknown `if`s and store tails are choices, enumerated by replaying the
-runs depth first; an extent takes one value on both sides of a path. The
+runs depth first; an extent takes one value on both sides of a path (per
+generation of the lets it reads). The
 consumers' block barriers are their own: only a wait on `empty` orders the
 producer's refill of a stage after their use of it.
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..errors import SemanticError
@@ -133,6 +137,9 @@ MAX_PATHS = 4096
 # its own, so running all of them checks every tail's reads, and running none the path that lacks
 # their barriers: two choices per trip, not one per chunk
 TAIL = "#tail"
+# env keys of a path: how many times a let has run on it ('#gen:' + name), and the trip count last
+# chosen for a loop extent ('#last:' + its text)
+GEN, LAST = "#gen:", "#last:"
 T0, REST = "thread 0", "the other threads"
 PRODUCER = "the producer warpgroup"
 CONSUMERS = "the consumers"
@@ -197,6 +204,11 @@ def _tx_mismatch(name, bar):
             f"would {'never complete' if bar.expect > bar.loaded else 'complete early'}")
 
 
+def _generations(key, lets, env) -> tuple:
+    """How many times each let that extent `key` reads has run on the path of `env`."""
+    return tuple((n, env.get(GEN + n, 0)) for n in sorted(lets(key)))
+
+
 class _Run:
     """One run of a Specialized block on a copy of the state: it replays the
     choices of `prefix`, then takes the first option of each new choice and
@@ -207,6 +219,8 @@ class _Run:
         self.envs = {PRODUCER: self.st.env, CONSUMERS: dict(self.st.env)}  # each side's loop variables, ring counts
         self.counts = counts        # extent -> the trip counts to try
         self.prefix, self.todo, self.trail = prefix, todo, []
+        self.agreed = {}            # (extent, its lets' generations) -> the trip count both sides run
+        self.last = {}              # extent -> the trip count chosen for it last (an earlier generation)
 
     def choose(self, n):
         i = len(self.trail)
@@ -215,9 +229,21 @@ class _Run:
         self.trail.append(self.prefix[i] if i < len(self.prefix) else 0)
         return self.trail[-1]
 
-    def fix(self, key, value):
+    def fix(self, key, value, lets):
+        """Extent `key` runs `value` trips on both sides: on each side now, if the key
+        reads no let or the side has run those lets as often as this one (the same
+        generation of their values), else when that side runs them (`restore`)."""
+        sig = _generations(key, lets, self.st.env)
+        self.agreed[(key, sig)] = value
         for env in self.envs.values():
-            env[key] = value
+            if _generations(key, lets, env) == sig:
+                env[key] = value
+
+    def restore(self, name, lets, env):
+        """After a let ran on a side: the extents of that generation the other side chose."""
+        for (key, sig), value in self.agreed.items():
+            if name in lets(key) and _generations(key, lets, env) == sig:
+                env[key] = value
 
 
 class _Checker:
@@ -233,6 +259,49 @@ class _Checker:
         # tiles a producer warpgroup refills: no block barrier of the consumers orders that
         self.refilled = {x.buffer for s in ir.walk_stmts(k.body) if isinstance(s, ir.Specialized)
                          for x in ir.walk_stmts(s.producer) if isinstance(x, ir.TmaLoad)}
+        self.let_names = {s.name for s in ir.walk_stmts(k.body) if isinstance(s, ir.Let)}
+        self._lets = {}             # an env key -> the lets it reads
+        self._inert = {}            # id(loop) -> whether its trips change nothing checked
+
+    def lets(self, key) -> frozenset:
+        """The lets whose values the env key `key` (an expression's text) reads."""
+        hit = self._lets.get(key)
+        if hit is None:
+            hit = self._lets[key] = frozenset(re.findall(r"[A-Za-z_]\w*", key)) & self.let_names
+        return hit
+
+    def let(self, s, env):
+        """Run `let name = value`: a new generation of `name` on this path. What the path
+        had pinned of the earlier one (the name, extents reading it) goes; the value is
+        pinned if the path knows it. Stream-K's per-unit lets run once per unit, so each
+        unit's K-step count is a choice of its own (`counts`)."""
+        value = evaluate(s.value, env)
+        for key in [key for key in env if key[0] != "#" and s.name in self.lets(key)]:
+            del env[key]
+        env[GEN + s.name] = env.get(GEN + s.name, 0) + 1
+        if value is not None:
+            env[s.name] = value
+
+    def counts(self, key, options, env, last):
+        """The trip counts to try for extent `key` (unknown on the path): `options` the
+        first time its lets have their values; when a let it reads runs again (the next
+        stream-K unit), the count the previous generation ran (`last`), 1 and one past the
+        ring's stages: unit lengths that differ, so that the ring's stages and phases are
+        carried across units of other lengths, at three choices per unit instead of all."""
+        gen = max((env.get(GEN + n, 0) for n in self.lets(key)), default=0)
+        if last is None or gen <= 1:
+            return tuple(options)
+        return tuple(sorted({last, 1, max(options) - 1})) if gen == 2 else (last,)
+
+    def inert(self, s) -> bool:
+        """Whether loop `s`'s body does nothing this check follows (stream-K's partial
+        sums added from other blocks' slots): then its trip count does not matter."""
+        hit = self._inert.get(id(s))
+        if hit is None:
+            hit = all(isinstance(x, (ir.Let, ir.For, ir.If, ir.PartialAdd, ir.PartialStore))
+                      and self.accesses(x) == (set(), set()) for x in ir.walk_stmts(s.body))
+            self._inert[id(s)] = hit
+        return hit
 
     def trips(self, s, known, st, run=None):
         """The trips to run of loop `s` whose extent is `known`: that many while it is
@@ -277,13 +346,16 @@ class _Checker:
             known = evaluate(s.extent, st.env)
             if known is not None:       # a constant extent, or one fixed on this path: its own count
                 counts = (self.trips(s, known, st),)
+            elif self.inert(s):
+                return [st]
             else:
-                counts = TRIP_COUNTS if s.stages is None else range(0, s.stages + 3)
+                counts = self.counts(extent, TRIP_COUNTS if s.stages is None else range(0, s.stages + 3), st.env,
+                                     st.env.get(LAST + extent))
             for n in counts:
                 cur = [copy.deepcopy(st)]
-                if known is None:       # fixed for the rest of the path
+                if known is None:       # fixed for the rest of the path (until a let it reads runs again)
                     for c in cur:
-                        c.env[extent] = n
+                        c.env[extent] = c.env[LAST + extent] = n
                 for i in range(n):
                     for c in cur:
                         c.env[s.var] = i
@@ -310,9 +382,9 @@ class _Checker:
                 # e.g. `j < cdiv(K, 64)` before a pipelined loop: try small trip counts, and
                 # keep the value on the path so the loop runs exactly that many times
                 out = []
-                for v in range(0, 8):
+                for v in self.counts(atoms[0], range(0, 8), st.env, st.env.get(LAST + atoms[0])):
                     fork = copy.deepcopy(st)
-                    fork.env[atoms[0]] = v
+                    fork.env[atoms[0]] = fork.env[LAST + atoms[0]] = v
                     out += self.stmt(s, fork, classes)
                 return out
             return self.run(s.then, [copy.deepcopy(st)], classes) + self.run(s.orelse, [copy.deepcopy(st)], classes)
@@ -378,10 +450,13 @@ class _Checker:
                 yield from self.side(s.body, run, classes[:1])
             elif isinstance(s, ir.For):
                 n = evaluate(s.extent, st.env)
+                if n is None and self.inert(s):
+                    continue
                 if n is None:
-                    options = run.counts.get(show(s.extent), TRIP_COUNTS)
-                    n = options[run.choose(len(options))]
-                    run.fix(show(s.extent), n)      # the same extent on both sides
+                    key = show(s.extent)
+                    options = self.counts(key, run.counts.get(key, TRIP_COUNTS), st.env, run.last.get(key))
+                    n = run.last[key] = options[run.choose(len(options))]
+                    run.fix(key, n, self.lets)      # the same extent on both sides
                 else:
                     n = self.trips(s, n, st, run)
                 for i in range(n):
@@ -391,6 +466,10 @@ class _Checker:
                 cond = evaluate(s.cond, st.env)
                 taken = cond if cond is not None else run.choose(2) == 0
                 yield from self.side(s.then if taken else s.orelse, run, classes)
+            elif isinstance(s, ir.Let):
+                yield s, classes
+                self.let(s, st.env)
+                run.restore(s.name, self.lets, st.env)
             elif isinstance(s, ir.StoreTail):
                 if s.chunk == 0:            # a block whose tile crosses the last whole granule
                     st.env[TAIL] = run.choose(2) == 0
@@ -441,6 +520,8 @@ class _Checker:
         elif isinstance(s, ir.FlipPhase):
             for c in classes:
                 st.phase[(s.barrier, c)] ^= 1
+        elif isinstance(s, ir.Let):
+            self.let(s, st.env)
         elif isinstance(s, ir.RingAdvance):
             st.env[s.var] = st.env[s.var] + evaluate(s.by, st.env)  # the trip count is fixed on this path
         elif isinstance(s, ir.SyncThreads):

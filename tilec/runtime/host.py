@@ -409,30 +409,47 @@ class Workspace(ctypes.c_void_p):
         return launch_with_workspace
 
 
-_WORKSPACES = {}                # (device, stream) -> (device pointer, bytes)
+class _Buffer:
+    """A stream's stream-K workspace: its device pointer and size, and whether a CUDA
+    graph may point at it (made beside a capture, or used by a captured launch), so
+    that it is never freed."""
+    __slots__ = ("ptr", "nbytes", "captured")
+
+    def __init__(self, ptr, nbytes, captured):
+        self.ptr, self.nbytes, self.captured = ptr, nbytes, captured
+
+
+_WORKSPACES = {}                # (device, stream) -> _Buffer
 
 
 def workspace(device, stream, nbytes) -> int:
     """A zeroed device buffer of at least `nbytes` for stream-K launches on
     (`device`, `stream`), kept for later launches there. A larger need gets a
-    new buffer, zeroed on that stream; the old one is kept alive, as a launch
-    still queued on the stream may use it."""
+    new buffer (stream-ordered: allocated and zeroed on that stream); the
+    outgrown one is freed on the stream after the launches queued there, unless
+    a captured CUDA graph may point at it (those are kept, `_RETIRED`)."""
+    from cuda.bindings import driver as cu
     key = (device, int(stream))
     have = _WORKSPACES.get(key)
-    if have is not None and have[1] >= nbytes:
-        return have[0]
-    from cuda.bindings import driver as cu
+    capturing = check(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing") != \
+        cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    if have is not None and have.nbytes >= nbytes:
+        have.captured |= capturing          # the graph being captured points at it
+        return have.ptr
     driver.make_current(device)
-    status = check(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
-    if status == cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
-        ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc (stream-K workspace)"))
-        check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
+    if capturing:
+        new = _Buffer(_workspace_beside_a_capture(nbytes), nbytes, True)
     else:
-        ptr = _workspace_beside_a_capture(nbytes)
+        ptr = int(check(cu.cuMemAllocAsync(nbytes, stream), "cuMemAllocAsync (stream-K workspace)"))
+        check(cu.cuMemsetD8Async(ptr, 0, nbytes, stream), "cuMemsetD8Async (stream-K workspace)")
+        new = _Buffer(ptr, nbytes, False)
     if have is not None:
-        _RETIRED.append(have)
-    _WORKSPACES[key] = (ptr, nbytes)
-    return ptr
+        if have.captured or capturing:      # a graph may use it (a free can't be captured either)
+            _RETIRED.append(have)
+        else:
+            check(cu.cuMemFreeAsync(have.ptr, stream), "cuMemFreeAsync (outgrown stream-K workspace)")
+    _WORKSPACES[key] = new
+    return new.ptr
 
 
 def _workspace_beside_a_capture(nbytes) -> int:
@@ -458,7 +475,7 @@ def _workspace_beside_a_capture(nbytes) -> int:
     return ptr
 
 
-_RETIRED = []                   # outgrown workspaces, kept: a queued launch may point at one
+_RETIRED = []                   # outgrown workspaces a captured CUDA graph may point at: kept
 
 
 def persistent_blocks(tiles: int, resident: int, balanced: bool) -> int:
