@@ -173,6 +173,15 @@ def test_stream_k_gemm_on_the_gpu(cfg):
             assert err < 2e-3, (m, n, kk, err)
 
 
+def _sk_gemm_checked(torch, k, a, b, want):
+    """k(a, b) into a guarded output: its margin intact, the result near `want`."""
+    c = guarded((a.shape[0], b.shape[1]), "f16")
+    k(a, b, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+
+
 @pytest.mark.gpu
 def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
     """128x256 (128 KiB slots) then 128x128 (64 KiB slots) on one stream's workspace
@@ -184,11 +193,7 @@ def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
     b = torch.randn(4096, 4096, device="cuda").half()
     want = a.float() @ b.float()
     for k in (big, small, big, small):
-        c = guarded((4096, 4096), "f16")
-        k(a, b, c.view)
-        torch.cuda.synchronize()
-        c.check()
-        assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+        _sk_gemm_checked(torch, k, a, b, want)
 
 
 @pytest.mark.gpu
@@ -227,14 +232,6 @@ def _stream_workspace(stream):
     found = [buf for (_, handle), buf in host._WORKSPACES.items() if handle == stream.cuda_stream]
     assert len(found) == 1
     return found[0]
-
-
-def _sk_gemm_checked(torch, k, a, b, want):
-    c = guarded((a.shape[0], b.shape[1]), "f16")
-    k(a, b, c.view)
-    torch.cuda.synchronize()
-    c.check()
-    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
 
 
 @pytest.mark.gpu
