@@ -142,9 +142,11 @@ def test_candidates_are_timed_in_rounds(env, monkeypatch):
 
 
 def test_close_candidates_are_timed_again_in_turns(env, monkeypatch):
-    """Candidates within 3% of the fastest first time get three more timings
-    each, in turns, and keep the median: one lucky first timing (BM=16 BN=64
-    here) does not win; the rest are timed once; the outputs are restored."""
+    """Candidates within 3% of the fastest first time are timed again in bursts
+    (RUNOFF_ROUNDS rounds, in turns, of RUNOFF_BURST launches, the last
+    RUNOFF_KEEP of each counting) and the fastest of them by those times wins:
+    one lucky first timing (BM=16 BN=64 here) does not; the rest are timed
+    once; the outputs are restored; the report marks the finalists."""
     first = {}
 
     def drifting(cfg):
@@ -161,9 +163,32 @@ def test_close_candidates_are_timed_again_in_turns(env, monkeypatch):
     assert k.best_config == {"BM": 32, "BN": 128}
     counts = {c: sum(t == dict(zip(("BM", "BN"), c)) for t in env.timed) for c in ((16, 64), (32, 128), (16, 128),
                                                                                    (32, 64))}
-    assert counts == {(16, 64): 4, (32, 128): 4, (16, 128): 4, (32, 64): 1}
+    again = 1 + autotune.RUNOFF_ROUNDS * autotune.RUNOFF_BURST
+    assert counts == {(16, 64): again, (32, 128): again, (16, 128): again, (32, 64): 1}
     assert np.array_equal(y, want)
-    assert "BM=32 BN=128: 1.0010 ms  <- chosen" in k.tune_report()
+    report = k.tune_report()
+    assert "BM=32 BN=128: 1.0010 ms (run-off)  <- chosen" in report
+    assert "BM=16 BN=64: 1.0500 ms (run-off)\n" in report and "BM=32 BN=64: 2.0000 ms\n" in report
+
+
+def test_the_run_off_times_finalists_after_launches_of_their_own(env, monkeypatch):
+    """A candidate whose launch right after another candidate's is fastest (BM=16 BN=64:
+    1.000 ms then, 1.050 ms after its own) loses the run-off to one that is faster after
+    its own launches (BM=32 BN=128: 1.010, then 1.000): only the last RUNOFF_KEEP launches
+    of each burst count."""
+    last = [None]
+
+    def contextual(cfg):
+        key = (cfg["BM"], cfg["BN"])
+        after_own, last[0] = last[0] == key, key
+        return {(16, 64): (1.000e-3, 1.050e-3), (32, 128): (1.010e-3, 1.000e-3)}.get(key, (2e-3, 2e-3))[after_own]
+    monkeypatch.setattr(autotune, "TIMING_ROUNDS", 3)
+    monkeypatch.setattr(sys.modules[__name__], "fake_times", contextual)
+    k = tuned()
+    x, y = arrays()
+    k(x, y, 0.5)
+    assert k.best_config == {"BM": 32, "BN": 128}
+    assert "BM=32 BN=128: 1.0000 ms (run-off)  <- chosen" in k.tune_report()
 
 
 def test_tunes_every_candidate_and_keeps_the_fastest(env):

@@ -262,8 +262,10 @@ def _device_name(args) -> str:
 TIMING_ROUNDS = 10          # a candidate's time: the median of its launches in this many rounds, each
                             # round one launch of every candidate, in turns
 RUNOFF_WITHIN = 0.03        # candidates this close to the fastest (at most RUNOFF_MAX of them) are
-RUNOFF_MAX = 3              # timed RUNOFF_ROUNDS rounds more, in turns, and keep the median of all
-RUNOFF_ROUNDS = 3           # their times
+RUNOFF_MAX = 3              # timed again, in RUNOFF_ROUNDS rounds of a burst of RUNOFF_BURST launches
+RUNOFF_ROUNDS = 5           # each (in turns), of which the last RUNOFF_KEEP count: a finalist's time
+RUNOFF_BURST = 4            # is the median of those, taken after launches of its own (as a caller's
+RUNOFF_KEEP = 2             # repeated calls run), and the fastest finalist wins
 SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each launch: the launch queues up behind it
 
 
@@ -288,16 +290,18 @@ def _time(kernel, args, stream) -> float:
     return a.elapsed_time(b) * 1e-3
 
 
-def _rounds(compiled, order, rounds, args, stream, saved) -> dict:
-    """{candidate: its launch times}: `rounds` rounds of one launch of each
-    candidate in `order` (every other round in reverse), so that the GPU's clock
-    and temperature drift over the tuning hits every candidate alike; the
-    tensors the kernels write restored after each round."""
+def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1) -> dict:
+    """{candidate: its launch times}: `rounds` rounds of `burst` launches of each
+    candidate in `order` (every other round in reverse), the last `keep` of each
+    burst timed, so that the GPU's clock and temperature drift over the tuning
+    hits every candidate alike; the tensors the kernels write restored after
+    each round."""
     samples = {i: [] for i in order}
     try:
         for r in range(rounds):
             for i in (order if r % 2 == 0 else order[::-1]):
-                samples[i].append(_time(compiled[i], args, stream))
+                times = [_time(compiled[i], args, stream) for _ in range(burst)]
+                samples[i] += times[burst - keep:]
             _restore_all(args, saved)
     finally:
         _restore_all(args, saved)
@@ -484,8 +488,8 @@ class TunedKernel:
             raise refused[min(refused)]
         samples = _rounds(compiled, ready, TIMING_ROUNDS, args, stream, saved)
         times = {i: statistics.median(t) for i, t in samples.items()}
-        self._runoff(compiled, samples, times, args, stream, saved)
-        best = min(times, key=lambda i: (times[i], i))
+        finalists = self._runoff(compiled, times, args, stream, saved)
+        best = min(finalists or times, key=lambda i: (times[i], i))
         for i in compiled:
             if i != best:
                 compiled[i]._prepared.clear()      # drop the references to the caller's tensors
@@ -494,7 +498,7 @@ class TunedKernel:
         report = []
         for i, cfg in enumerate(self._candidates):
             if i in times:
-                mark = "  <- chosen" if i == best else ""
+                mark = (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
                 report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
             else:
                 report.append(f"{_describe(cfg)}: refused: {refused[i]}")
@@ -503,17 +507,24 @@ class TunedKernel:
         return winner, self._candidates[best], report
 
     @staticmethod
-    def _runoff(compiled, samples, times, args, stream, saved):
-        """Time the candidates within RUNOFF_WITHIN of the fastest for RUNOFF_ROUNDS
-        rounds more; each keeps the median of all its times."""
+    def _runoff(compiled, times, args, stream, saved) -> list:
+        """The finalists (the candidates within RUNOFF_WITHIN of the fastest, at most
+        RUNOFF_MAX), timed again in bursts: their times become the medians of those
+        (`times` updated). Empty when fewer than two are that close.
+
+        In the rounds each launch follows other candidates' launches; on an H100 at its
+        power limit a kernel's speed depends on what ran just before it, and at 8192^3
+        two gemm candidates the rounds timed within 0.1% ran 1.6% apart when each
+        followed launches of its own (benchmarks/NOTES.md, session 12)."""
         first = min(times.values())
         close = sorted((i for i in times if times[i] <= first * (1 + RUNOFF_WITHIN)), key=lambda i: (times[i], i))
         close = close[:RUNOFF_MAX]
         if len(close) < 2:
-            return
-        for i, more in _rounds(compiled, close, RUNOFF_ROUNDS, args, stream, saved).items():
-            samples[i] += more
-            times[i] = statistics.median(samples[i])
+            return []
+        for i, more in _rounds(compiled, close, RUNOFF_ROUNDS, args, stream, saved, RUNOFF_BURST,
+                               RUNOFF_KEEP).items():
+            times[i] = statistics.median(more)
+        return close
 
     # ---- inspection
     def _name(self) -> str:
