@@ -349,3 +349,29 @@ def test_a_ring_that_assumes_equal_units_is_refused(stages, producer):
     assert sum(isinstance(s, ir.RingAdvance) for s in ir.walk_stmts(body)) == 1 + producer
     err = rejected(replace(k, body=body))
     assert "mbarrier" in err.message or "stage" in err.message or "tile" in err.message
+
+
+def _many_branches(n):
+    ifs = "".join(f"    if flag > bx + {i} {{\n        fill(s, 0.0);\n    }}\n" for i in range(n))
+    return f"""kernel many(A: f32[M, N], B: f32[M, N], flag: i32) {{
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 64));
+    threads 128;
+    shared s: f32[64, 128];
+    copy(A[by * 64, bx * 128], s);
+{ifs}    copy(s, B[by * 64, bx * 128]);
+}}
+"""
+
+
+def test_paths_past_the_limit_are_reported_not_dropped_silently():
+    """11 branches on run-time values in a row (and the store tail's two cases): 4096 paths,
+    all checked, no warning; 12: the first 4096 of 8192 are checked and a
+    CheckIncompleteWarning says the rest were not."""
+    import warnings
+    import tilec
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_barriers.run(barriers_ir(_many_branches(11)), Options())
+    with pytest.warns(tilec.CheckIncompleteWarning, match=r"k.tile:1:1: check-barriers proved kernel many's barrier "
+                                                          r"protocol on its first 4096 paths only"):
+        check_barriers.run(barriers_ir(_many_branches(12)), Options())

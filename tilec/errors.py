@@ -83,3 +83,7 @@ class DeviceError(TilecError):
 
 class TmaFallbackWarning(UserWarning):
     """A launch ran a kernel's thread-copy variant because an argument breaks a TMA rule."""
+
+
+class CheckIncompleteWarning(UserWarning):
+    """check-barriers explored only its first MAX_PATHS paths of a kernel: the rest went unchecked."""

@@ -45,9 +45,10 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 
-from ..errors import SemanticError
+from ..errors import CheckIncompleteWarning, SemanticError
 from ..ir import nodes as ir
 from ..ir.printer import expr as show
 from ..ir.effects import shared_accesses
@@ -251,6 +252,7 @@ class _Checker:
         self.k = k
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
+        self.dropped = False        # paths past MAX_PATHS were left unexplored
         self._accesses = {}         # id(statement) -> (statement, reads, writes)
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
@@ -333,6 +335,7 @@ class _Checker:
             self.paths = max(self.paths, len(states))
             if len(states) > MAX_PATHS:
                 states = states[:MAX_PATHS]
+                self.dropped = True
         return states
 
     def stmt(self, s, st, classes):
@@ -403,6 +406,7 @@ class _Checker:
             self.interleave(run, {PRODUCER: self.side(s.producer, run, (PRODUCER,)),
                                   CONSUMERS: self.side(s.consumers, run, (T0, REST))}, order)
             out.append(run.st)
+        self.dropped |= bool(todo)
         self.paths = max(self.paths, len(out))
         return out
 
@@ -699,4 +703,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if _storing(st):
             span = next((s.span for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaStore)), None)
             _fail("the kernel can exit while a TMA store still reads shared memory (no wait_group)", span)
+    if ch.dropped:
+        where = f"{k.span}: " if k.span is not None else ""
+        warnings.warn(CheckIncompleteWarning(
+            f"{where}check-barriers proved kernel {k.name}'s barrier protocol on its first {MAX_PATHS} paths "
+            "only (branches on values known only at run time, one after another, double the paths); the rest "
+            "were not checked"), stacklevel=2)
     return k
