@@ -375,3 +375,32 @@ def test_paths_past_the_limit_are_reported_not_dropped_silently():
     with pytest.warns(tilec.CheckIncompleteWarning, match=r"k.tile:1:1: check-barriers proved kernel many's barrier "
                                                           r"protocol on its first 4096 paths only"):
         check_barriers.run(barriers_ir(_many_branches(12)), Options())
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_long_loop_leaves_its_literal_alone(stages):
+    """pipelined(64) runs its first and last trips (a multiple of the barriers' period left
+    out) with `k` at its real values. It used to run a shorter count with the literal 64
+    pinned to it for the rest of the path, so that a later `if 64 > 32` read `6 > 32` and
+    skipped the branch: here a barrier armed there and never waited on is found."""
+    text = GEMM_FIXED_K.replace("pipelined(4,", "pipelined(64,")
+    k = lower(text, dict(BM=128, BN=128, STAGES=stages, PRODUCER=0, PERSISTENT=0)).stages["insert-barriers"]
+    check_barriers.run(k, Options())
+    arm = next(s for s in ir.walk_stmts(k.body) if isinstance(s, ir.ArriveExpectTx))
+    late = ir.If(ir.BinOp(">", ir.Int(64), ir.Int(32)), (arm,), ())
+    err = rejected(replace(k, body=k.body + (late,)))
+    assert "armed" in err.message
+
+
+def test_a_long_loop_runs_its_last_trips_at_their_real_indices():
+    """The trips run of pipelined(1000) at 3 stages: the first 5 (the rings' fill), then the
+    last ones from 1000 - tail; what is left out is a multiple of the period (lcm(2, 2 x 3))."""
+    text = GEMM_FIXED_K.replace("pipelined(4,", "pipelined(1000,")
+    k = lower(text, dict(BM=128, BN=128, STAGES=3, PRODUCER=0, PERSISTENT=0)).stages["insert-barriers"]
+    ch = check_barriers._Checker(k)
+    trips = list(ch.trips(1000))
+    assert (ch.fill, ch.period) == (5, 6)
+    assert trips[:5] == [0, 1, 2, 3, 4] and trips[-1] == 999 and trips[5] == 1000 - (len(trips) - 5)
+    assert (1000 - len(trips)) % 6 == 0 and len(trips) - 5 >= 5
+    assert list(ch.trips(16)) == list(range(16))          # up to 2 x fill + period: every trip
+    assert len(ch.trips(17)) == 11

@@ -6,8 +6,9 @@ program order: thread 0 (which also runs `one_thread` blocks) and the rest.
 Loops run 0, 1, 2 and 3 times (trip counts are not known at compile time, and
 small ones are where tails go wrong; a pipelined ring 0 to stages + 2 times); a
 loop whose extent is known (a constant, or fixed earlier on the path) runs that
-many times, or, past the rings' fill plus one period of the barriers' state, a
-count equal to it modulo that period (`_Checker.trips`). Both sides of every
+many times, or, past twice the rings' fill plus one period of the barriers'
+state, its first and last trips with a multiple of that period left out
+(`_Checker.trips`). Both sides of every
 `if` are explored. A `let` that runs again (stream-K's K-step count, once per
 unit) starts a new generation of its value, so units of one block run counts of
 their own (`_Checker.let`, `_Checker.counts`).
@@ -95,15 +96,14 @@ def evaluate(e, env):
 def _compiled(e):
     """`e` as a function of a path's env (kept on the node, like _key): a name, a
     call or an operation whose text the env pins takes that value; an operation
-    of known operands computes; anything else is None. A literal is its value
-    unless _Checker.trips pinned its text."""
+    of known operands computes; anything else is None. A literal is its value."""
     fn = e.__dict__.get("_tl_eval")
     if fn is not None:
         return fn
     key = _key(e)
-    if isinstance(e, ir.Int):       # pinned only as a long constant loop's extent (_Checker.trips)
+    if isinstance(e, ir.Int):
         value = e.value
-        fn = lambda env: env.get(key, value)     # noqa: E731
+        fn = lambda env: value     # noqa: E731
     elif isinstance(e, ir.BinOp):
         lhs, rhs, op = _compiled(e.lhs), _compiled(e.rhs), _C_OPS[e.op]
 
@@ -305,25 +305,21 @@ class _Checker:
             self._inert[id(s)] = hit
         return hit
 
-    def trips(self, s, known, st, run=None):
-        """The trips to run of loop `s` whose extent is `known`: that many while it is
-        small; past the rings' fill (the most stages + 2) plus one period of the barriers' state
-        (`self.period`: phases flip every trip, a ring of S stages repeats every 2S), the
-        count in [fill, fill + period) equal to it modulo the period, which leaves every
-        phase and stage where `known` trips would. Only a literal extent is shortened, its
-        text then pinned to that count on the path, so that conditions such as `k + 2 < 64`
-        agree with the trips run (a long constant loop with an unknown `if` inside forks at
-        every trip); an extent pinned on the path (an atom's 0..7) runs exactly."""
+    def trips(self, known):
+        """The values of the loop variable to run for a loop whose extent is `known`:
+        every one while the count is small; past the rings' fill (the most stages + 2) plus
+        one period of the barriers' state (`self.period`: phases flip every trip, a ring of
+        S stages repeats every 2S), the first `fill` trips and at least as many last ones,
+        leaving out a multiple of the period in the middle: every phase and stage ends where `known`
+        trips leave it, and the variable keeps its real values, so conditions such as
+        `k + 2 < 64` hold where they would on the GPU (a long constant loop with an
+        unknown `if` inside forks at every trip it runs)."""
         n = max(int(known), 0)
-        if not isinstance(s.extent, ir.Int) or _key(s.extent) in st.env:
-            return n                # pinned on this path (an atom's 0..7, or the other side's literal)
         fill = self.fill
-        if n <= fill + self.period:
-            return n
-        short = fill + (n - fill) % self.period
-        for env in (run.envs.values() if run is not None else (st.env,)):
-            env[_key(s.extent)] = short
-        return short
+        if n <= 2 * fill + self.period:
+            return range(n)
+        tail = fill + (n - 2 * fill) % self.period      # the last trips: a ring's drain, its last phases
+        return [*range(fill), *range(n - tail, n)]
 
     # ---- running blocks over sets of states
     def run(self, body, states, classes):
@@ -348,18 +344,19 @@ class _Checker:
             extent = show(s.extent)
             known = evaluate(s.extent, st.env)
             if known is not None:       # a constant extent, or one fixed on this path: its own count
-                counts = (self.trips(s, known, st),)
+                plans = (self.trips(known),)
             elif self.inert(s):
                 return [st]
             else:
                 counts = self.counts(extent, TRIP_COUNTS if s.stages is None else range(0, s.stages + 3), st.env,
                                      st.env.get(LAST + extent))
-            for n in counts:
+                plans = [range(n) for n in counts]
+            for trips in plans:
                 cur = [copy.deepcopy(st)]
                 if known is None:       # fixed for the rest of the path (until a let it reads runs again)
                     for c in cur:
-                        c.env[extent] = c.env[LAST + extent] = n
-                for i in range(n):
+                        c.env[extent] = c.env[LAST + extent] = len(trips)
+                for i in trips:
                     for c in cur:
                         c.env[s.var] = i
                     cur = self.run(s.body, cur, classes)
@@ -461,9 +458,10 @@ class _Checker:
                     options = self.counts(key, run.counts.get(key, TRIP_COUNTS), st.env, run.last.get(key))
                     n = run.last[key] = options[run.choose(len(options))]
                     run.fix(key, n, self.lets)      # the same extent on both sides
+                    trips = range(n)
                 else:
-                    n = self.trips(s, n, st, run)
-                for i in range(n):
+                    trips = self.trips(n)
+                for i in trips:
                     st.env[s.var] = i
                     yield from self.side(s.body, run, classes)
             elif isinstance(s, ir.If):
