@@ -1,0 +1,33 @@
+"""One conv layer's kernels for ncu: the s2 layer (56x56 C128->128 3x3 stride 2, N = 128) by
+conv2d.tile with the tuner's usual pick (128x128/4, producer, persistent) and by cuDNN, each run a
+few times after a warm-up, inside cudaProfilerStart/Stop: run
+`python benchmarks/probes/conv_ncu.py tilec|cudnn` under `ncu --profile-from-start off ...`."""
+import os
+import sys
+
+os.environ["TILEC_CACHE"] = "0"
+sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import tilec  # noqa: E402
+from common import Conv  # noqa: E402
+
+torch.backends.cudnn.benchmark = True
+L = Conv(56, 128, 128, 3, 2)
+which = sys.argv[1] if len(sys.argv) > 1 else "tilec"
+if which == "tilec":
+    k = tilec.compile("examples/conv2d.tile", tune=False, BM=128, BN=128, STAGES=4, PRODUCER=1, PERSISTENT=1, S=2)
+    y = torch.empty(L.rows, L.f, device="cuda").half()
+    run = lambda: k(L.x, L.wt, y)     # noqa: E731
+else:
+    run = L.cudnn
+for _ in range(3):
+    run()
+torch.cuda.synchronize()
+torch.cuda.profiler.start()
+for _ in range(3):
+    run()
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()
+if which == "tilec":
+    print("relerr", L.relerr(y))
