@@ -286,10 +286,11 @@ class _Checker:
 
     def counts(self, key, options, env, last):
         """The trip counts to try for extent `key` (unknown on the path): `options` the
-        first time its lets have their values; when a let it reads runs again (the next
-        stream-K unit), the count the previous generation ran (`last`), 1 and one past the
-        ring's stages: unit lengths that differ, so that the ring's stages and phases are
-        carried across units of other lengths, at three choices per unit instead of all."""
+        first time its lets have their values; the second time (the next stream-K unit),
+        the count the first ran (`last`), 1 and the most of `options` less one (one past a
+        ring's stages): unit lengths that differ, so that the ring's stages and phases are
+        carried across units of other lengths, at three choices instead of all; after that,
+        `last` again."""
         gen = max((env.get(GEN + n, 0) for n in self.lets(key)), default=0)
         if last is None or gen <= 1:
             return tuple(options)
@@ -310,8 +311,8 @@ class _Checker:
         every one while the count is small; past the rings' fill (the most stages + 2) plus
         one period of the barriers' state (`self.period`: phases flip every trip, a ring of
         S stages repeats every 2S), the first `fill` trips and at least as many last ones,
-        leaving out a multiple of the period in the middle: every phase and stage ends where `known`
-        trips leave it, and the variable keeps its real values, so conditions such as
+        leaving out a multiple of the period in the middle: every phase and stage ends where
+        `known` trips leave it, and the variable keeps its real values, so conditions such as
         `k + 2 < 64` hold where they would on the GPU (a long constant loop with an
         unknown `if` inside forks at every trip it runs)."""
         n = max(int(known), 0)
