@@ -234,6 +234,62 @@ def _stream_workspace(stream):
     return found[0]
 
 
+class _FakeDriver:
+    """The driver calls host.workspace makes, recorded: allocations count up from 0x1000,
+    `capturing` says whether the stream is in a capture."""
+
+    def __init__(self, monkeypatch):
+        from cuda.bindings import driver as cu
+        from tilec.runtime import driver, host
+        self.cu, self.capturing, self.calls, self.next = cu, False, [], 0x1000
+        ok = cu.CUresult.CUDA_SUCCESS
+        status = cu.CUstreamCaptureStatus
+
+        def alloc(nbytes, *stream):
+            self.calls.append(("alloc", nbytes) + (("async",) if stream else ()))
+            self.next += 0x1000
+            return ok, self.next
+        monkeypatch.setattr(cu, "cuStreamIsCapturing", lambda stream: (
+            ok, status.CU_STREAM_CAPTURE_STATUS_ACTIVE if self.capturing else status.CU_STREAM_CAPTURE_STATUS_NONE))
+        monkeypatch.setattr(cu, "cuMemAllocAsync", alloc)
+        monkeypatch.setattr(cu, "cuMemAlloc", alloc)
+        monkeypatch.setattr(cu, "cuMemsetD8Async", lambda ptr, v, n, stream: (self.calls.append(("zero", ptr)), ok)[1])
+        monkeypatch.setattr(cu, "cuMemFreeAsync", lambda ptr, stream: (self.calls.append(("free", ptr)), ok)[1])
+        monkeypatch.setattr(cu, "cuThreadExchangeStreamCaptureMode", lambda mode: (ok, mode))
+        monkeypatch.setattr(cu, "cuStreamCreate", lambda flags: (ok, 7))
+        monkeypatch.setattr(cu, "cuStreamSynchronize", lambda stream: (ok,))
+        monkeypatch.setattr(cu, "cuStreamDestroy", lambda stream: (ok,))
+        monkeypatch.setattr(driver, "make_current", lambda device: None)
+        monkeypatch.setattr(host, "_WORKSPACES", {})
+        monkeypatch.setattr(host, "_RETIRED", [])
+
+
+def test_workspaces_grow_free_the_outgrown_and_keep_what_a_graph_uses(monkeypatch):
+    """host.workspace against a recording driver: a stream's workspace is reused while
+    it is large enough; a larger need allocates and zeroes a new one in stream order and
+    frees the old one on the stream; one a capture used, or made during a capture, is
+    kept (never freed), and no free is issued while the stream is capturing."""
+    from tilec.runtime import host
+    fake = _FakeDriver(monkeypatch)
+    first = host.workspace(0, 5, 100)
+    assert host.workspace(0, 5, 80) == first and fake.calls == [("alloc", 100, "async"), ("zero", first)]
+    grown = host.workspace(0, 5, 200)
+    assert fake.calls[2:] == [("alloc", 200, "async"), ("zero", grown), ("free", first)]
+    assert host.workspace(0, 6, 50) not in (first, grown)          # another stream: its own
+    fake.calls.clear()
+    fake.capturing = True
+    assert host.workspace(0, 5, 150) == grown and fake.calls == []  # a graph now points at it
+    fake.capturing = False
+    bigger = host.workspace(0, 5, 300)
+    assert ("free", grown) not in fake.calls and host._RETIRED[-1].ptr == grown
+    fake.capturing = True
+    during = host.workspace(0, 5, 400)                              # made beside the capture
+    assert not [c for c in fake.calls if c[0] == "free"] and host._RETIRED[-1].ptr == bigger
+    fake.capturing = False
+    host.workspace(0, 5, 500)
+    assert ("free", during) not in fake.calls and host._RETIRED[-1].ptr == during
+
+
 @pytest.mark.gpu
 def test_an_outgrown_workspace_is_freed_and_a_captured_one_kept():
     """On a stream of its own: 64 KiB slots, then 128 KiB slots outgrow the
