@@ -363,18 +363,29 @@ def _many_branches(n):
 """
 
 
-def test_paths_past_the_limit_are_reported_not_dropped_silently():
+def test_paths_past_the_limit_are_reported_not_dropped_silently(tmp_path, monkeypatch):
     """11 branches on run-time values in a row (and the store tail's two cases): 4096 paths,
-    all checked, no warning; 12: the first 4096 of 8192 are checked and a
-    CheckIncompleteWarning says the rest were not."""
+    all checked, no note; 12: the first 4096 of 8192 are checked and the kernel carries a
+    note that the rest were not, which every compile says as a CheckIncompleteWarning, a
+    disk-cache hit included."""
     import warnings
     import tilec
+    assert check_barriers.run(barriers_ir(_many_branches(11)), Options()).check_notes == ()
+    with pytest.warns(tilec.CheckIncompleteWarning):       # lower() runs check-barriers too
+        k12 = barriers_ir(_many_branches(12))
+    notes = check_barriers.run(k12, Options()).check_notes
+    assert len(notes) == 1 and notes[0].startswith("k.tile:1:1: check-barriers proved kernel many's barrier "
+                                                   "protocol on its first 4096 paths only")
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path))
+    from tilec.kernel import _CACHE
+    for hit in (False, True):
+        _CACHE.clear()
+        with pytest.warns(tilec.CheckIncompleteWarning, match="protocol on its first 4096 paths only"):
+            k = tilec.compile(Source("k.tile", _many_branches(12)), arch="sm_90a")
+        assert k.from_disk_cache == hit
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_barriers.run(barriers_ir(_many_branches(11)), Options())
-    with pytest.warns(tilec.CheckIncompleteWarning, match=r"k.tile:1:1: check-barriers proved kernel many's barrier "
-                                                          r"protocol on its first 4096 paths only"):
-        check_barriers.run(barriers_ir(_many_branches(12)), Options())
+        tilec.compile(Source("k.tile", _many_branches(11)), arch="sm_90a")
 
 
 @pytest.mark.parametrize("stages", [2, 4])

@@ -180,3 +180,17 @@ def test_unknown_emit_is_a_usage_error():
     assert p.returncode == 2
     assert "invalid choice: 'sass'" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_check_prints_a_path_limit_warning_at_the_kernel_line(tmp_path):
+    """A kernel with more paths than check-barriers explores still checks and compiles
+    (exit 0), and the warning reads like the compiler's errors: file:line:col: warning:."""
+    from test_check_barriers import _many_branches
+    f = tmp_path / "many.tile"
+    f.write_text(_many_branches(12))
+    for _ in range(2):                      # compiled, then from the disk cache
+        p = tilec("check", str(f))
+        assert p.returncode == 0, p.stderr
+        assert "Traceback" not in p.stderr
+        assert p.stderr.startswith(f"{f}:1:1: warning: check-barriers proved kernel many's barrier protocol on "
+                                   "its first 4096 paths only"), p.stderr

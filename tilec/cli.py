@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from .errors import TilecError
+from .errors import CheckIncompleteWarning, TilecError
 from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
@@ -86,6 +87,17 @@ def _cmd_demo(args):
     demo(args.file)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """tilec's warnings as a compiler prints them: `file:line:col: warning: message`
+    (their text starts with the .tile location); others as Python prints them."""
+    if issubclass(category, CheckIncompleteWarning):
+        where, sep, text = str(message).partition(": ")
+        print(f"{where}: warning: {text}" if sep and where.count(":") >= 2 else f"warning: {message}",
+              file=sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tilec", description="tile language -> CUDA C++ with Hopper TMA")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -116,7 +128,9 @@ def main(argv=None) -> int:
     d.set_defaults(run=_cmd_demo)
     args = ap.parse_args(argv)
     try:
-        args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            args.run(args)
     except TilecError as err:
         print(err.render(), file=sys.stderr)
         return 1

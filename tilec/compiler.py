@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import DEFAULT as DEFAULT_ARCH, get as get_arch
-from .errors import Source, TilecError
+from .errors import CheckIncompleteWarning, Source, TilecError
 from .frontend import parse
 from .ir import nodes as ir
 from .ir.printer import kernel as print_kernel
@@ -82,4 +83,12 @@ def lower(src, consts: dict | None = None, tma: bool = True, arch: str = DEFAULT
         k = p.run(k, opts)
         verify(k, p.NAME)
         stages[p.NAME] = k
+    warn_check_notes(k.check_notes)
     return Lowered(source, consts, stages)
+
+
+def warn_check_notes(notes):
+    """What check-barriers left unchecked, as tilec.CheckIncompleteWarning: at every
+    lowering, and from a disk-cache entry at every load (kernel.Kernel)."""
+    for note in notes:
+        warnings.warn(CheckIncompleteWarning(note), stacklevel=3)

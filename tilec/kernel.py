@@ -10,7 +10,7 @@ import threading
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
 from .arch import get as get_arch
-from .compiler import Program, load_source, lower, program_key
+from .compiler import Program, load_source, lower, program_key, warn_check_notes
 from .errors import CaptureError, TilecError
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
@@ -48,6 +48,7 @@ class Kernel(Program):
             meta, cubin = hit
             if meta.get("host_code_tag") == _CODE_TAG:
                 self._host_code = meta.get("host_code")
+            warn_check_notes(meta.get("check_notes", ()))
         else:
             lw = self._lowered
             cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug, arch)
@@ -57,7 +58,8 @@ class Kernel(Program):
             meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
                     "cuda_source": cuda_source, "host_source": host_source,
                     "host_code": marshal.dumps(self._host_code), "host_code_tag": _CODE_TAG,
-                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log}
+                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log,
+                    "check_notes": list(lw.kernel.check_notes)}     # lower() said them as warnings
             cubin = compiled.cubin
             cache.store(disk_key, meta, cubin)
         self.name = meta["name"]

@@ -621,6 +621,8 @@ class Kernel:
                                 # then needs a workspace (kernel param tl_workspace)
     group: object = 1           # grid ..., group = G: tiles numbered in groups of G rows of the second
                                 # grid index, the first one fastest inside a group (make-persistent)
+    check_notes: tuple = ()     # what check-barriers left unchecked (paths past its limit), as messages:
+                                # tilec.CheckIncompleteWarning at every compile, disk-cache hits included
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)
