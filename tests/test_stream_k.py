@@ -173,6 +173,12 @@ def test_stream_k_gemm_on_the_gpu(cfg):
             assert err < 2e-3, (m, n, kk, err)
 
 
+def _slot_size_kernels():
+    """Two stream-K gemms whose workspace slots differ: 128x256 (128 KiB) and 128x128 (64 KiB)."""
+    return (tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=256, STAGES=3, PRODUCER=1),
+            tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1))
+
+
 def _sk_gemm_checked(torch, k, a, b, want):
     """k(a, b) into a guarded output: its margin intact, the result near `want`."""
     c = guarded((a.shape[0], b.shape[1]), "f16")
@@ -187,8 +193,7 @@ def test_kernels_of_different_slot_sizes_share_a_stream_workspace():
     """128x256 (128 KiB slots) then 128x128 (64 KiB slots) on one stream's workspace
     and back: the flags sit at the same place for both, never in the other's slots."""
     torch = _torch()
-    big = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=256, STAGES=3, PRODUCER=1)
-    small = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1)
+    big, small = _slot_size_kernels()
     a = torch.randn(4096, 4096, device="cuda").half()
     b = torch.randn(4096, 4096, device="cuda").half()
     want = a.float() @ b.float()
@@ -298,8 +303,7 @@ def test_an_outgrown_workspace_is_freed_and_a_captured_one_kept():
     launch outgrows it there, and replays right afterwards."""
     from tilec.runtime import host
     torch = _torch()
-    big = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=256, STAGES=3, PRODUCER=1)
-    small = tilec.compile(GEMM, PERSISTENT=1, STREAM_K=1, BM=128, BN=128, STAGES=4, PRODUCER=1)
+    big, small = _slot_size_kernels()
     a = torch.randn(1000, 640, device="cuda").half()
     b = torch.randn(640, 3000, device="cuda").half()
     want = a.float() @ b.float()
