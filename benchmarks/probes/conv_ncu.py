@@ -1,7 +1,8 @@
 """One conv layer's kernels for ncu: the s2 layer (56x56 C128->128 3x3 stride 2, N = 128) by
 conv2d.tile with the tuner's usual pick (128x128/4, producer, persistent) and by cuDNN, each run a
 few times after a warm-up, inside cudaProfilerStart/Stop: run
-`python benchmarks/probes/conv_ncu.py tilec|cudnn` under `ncu --profile-from-start off ...`."""
+`python benchmarks/probes/conv_ncu.py tilec|cudnn [s2|28] [STAGES]` under
+`ncu --profile-from-start off ...` (28: the 28x28 C128 layer instead; STAGES: 4 unless given)."""
 import os
 import sys
 
@@ -13,10 +14,13 @@ import tilec  # noqa: E402
 from common import Conv  # noqa: E402
 
 torch.backends.cudnn.benchmark = True
-L = Conv(56, 128, 128, 3, 2)
 which = sys.argv[1] if len(sys.argv) > 1 else "tilec"
+layer = sys.argv[2] if len(sys.argv) > 2 else "s2"
+stages = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+L = Conv(56, 128, 128, 3, 2) if layer == "s2" else Conv(28, 128, 128, 3, 1)
 if which == "tilec":
-    k = tilec.compile("examples/conv2d.tile", tune=False, BM=128, BN=128, STAGES=4, PRODUCER=1, PERSISTENT=1, S=2)
+    k = tilec.compile("examples/conv2d.tile", tune=False, BM=128, BN=128, STAGES=stages, PRODUCER=1, PERSISTENT=1,
+                      S=2 if layer == "s2" else 1)
     y = torch.empty(L.rows, L.f, device="cuda").half()
     run = lambda: k(L.x, L.wt, y)     # noqa: E731
 else:
