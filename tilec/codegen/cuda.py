@@ -15,6 +15,7 @@ from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import fold, map_body, walk_expr, widened
+from ..ir.nodes import walk_stmts
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
 from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, workspace_bytes_per_block
@@ -247,7 +248,7 @@ class _Printer:
             return [f"{ind}fence_proxy_async_shared();"]
         if isinstance(s, ir.For):
             hoisted, divisors = [], []
-            if s.ring:
+            if _refill_loop(s):
                 s, hoisted, divisors = _hoist_coordinates(s)
             pre = [f"{ind}const int {name} = {self.expr(e)};  // loop-invariant, computed once"
                    for name, e in hoisted]
@@ -741,6 +742,20 @@ def _hoist_coordinates(loop: ir.For):
         return x
     body = map_body(loop.body, stmt)
     return replace(loop, body=body), list(names.values()), list(divisors.values())
+
+
+def _refill_loop(loop: ir.For) -> bool:
+    """A loop whose TMA coordinates _hoist_coordinates may compute before it: a
+    pipelined ring, or a loop of TMA loads that binds no name of its own inside
+    (the producer warpgroup's half of a `pipelined(..., producer = 1)` loop: a
+    single thread that issues every refill, so a division it repeats per step
+    delays every stage; the s2 conv layer ran 0.88 of cuDNN with them, 0.94 with
+    them hoisted, benchmarks/NOTES.md session 13)."""
+    if loop.ring:
+        return True
+    body = list(walk_stmts(loop.body))
+    return any(isinstance(x, ir.TmaLoad) for x in body) and \
+        not any(isinstance(x, (ir.For, ir.Let, ir.Parallel)) for x in body)
 
 
 def _non_negative(e) -> bool:
