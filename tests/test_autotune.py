@@ -500,7 +500,10 @@ def test_tune_argument_replaces_the_statement(env):
     k(x, y, 1.0)
     assert sorted(c["BN"] for c in env.compiled) == [64, 128] and all(set(c) == {"BN"} for c in env.compiled)
     assert k.best_config in ({"BN": 64}, {"BN": 128}) and k.consts["BM"] == 32
-    assert tuned_from_statement(tune={"BN": (128, 64)})._key == ()       # tune='s own default key: none
+    # tune= keeps the statement's default key: every shape symbol of the header
+    assert tuned_from_statement(tune={"BN": (128, 64)})._key == ("M", "N")
+    assert tilec.compile(ACC, tune={"BN": (128, 64)}, arch="sm_90a")._key == ("M", "N")
+    assert tilec.compile(ACC, tune={"BN": (128, 64)}, key=(), arch="sm_90a")._key == ()
 
 
 def test_statement_and_tune_argument_over_one_space_are_kept_apart(env, monkeypatch):

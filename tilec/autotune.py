@@ -584,8 +584,10 @@ def _key_tuple(key) -> tuple:
 
 
 def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
-    """tilec.compile's tune= path: one TunedKernel per program, space and key (cached)."""
-    key = _key_tuple(key)
+    """tilec.compile's tune= path: one TunedKernel per program, space and key
+    (cached), keyed by `key` (default: every shape symbol of the header, as a
+    tune statement is: a choice made for one shape is not another's)."""
+    key = shape_symbols(source) if key is None else _key_tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     candidates(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key)

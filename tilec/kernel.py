@@ -211,14 +211,15 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     Before sm_90 there is no TMA: copies are thread copies, and `gemm` (wgmma)
     is sm_90a only.
     tune: {const: (values, ...), ...}, key: names of shape symbols / scalars
-    (default none): an autotuned kernel (tilec.autotune.TunedKernel): the first
+    (default: every shape symbol of the header; () tunes once for all shapes):
+    an autotuned kernel (tilec.autotune.TunedKernel): the first
     call with new key values compiles every candidate, times them on its
     arguments and keeps the fastest (cached in memory and on disk). With
     backend="interpret" the first candidate that compiles is returned, untimed.
     A program with a tune statement is tuned over its space (less the consts
     given here; a plain Kernel if none is left), its declared values first,
     keyed by every shape symbol of its header unless `key` is given; tune= given
-    replaces the statement's space, and tune=False ignores the statement (a
+    replaces the statement's space (the same default key), and tune=False ignores the statement (a
     Kernel of the declared consts, which backend="interpret" always runs)."""
     source = load_source(src)
     if backend is None:
