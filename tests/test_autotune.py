@@ -587,7 +587,8 @@ def test_statement_reader_agrees_with_the_parser():
         (("BM", (128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1))),
         {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0})
     assert autotune.statement(programs["conv2d"]) == (
-        (("BM", (128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1))),
+        (("BM", (128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
+         ("PERSISTENT", (0, 1))),
         {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0})
     assert autotune.statement(programs["layout"])[0] == (("BN", (64, 128, 256)), ("BM", (32,)))
 

@@ -27,6 +27,11 @@ def layer(hw, c, f, ks, s):
         err = L.relerr(y)
         assert err < 5e-3, err
         name = f"S{stages[-1]} space: {k.best_config}"
+        lines = [l for l in k.tune_report().splitlines() if " ms" in l]
+        lines.sort(key=lambda l: float(re.search(r"([\d.]+) ms", l).group(1)))
+        print(f"{bench.conv_name(hw, c, f, ks, s)} S{stages[-1]} space, fastest 4 of {len(lines)}:", flush=True)
+        for l in lines[:4]:
+            print("    ", l.strip(), flush=True)
         fns[name] = (lambda k=k, y=y: k(L.x, L.wt, y))
     med = rounds(fns, n=9)
     for m in fns:
