@@ -63,6 +63,7 @@ class Env:
         monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
         monkeypatch.delenv("TILEC_AUTOTUNE", raising=False)
         monkeypatch.delenv("TILEC_CACHE", raising=False)
+        monkeypatch.setenv("TILEC_COMPILE_WORKERS", "0")      # in this process, where compiles are counted
         self.clear()
         monkeypatch.setattr(autotune, "_can_time", lambda args: True)
         monkeypatch.setattr(autotune, "TIMING_ROUNDS", 1)     # one fake timing per candidate (and run-off)

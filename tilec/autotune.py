@@ -40,7 +40,7 @@ from . import kernel as kernel_mod
 from ._version import __version__
 from .compiler import program_key
 from .errors import CaptureError, TilecError
-from .runtime import cache, nvrtc
+from .runtime import cache, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
 _CHOICES_LOCK = threading.Lock()
@@ -231,8 +231,32 @@ def key_reader(sig: list, key: tuple):
 
 # ---- hooks the tests replace
 
-def _compile_one(source, consts: dict, arch: str, fallback: bool, debug: bool):
-    return kernel_mod.compile(source, arch=arch, fallback=fallback, debug=debug, tune=False, **consts)
+def _compile_one(source, consts: dict, arch: str, fallback: bool, debug: bool, built=None):
+    """One candidate's Kernel; `built`: its (meta, cubin) from a compile worker."""
+    if built is None:
+        return kernel_mod.compile(source, arch=arch, fallback=fallback, debug=debug, tune=False, **consts)
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug)
+    return kernel_mod.cached(pkey, lambda: kernel_mod.Kernel(source, consts, arch, fallback, debug=debug, built=built))
+
+
+def build_in_workers(source, configs: list, arch: str, fallback: bool, debug: bool, on_done=None) -> tuple:
+    """The programs of `configs` (full const sets) not compiled yet, in this
+    process or the disk cache, built by compile workers in parallel
+    (runtime/workers.py) when there are two or more: ({index: (meta, cubin)}
+    of those built, the indices whose builds finished, refused or not).
+    `on_done(index)` as each finishes. Pass a built one to _compile_one."""
+    todo = [i for i, cfg in enumerate(configs) if not kernel_mod.is_built(source, cfg, arch, fallback, debug)]
+    if len(todo) < 2:
+        return {}, set()
+    finished = set()
+
+    def done(j):
+        finished.add(todo[j])
+        if on_done is not None:
+            on_done(todo[j])
+    results = workers.build_all([(source.name, source.text, configs[i], arch, True, debug) for i in todo],
+                                on_done=done)
+    return {todo[j]: r[1:] for j, r in enumerate(results) if r is not None and r[0] == "ok"}, finished
 
 
 def _run(kernel, args, stream):
@@ -322,8 +346,13 @@ class _Progress:
         self.out = sys.stderr
         self.on = bool(getattr(self.out, "isatty", lambda: False)())
         self.name, self.total, self.done = name, total, 0
+        self.lock = threading.Lock()
 
     def step(self, what: str):
+        with self.lock:         # compile workers' threads step it too
+            self._step(what)
+
+    def _step(self, what: str):
         self.done += 1
         if self.on:
             n = 20 * self.done // max(self.total, 1)
@@ -398,11 +427,19 @@ class TunedKernel:
         return cache.key("autotune", __version__, self._program_key(), space, self._key, kv,
                          _device_name(args), nvrtc.identity())
 
-    def _compile(self, cfg):
+    def _compile(self, cfg, built=None):
         overlap = set(cfg) & set(self._consts)
         if overlap:
             raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
-        return _compile_one(self.source, {**self._consts, **cfg}, self.arch, self._fallback_allowed, self.debug)
+        return _compile_one(self.source, {**self._consts, **cfg}, self.arch, self._fallback_allowed, self.debug,
+                            built)
+
+    def _build_in_workers(self, progress) -> tuple:
+        ok = [i for i, cfg in enumerate(self._candidates) if not set(cfg) & set(self._consts)]
+        built, finished = build_in_workers(self.source, [{**self._consts, **self._candidates[i]} for i in ok],
+                                           self.arch, self._fallback_allowed, self.debug,
+                                           lambda j: progress.step("compiling"))
+        return {ok[j]: b for j, b in built.items()}, {ok[j] for j in finished}
 
     def _first(self, kv, why: str):
         errors = []
@@ -456,15 +493,17 @@ class TunedKernel:
         n = len(self._candidates)
         progress = _Progress(self._name(), 2 * n)
         compiled, refused = {}, {}
+        built, stepped = self._build_in_workers(progress)
         with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 4)) as pool:
-            futures = {pool.submit(self._compile, cfg): i for i, cfg in enumerate(self._candidates)}
+            futures = {pool.submit(self._compile, cfg, built.get(i)): i for i, cfg in enumerate(self._candidates)}
             for f in as_completed(futures):
                 i = futures[f]
                 try:
                     compiled[i] = f.result()
                 except TilecError as e:
                     refused[i] = e
-                progress.step("compiling")
+                if i not in stepped:
+                    progress.step("compiling")
         if not compiled:
             progress.finish("no candidate compiles")
             raise refused[min(refused)]

@@ -53,20 +53,23 @@ def _cmd_emit(args):
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import candidates, statement_space
+    from .autotune import _compile_one, build_in_workers, candidates, statement_space
     from .compiler import load_source
-    from .kernel import compile as compile_kernel
+    from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
-    space, first = statement_space(load_source(args.file), consts)
-    k = compile_kernel(args.file, arch=arch, tune=False, **consts, **first)    # as the first candidate
+    source = load_source(args.file)
+    space, first = statement_space(source, consts)
+    k = compile_kernel(source, arch=arch, tune=False, **consts, **first)    # as the first candidate
     if not space:
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
     cands = candidates(space, first)
+    others = [{**consts, **cfg} for cfg in cands[1:]]
+    built, _ = build_in_workers(source, others, arch, True, env_debug())     # in parallel processes
     refused = []
-    for cfg in cands[1:]:
+    for i, cfg in enumerate(cands[1:]):
         try:
-            compile_kernel(args.file, arch=arch, tune=False, **consts, **cfg)
+            _compile_one(source, others[i], arch, True, env_debug(), built.get(i))
         except TilecError as e:
             refused.append((cfg, e))
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "

@@ -27,7 +27,10 @@ class Kernel(Program):
     tensors, anything with DLPack or __cuda_array_interface__, numpy arrays)."""
 
     def __init__(self, source, overrides: dict, arch: str, fallback: bool = True, tma: bool = True,
-                 debug: bool = False):
+                 debug: bool = False, built=None):
+        """`built`: (meta, cubin) of this program as build() made them in another
+        process (autotuning's compile workers): kept in the disk cache and used
+        as a cache hit is, its check notes said here."""
         self.source = source
         self.debug = debug
         self.arch = arch
@@ -41,26 +44,18 @@ class Kernel(Program):
         self._prepared = {}         # launch key -> runtime.host.Prepared
         disk_key = cache.key(__version__, program_key(source, self._overrides, arch=arch, tma=tma, debug=debug),
                              nvrtc.identity())
-        hit = cache.load(disk_key)
+        hit = None if built is not None else cache.load(disk_key)
         self.from_disk_cache = hit is not None
         self._host_code = None      # the host wrapper compiled, or as marshal bytes from the disk cache
-        if hit is not None:
-            meta, cubin = hit
+        if hit is not None or built is not None:
+            meta, cubin = hit or built
             if meta.get("host_code_tag") == _CODE_TAG:
                 self._host_code = meta.get("host_code")
             warn_check_notes(meta.get("check_notes", ()))
+            if built is not None:
+                cache.store(disk_key, meta, cubin)
         else:
-            lw = self._lowered
-            cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug, arch)
-            compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
-            host_source = host_codegen.generate(lw.kernel, source.name, debug)
-            self._host_code = _compile_host(host_source, lw.kernel.name)
-            meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
-                    "cuda_source": cuda_source, "host_source": host_source,
-                    "host_code": marshal.dumps(self._host_code), "host_code_tag": _CODE_TAG,
-                    "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log,
-                    "check_notes": list(lw.kernel.check_notes)}     # lower() said them as warnings
-            cubin = compiled.cubin
+            self._lowered_ir, meta, cubin, self._host_code = _build(source, self._overrides, arch, tma, debug)
             cache.store(disk_key, meta, cubin)
         self.name = meta["name"]
         self.consts = meta["consts"]
@@ -196,6 +191,45 @@ def _capturing() -> bool:
     return torch is not None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
+def _build(source, overrides: dict, arch: str, tma: bool, debug: bool):
+    """Lower, generate and compile one program: (the Lowered, the disk-cache
+    entry's meta, the cubin, the host wrapper's code object). lower() says the
+    check notes as warnings; the meta keeps them."""
+    lw = lower(source, overrides, tma=tma, arch=arch)
+    cuda_source = cuda_codegen.generate(lw.kernel, source.name, debug, arch)
+    compiled = nvrtc.compile_cuda(cuda_source, lw.kernel.name, arch)
+    host_source = host_codegen.generate(lw.kernel, source.name, debug)
+    host_code = _compile_host(host_source, lw.kernel.name)
+    meta = {"name": lw.kernel.name, "consts": dict(lw.kernel.consts), "smem_bytes": lw.kernel.smem_bytes,
+            "cuda_source": cuda_source, "host_source": host_source,
+            "host_code": marshal.dumps(host_code), "host_code_tag": _CODE_TAG,
+            "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log,
+            "check_notes": list(lw.kernel.check_notes)}
+    return lw, meta, compiled.cubin, host_code
+
+
+def build(source, overrides: dict, arch: str, tma: bool = True, debug: bool = False):
+    """(meta, cubin) of one program, as Kernel(..., built=) takes them: what a
+    compile worker (runtime/workers.py) sends back."""
+    _, meta, cubin, _ = _build(load_source(source), overrides, arch, tma, debug)
+    return meta, cubin
+
+
+def is_built(source, overrides: dict, arch: str, fallback: bool = True, debug: bool = False) -> bool:
+    """Whether compile() would find this program compiled already: in this
+    process or in the disk cache (then no worker need build it)."""
+    if program_key(source, overrides, arch=arch, fallback=fallback, debug=debug) in _CACHE:
+        return True
+    disk_key = cache.key(__version__, program_key(source, overrides, arch=arch, tma=True, debug=debug),
+                         nvrtc.identity())
+    return cache.exists(disk_key)
+
+
+def env_debug() -> bool:
+    """compile()'s default debug: TILEC_DEBUG=1."""
+    return os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
+
+
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
             backend: str | None = None, tune=None, key=None, **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
@@ -237,7 +271,7 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         arch = driver.target_arch()
     arch = get_arch(arch).name
     if debug is None:
-        debug = os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
+        debug = env_debug()
     if explicit:
         from .autotune import tuned
         return tuned(source, consts, tune, key, arch, fallback, debug)

@@ -77,6 +77,11 @@ def _path(k: str) -> Path:
     return directory() / k[:2] / f"{k}.tilec"
 
 
+def exists(k: str) -> bool:
+    """Whether an entry is stored under `k` (not read: load() may still find it corrupt)."""
+    return enabled() and _path(k).is_file()
+
+
 def load(k: str):
     """The entry (meta dict, cubin bytes), or None when absent, unreadable or corrupt."""
     if not enabled():
