@@ -76,14 +76,15 @@ def _workers(n: int) -> list:
         return list(_POOL[:n])
 
 
-def _close_all():
+def close_all():
+    """Stop the workers (at exit, or to measure a cold start); the next build starts new ones."""
     with _POOL_LOCK:
         for w in _POOL:
             w.close()
         _POOL.clear()
 
 
-atexit.register(_close_all)
+atexit.register(close_all)
 
 
 def build_all(jobs: list, on_done=None) -> list:
