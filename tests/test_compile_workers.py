@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -112,3 +113,18 @@ def test_a_tune_whose_workers_die_compiles_here(env, monkeypatch):
     x, y = arrays()
     k(x, y, 0.5)
     assert env.nvrtc == 4 and k.best_config == FASTEST
+
+
+def test_a_worker_that_is_not_a_python_is_given_up(two_workers, monkeypatch):
+    """sys.executable that is no python (an embedded interpreter's host program):
+    one that exits at once, and one that stays up and says nothing. The builds
+    come back unbuilt, for the caller: at once, and after READY_SECONDS, not never."""
+    workers.close_all()
+    monkeypatch.setattr(workers, "READY_SECONDS", 1)
+    for exe, boot in (("/bin/false", "ignored"), ("/bin/sh", "sleep 30")):
+        monkeypatch.setattr(sys, "executable", exe)
+        monkeypatch.setattr(workers, "_BOOT", boot)
+        t = time.perf_counter()
+        assert workers.build_all([job(BN=128), job(BN=256)]) == [None, None]
+        assert time.perf_counter() - t < 10
+    assert workers._POOL == []

@@ -27,9 +27,11 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 _BOOT = ("import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); "
          "from tilec.runtime.workers import serve; serve()")
+READY_SECONDS = 60              # a worker not ready by then (not a python, cannot import tilec) is given up
 _POOL: list = []                # live workers, reused across tunes
 _POOL_LOCK = threading.Lock()
 
@@ -46,10 +48,32 @@ def max_workers() -> int:
 
 class _Worker:
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+        """Starts the process (raises OSError if it cannot); ready() says whether it came up."""
+        self.proc = subprocess.Popen([sys.executable or "python3", "-c", _BOOT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        pickle.dump(list(sys.path), self.proc.stdin)
-        self.proc.stdin.flush()
+        self.hello = []
+        self.reader = threading.Thread(target=lambda: self.hello.append(self._load()), daemon=True)
+        try:
+            pickle.dump(list(sys.path), self.proc.stdin)
+            self.proc.stdin.flush()
+        except OSError:
+            pass
+        self.reader.start()
+
+    def ready(self, deadline: float) -> bool:
+        """Whether it said it is ready by `deadline` (time.monotonic()); if not, it is killed."""
+        self.reader.join(max(0.0, deadline - time.monotonic()))
+        if self.hello == ["ready"]:
+            return True
+        self.proc.kill()
+        self.proc.wait()
+        return False
+
+    def _load(self):
+        try:
+            return pickle.load(self.proc.stdout)
+        except (OSError, EOFError, pickle.PickleError):
+            return None
 
     def run(self, job):
         tilec_env = {k: v for k, v in os.environ.items() if k.startswith("TILEC_")}
@@ -66,13 +90,17 @@ class _Worker:
 
 
 def _workers(n: int) -> list:
+    """n live workers, or fewer: new ones start together and get READY_SECONDS to come up."""
     with _POOL_LOCK:
         _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
-        while len(_POOL) < n:
+        new = []
+        for _ in range(n - len(_POOL)):
             try:
-                _POOL.append(_Worker())
+                new.append(_Worker())
             except OSError:
                 break
+        deadline = time.monotonic() + READY_SECONDS
+        _POOL.extend([w for w in new if w.ready(deadline)])
         return list(_POOL[:n])
 
 
@@ -134,6 +162,8 @@ def serve():
     inp = sys.stdin.buffer
     from ..errors import Source, TilecError
     from ..kernel import build
+    pickle.dump("ready", out)
+    out.flush()
     while True:
         try:
             tilec_env, (name, text, consts, arch, tma, debug) = pickle.load(inp)
