@@ -71,3 +71,22 @@ class Conv:
 
     def relerr(self, y):
         return ((y.float() - self.want).norm() / self.want.norm()).item()
+
+
+def versus_cudnn(L, kernels: dict, tag: str, n=9):
+    """Each of `kernels` ({name: tilec kernel, or (kernel, grid hook)}) run once on
+    conv layer L (relative error printed), then all with cuDNN in `n` alternating
+    rounds: their medians and ratios printed. A grid hook is called before each
+    launch (a probe's persistent grid). Returns {name: median ms}."""
+    import torch
+    fns = {"cudnn": L.cudnn}
+    for name, k in kernels.items():
+        k, before = k if isinstance(k, tuple) else (k, lambda: None)
+        y = torch.empty(L.rows, L.f, device="cuda").half()
+        y.fill_(0); before(); k(L.x, L.wt, y); torch.cuda.synchronize()
+        print(f"  {tag} {name}: relerr {L.relerr(y):.2e}", flush=True)
+        fns[name] = (lambda k=k, y=y, before=before: (before(), k(L.x, L.wt, y)))
+    med = rounds(fns, n=n)
+    for m in fns:
+        print(f"  {tag} {m:22s} {med[m]*1e3:8.1f} us  vs cuDNN {med['cudnn']/med[m]:.3f}", flush=True)
+    return med

@@ -69,32 +69,23 @@ def layer(hw, c, f, s, cfg, compile_only=False):
             print(tag, f"n={n} {v}", "cubin", len(k.cubin), "bytes")
         return
     import torch
-    from common import Conv, rounds
+    from common import Conv, versus_cudnn
+    torch.backends.cudnn.benchmark = True
     L = Conv(hw, c, f, 3, s)
     tiles = -(-L.rows // cfg[0]) * (-(-f // cfg[1]))
     threads = 2 * cfg[0] + 128
     plain = ks[(1, "plain")]
     smem = plain._smem_bytes
-    fns = {"cudnn": L.cudnn}
-    resident = plain._module(0).resident_blocks(threads, smem)
     caps = {n: max_clusters(ks[(n, "mc")], n, threads, smem) * n for n in (2, 4, 8)}
-    print(f"{tag}: {tiles} tiles; {resident} resident blocks; clusters of 2 / 4 / 8 fit "
-          f"{caps[2] // 2} / {caps[4] // 4} / {caps[8] // 8}", flush=True)
+    print(f"{tag}: {tiles} tiles; {plain._module(0).resident_blocks(threads, smem)} resident blocks; "
+          f"clusters of 2 / 4 / 8 fit {caps[2] // 2} / {caps[4] // 4} / {caps[8] // 8}", flush=True)
+    kernels = {}
     for (n, v), k in ks.items():
         gs = ([None, 132, 120] if v == "plain" else [132] if n == 1 else grids(tiles, n, caps[n])[-1:])
         for g in gs:
-            GRID["G"] = g
-            y = torch.empty(L.rows, f, device="cuda").half()
-            y.fill_(0); k(L.x, L.wt, y); torch.cuda.synchronize()
-            name = f"n{n} {v} G{g or 'tilec'}"
-            print(f"  {tag} {name}: relerr {L.relerr(y):.2e}", flush=True)
-            fns[name] = (lambda k=k, y=y, g=g: (GRID.__setitem__("G", g), k(L.x, L.wt, y)))
+            kernels[f"n{n} {v} G{g or 'tilec'}"] = (k, lambda g=g: GRID.__setitem__("G", g))
+    versus_cudnn(L, kernels, tag)
     GRID["G"] = None
-    med = rounds(fns, n=9)
-    for m in fns:
-        print(f"  {tag} {m:22s} {med[m]*1e3:8.1f} us  vs cuDNN {med['cudnn']/med[m]:.3f}", flush=True)
-
-
 
 
 def ncu_target(variant, n, g):

@@ -22,6 +22,9 @@ def split_args(s):
 
 
 def hoist(text, bk=64):
+    if "tl_fastmod(k * " in text:
+        raise ValueError("the producer's refills are hoisted by codegen since 204a8d2: run this probe at 4f0c2d8 "
+                         "to compare with the emitted loop it was written against")
     start = text.index("if (threadIdx.x == 256) {")
     loop = text.index("        for (int k = 0; k < ", start)
     end = text.index("        tl_full0_base += ", loop)

@@ -25,18 +25,9 @@ def kernels(s):
 
 def layer(name, hw, s):
     import torch
-    from common import Conv, rounds
+    from common import Conv, versus_cudnn
     torch.backends.cudnn.benchmark = True
-    L = Conv(hw, 128, 128, 3, s)
-    fns = {"cudnn": L.cudnn}
-    for v, k in kernels(s).items():
-        y = torch.empty(L.rows, L.f, device="cuda").half()
-        y.fill_(0); k(L.x, L.wt, y); torch.cuda.synchronize()
-        print(f"{name} {v}: relerr {L.relerr(y):.2e}", flush=True)
-        fns[v] = (lambda k=k, y=y: k(L.x, L.wt, y))
-    med = rounds(fns, n=9)
-    for m in fns:
-        print(f"  {name} {m:12s} {med[m]*1e3:8.1f} us  vs cuDNN {med['cudnn']/med[m]:.3f}", flush=True)
+    versus_cudnn(Conv(hw, 128, 128, 3, s), kernels(s), name)
 
 
 if __name__ == "__main__":
