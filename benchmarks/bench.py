@@ -434,6 +434,41 @@ def bench_autotune(rows):
             warm = time.perf_counter() - t
             rows.append((f"autotune gemm f16 {n}^3 warm from disk (+1 call)", "-", warm * 1e3, 0, "ms", None,
                          chosen(k)))
+    _autotune_conv2d(rows, workers)
+
+
+def _autotune_conv2d(rows, workers):
+    """conv2d.tile's own space on one layer (28x28 C128->128 3x3, N = CONV_N), cold
+    and warm as for the gemm: how long a conv's first call takes."""
+    import torch
+    import torch.nn.functional as F
+    from tilec import autotune
+    hw, c, f = 28, 128, 128
+    x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
+    weight = torch.randn(f, c, 3, 3, device="cuda").half() / (9 * c) ** 0.5
+    wt = weight.permute(2, 3, 1, 0).reshape(9 * c, f).contiguous()
+    y = torch.empty(CONV_N * hw * hw, f, device="cuda").half()
+    name = f"autotune conv2d {hw}x{hw} C{c}->{f} 3x3"
+    with fresh_disk_cache():
+        workers.close_all()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        k = tilec.compile(str(ROOT / "examples/conv2d.tile"))
+        k(x, wt, y)
+        torch.cuda.synchronize()
+        cold = time.perf_counter() - t
+        want = F.conv2d(x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last), padding=1)
+        err = rel_err(y, want.permute(0, 2, 3, 1).reshape(-1, f))
+        assert err < 5e-3, f"{name}: relative error {err}"
+        rows.append((f"{name} cold (compile + timing)", "-", cold, 0, "s", None,
+                     f"{len(k._candidates)} candidates (the file): {chosen(k)}"))
+        _CACHE.clear()
+        autotune._CHOICES.clear()
+        t = time.perf_counter()
+        k = tilec.compile(str(ROOT / "examples/conv2d.tile"))
+        k(x, wt, y)
+        warm = time.perf_counter() - t
+        rows.append((f"{name} warm from disk (+1 call)", "-", warm * 1e3, 0, "ms", None, chosen(k)))
 
 
 # The conv2d layers, N = CONV_N: (H = W, C, F, kernel size, stride). The five ResNet 3x3
