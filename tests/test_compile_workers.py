@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -127,4 +128,26 @@ def test_a_worker_that_is_not_a_python_is_given_up(two_workers, monkeypatch):
         t = time.perf_counter()
         assert workers.build_all([job(BN=128), job(BN=256)]) == [None, None]
         assert time.perf_counter() - t < 10
-    assert workers._POOL == []
+    assert workers._IDLE == [] and workers._LEASED == [0]
+
+
+def test_concurrent_tunes_get_workers_of_their_own(monkeypatch):
+    """Two threads build at once: each drives its own workers (a worker shared by
+    two would interleave their pipes); the live workers stay within the cap."""
+    monkeypatch.setenv("TILEC_COMPILE_WORKERS", "3")
+    workers.close_all()
+    sets = [[dict(BN=bn, STAGES=st) for bn in (128, 256) for st in (3, 4)],
+            [dict(BN=bn, STAGES=st, PRODUCER=0) for bn in (128, 256) for st in (3, 4)]]
+    out = [None, None]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, workers.build_all([job(**c) for c in sets[i]])))
+               for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for cfgs, results in zip(sets, out):
+        for cfg, r in zip(cfgs, results):
+            if r is not None:           # built by a worker (else left to the caller)
+                assert r[0] == "ok" and all(r[1]["consts"][k] == v for k, v in cfg.items())
+    assert sum(r is not None for rs in out for r in rs) >= 4      # one of them had workers at least
+    assert workers._LEASED == [0] and len(workers._IDLE) <= 3

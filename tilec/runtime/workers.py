@@ -5,7 +5,7 @@ the GIL, and NVRTC calls are serialised (runtime/nvrtc.py). So a tune with
 several candidates to build hands them to worker processes, each a fresh
 `python` that reads jobs from its stdin and writes results to its stdout
 (pickled), and that stays up for the next tune. A worker is a subprocess of its
-own, not a multiprocessing child: it never imports the user's `__main__` (no
+own, not a multiprocessing child, and serves one build_all at a time: it never imports the user's `__main__` (no
 `if __name__ == "__main__"` guard needed), and it is exec'd, not a fork of a
 process that holds CUDA and threads. It gets the parent's sys.path, so it imports the same tilec.
 
@@ -17,7 +17,7 @@ compiles that candidate again in its own process for the error itself
 (refusals come early, in lowering).
 TILEC_COMPILE_WORKERS sets how many workers at most (default: the CPU count,
 at most 8); 0 or 1 builds in the calling process, as does a worker that fails
-to start or dies (the rest of its jobs go back to the caller)."""
+to start or dies (the job it had goes back to the caller)."""
 from __future__ import annotations
 
 import atexit
@@ -32,7 +32,8 @@ import time
 _BOOT = ("import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); "
          "from tilec.runtime.workers import serve; serve()")
 READY_SECONDS = 60              # a worker not ready by then (not a python, cannot import tilec) is given up
-_POOL: list = []                # live workers, reused across tunes
+_IDLE: list = []                # live workers no build is using, kept for later tunes
+_LEASED = [0]                   # workers a build_all is using now (each drives its own)
 _POOL_LOCK = threading.Lock()
 
 
@@ -89,27 +90,41 @@ class _Worker:
             self.proc.kill()
 
 
-def _workers(n: int) -> list:
-    """n live workers, or fewer: new ones start together and get READY_SECONDS to come up."""
+def _lease(n: int) -> list:
+    """Up to n workers for one build_all alone (idle ones first, then new ones,
+    while the live workers stay within max_workers()): concurrent tunes in
+    other threads get workers of their own, or build in their own process.
+    New ones start together and get READY_SECONDS to come up."""
     with _POOL_LOCK:
-        _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
+        _IDLE[:] = [w for w in _IDLE if w.proc.poll() is None]
+        got = [_IDLE.pop() for _ in range(min(n, len(_IDLE)))]
+        room = max_workers() - _LEASED[0] - len(got) - len(_IDLE)
         new = []
-        for _ in range(n - len(_POOL)):
+        for _ in range(max(0, min(n - len(got), room))):
             try:
                 new.append(_Worker())
             except OSError:
                 break
-        deadline = time.monotonic() + READY_SECONDS
-        _POOL.extend([w for w in new if w.ready(deadline)])
-        return list(_POOL[:n])
+        _LEASED[0] += len(got) + len(new)
+    deadline = time.monotonic() + READY_SECONDS
+    ready = [w for w in new if w.ready(deadline)]
+    with _POOL_LOCK:
+        _LEASED[0] -= len(new) - len(ready)
+    return got + ready
+
+
+def _release(ws: list):
+    with _POOL_LOCK:
+        _LEASED[0] -= len(ws)
+        _IDLE.extend(w for w in ws if w.proc.poll() is None)
 
 
 def close_all():
-    """Stop the workers (at exit, or to measure a cold start); the next build starts new ones."""
+    """Stop the idle workers (at exit, or to measure a cold start); the next build starts new ones."""
     with _POOL_LOCK:
-        for w in _POOL:
+        for w in _IDLE:
             w.close()
-        _POOL.clear()
+        _IDLE.clear()
 
 
 atexit.register(close_all)
@@ -137,16 +152,20 @@ def build_all(jobs: list, on_done=None) -> list:
             try:
                 results[i] = worker.run(jobs[i])
             except (OSError, EOFError, pickle.PickleError):
-                worker.close()      # dead or garbled: the caller builds what is left of its share
+                worker.close()      # dead or garbled: job i goes back to the caller, the others take the rest
                 return
             if on_done is not None:
                 on_done(i)
 
-    threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in _workers(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    leased = _lease(n)
+    try:
+        threads = [threading.Thread(target=drive, args=(w,), daemon=True) for w in leased]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _release(leased)
     return results
 
 
