@@ -42,8 +42,7 @@ class Kernel(Program):
         self._loaded = {}
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
-        disk_key = cache.key(__version__, program_key(source, self._overrides, arch=arch, tma=tma, debug=debug),
-                             nvrtc.identity())
+        disk_key = _disk_key(source, self._overrides, arch, tma, debug)
         hit = None if built is not None else cache.load(disk_key)
         self.from_disk_cache = hit is not None
         self._host_code = None      # the host wrapper compiled, or as marshal bytes from the disk cache
@@ -220,9 +219,12 @@ def is_built(source, overrides: dict, arch: str, fallback: bool = True, debug: b
     process or in the disk cache (then no worker need build it)."""
     if program_key(source, overrides, arch=arch, fallback=fallback, debug=debug) in _CACHE:
         return True
-    disk_key = cache.key(__version__, program_key(source, overrides, arch=arch, tma=True, debug=debug),
-                         nvrtc.identity())
-    return cache.exists(disk_key)
+    return cache.exists(_disk_key(source, overrides, arch, True, debug))
+
+
+def _disk_key(source, overrides: dict, arch: str, tma: bool, debug: bool) -> str:
+    """A compiled program's disk-cache key: this tilec, the program and the NVRTC that compiles it."""
+    return cache.key(__version__, program_key(source, overrides, arch=arch, tma=tma, debug=debug), nvrtc.identity())
 
 
 def env_debug() -> bool:
