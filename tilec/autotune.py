@@ -435,6 +435,9 @@ class TunedKernel:
                             built)
 
     def _build_in_workers(self, progress) -> tuple:
+        """build_in_workers over the candidates (those that do not clash with a
+        given const, which _compile refuses): ({candidate index: (meta, cubin)},
+        the indices whose builds finished, each a step of `progress`)."""
         ok = [i for i, cfg in enumerate(self._candidates) if not set(cfg) & set(self._consts)]
         built, finished = build_in_workers(self.source, [{**self._consts, **self._candidates[i]} for i in ok],
                                            self.arch, self._fallback_allowed, self.debug,
