@@ -435,14 +435,13 @@ class TunedKernel:
                             built)
 
     def _build_in_workers(self, progress) -> tuple:
-        """build_in_workers over the candidates (those that do not clash with a
-        given const, which _compile refuses): ({candidate index: (meta, cubin)},
-        the indices whose builds finished, each a step of `progress`)."""
-        ok = [i for i, cfg in enumerate(self._candidates) if not set(cfg) & set(self._consts)]
-        built, finished = build_in_workers(self.source, [{**self._consts, **self._candidates[i]} for i in ok],
-                                           self.arch, self._fallback_allowed, self.debug,
-                                           lambda j: progress.step("compiling"))
-        return {ok[j]: b for j, b in built.items()}, {ok[j] for j in finished}
+        """build_in_workers over the candidates, each finished build a step of
+        `progress`: ({candidate index: (meta, cubin)}, the indices finished);
+        nothing when the space tunes a given const (_compile refuses every candidate)."""
+        if set(self._tune) & set(self._consts):
+            return {}, set()
+        return build_in_workers(self.source, [{**self._consts, **cfg} for cfg in self._candidates], self.arch,
+                                self._fallback_allowed, self.debug, lambda i: progress.step("compiling"))
 
     def _first(self, kv, why: str):
         errors = []

@@ -64,12 +64,12 @@ def _cmd_check(args):
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
     cands = candidates(space, first)
-    others = [{**consts, **cfg} for cfg in cands[1:]]
-    built, _ = build_in_workers(source, others, arch, True, env_debug())     # in parallel processes
+    others, debug = [{**consts, **cfg} for cfg in cands[1:]], env_debug()
+    built, _ = build_in_workers(source, others, arch, True, debug)     # in parallel processes
     refused = []
     for i, cfg in enumerate(cands[1:]):
         try:
-            _compile_one(source, others[i], arch, True, env_debug(), built.get(i))
+            _compile_one(source, others[i], arch, True, debug, built.get(i))
         except TilecError as e:
             refused.append((cfg, e))
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
