@@ -116,6 +116,7 @@ def test_a_tune_whose_workers_die_compiles_here(env, monkeypatch):
     assert env.nvrtc == 4 and k.best_config == FASTEST
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")     # no pipe left to fail at GC
 def test_a_worker_that_is_not_a_python_is_given_up(two_workers, monkeypatch):
     """sys.executable that is no python (an embedded interpreter's host program):
     one that exits at once, and one that stays up and says nothing. The builds

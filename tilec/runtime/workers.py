@@ -68,6 +68,10 @@ class _Worker:
             return True
         self.proc.kill()
         self.proc.wait()
+        try:
+            self.proc.stdin.close()     # now, not at garbage collection (the sys.path sent may be unflushed)
+        except OSError:
+            pass
         return False
 
     def _load(self):
