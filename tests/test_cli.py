@@ -113,6 +113,38 @@ def test_check_gemm_and_conv2d():
     assert ok("check", "examples/conv2d.tile").startswith("examples/conv2d.tile: ok (kernel conv2d, ")
 
 
+class _Refused:
+    def __init__(self, text):
+        self.text = text
+
+    def render(self):
+        return self.text + "\n    the source line\n    ^~~~"
+
+
+def test_check_groups_the_candidates_one_error_refuses():
+    """`tilec check` lists a tune space's refused candidates: one line for those of one
+    error that are every combination of the other consts with a few fixed, else one per
+    candidate, grouped by error in the order of each error's first candidate."""
+    from tilec.cli import _refusals
+    space = {"BM": (128, 192), "BN": (128, 256), "P": (0, 1), "SK": (0, 1)}
+    sk = [({"BM": m, "BN": n, "P": 0, "SK": 1}, _Refused("t:5:1: error: sk needs p")) for m in (128, 192)
+          for n in (128, 256)]
+    regs = [({"BM": 192, "BN": 256, "P": p, "SK": k}, _Refused("t:9:1: error: registers")) for p, k in
+            ((0, 0), (1, 0), (1, 1))]
+    assert _refusals(space, [sk[0], regs[0], *sk[1:], *regs[1:]]) == [
+        "4 candidates with P=0 SK=1 refused: t:5:1: error: sk needs p",
+        "candidate BM=192 BN=256 P=0 SK=0 refused: t:9:1: error: registers",
+        "candidate BM=192 BN=256 P=1 SK=0 refused: t:9:1: error: registers",
+        "candidate BM=192 BN=256 P=1 SK=1 refused: t:9:1: error: registers"]
+    # not every combination: a line each
+    assert _refusals(space, sk[:3]) == [f"candidate BM={c['BM']} BN={c['BN']} P=0 SK=1 refused: t:5:1: error: "
+                                        "sk needs p" for c, _ in sk[:3]]
+    # every candidate refused by one error: nothing fixed, a line each
+    every = [({"BM": m}, _Refused("t:1:1: error: e")) for m in (128, 192)]
+    assert _refusals({"BM": (128, 192)}, every) == ["candidate BM=128 refused: t:1:1: error: e",
+                                                    "candidate BM=192 refused: t:1:1: error: e"]
+
+
 def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     bad = tmp_path / "g.tile"
     bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 2 * BM;", "threads 96;"))

@@ -3,6 +3,7 @@ for use without Python, run the demo."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 
@@ -74,9 +75,29 @@ def _cmd_check(args):
             refused.append((cfg, e))
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
           f"{len(cands) - len(refused)} of {len(cands)} candidates compile)")
+    for line in _refusals(space, refused):
+        print(f"{args.file}: {line}")
+
+
+def _refusals(space: dict, refused: list) -> list:
+    """A line per refused candidate, "candidate BM=192 ... refused: <error>",
+    grouped by error (in the order of each error's first candidate); the
+    candidates of one error that are every combination of the other consts'
+    values with a few consts fixed are one line instead:
+    "16 candidates with PERSISTENT=0 STREAM_K=1 refused: <error>"."""
+    by_error = {}
     for cfg, e in refused:
-        what = " ".join(f"{name}={value}" for name, value in cfg.items())
-        print(f"{args.file}: candidate {what} refused: {e.render().splitlines()[0]}")
+        by_error.setdefault(e.render().splitlines()[0], []).append(cfg)
+    lines = []
+    for error, cfgs in by_error.items():
+        fixed = {n: v for n, v in cfgs[0].items() if all(c[n] == v for c in cfgs)}
+        combos = math.prod(len(space[n]) for n in cfgs[0] if n not in fixed)
+        if len(cfgs) > 1 and fixed and combos == len(cfgs):     # distinct candidates: the whole product
+            what = " ".join(f"{n}={v}" for n, v in fixed.items())
+            lines.append(f"{len(cfgs)} candidates with {what} refused: {error}")
+        else:
+            lines += [f"candidate {' '.join(f'{n}={v}' for n, v in c.items())} refused: {error}" for c in cfgs]
+    return lines
 
 
 def _cmd_export(args):

@@ -1,0 +1,166 @@
+"""Stream-K against the plain persistent grid, same process, vs cuBLAS, on shapes whose tile
+counts fill whole waves badly (128x256 tiles on 132 SMs: 3072^2 x 4096 is 2.18 waves,
+2048^2 x 8192 0.97, 4096^3 3.88, 5120^3 6.06), then a timeline of one stream-K launch:
+consumer thread 0 of every block stamps %clock64 at its start, at each unit's start
+(a tile or a stream-K share of one), when the unit's K loop ends, and at its end, plus
+%globaltimer at start and end (the blocks' offsets from each other). Outputs are views
+with a sentinel margin.
+
+    python benchmarks/probes/sk_probe.py [--compile-only] [--timeline-only]
+"""
+import os, sys
+os.environ["TILEC_CACHE"] = "0"
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+import tilec
+from common import rewrite_cuda
+
+SRC = open("examples/gemm.tile").read()
+PATCH = rewrite_cuda()
+EVENTS = 48         # stamps per block
+
+STAMP = r"""
+__device__ unsigned long long tl_probe_t[1024 * EVENTS];
+__device__ unsigned long long tl_probe_g[1024 * 2];
+__device__ __forceinline__ unsigned long long tl_probe_clock() {
+  unsigned long long t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)); return t; }
+__device__ __forceinline__ unsigned long long tl_probe_global() {
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+""".replace("EVENTS", str(EVENTS))
+
+
+def stamp(code):
+    return f"if (threadIdx.x == 0 && tl_probe_i < {EVENTS}) tl_probe_t[blockIdx.x * {EVENTS} + tl_probe_i++] = tl_probe_clock(); {code}"
+
+
+def timeline(text):
+    """The emitted stream-K gemm with consumer thread 0's stamps."""
+    head, sep, body = text.partition('extern "C" __global__')
+    assert sep
+    subs = [
+        ("    setmaxnreg_inc<232>();\n",
+         "    setmaxnreg_inc<232>();\n    int tl_probe_i = 0;\n"
+         "    if (threadIdx.x == 0) tl_probe_g[blockIdx.x * 2] = tl_probe_global();\n"),
+        # the unit's start: the consumers' fill of the accumulator
+        ("      // <string>:11: fill(acc, 0);\n", "      " + stamp("") + "\n      // fill(acc, 0);\n"),
+        # the unit's K loop has ended
+        ("      if (tl_k_hi < tl_steps) {\n", "      " + stamp("") + "\n      if (tl_k_hi < tl_steps) {\n"),
+        # the block's end
+        ("    if (threadIdx.x == 0) {\n      bulk_wait_group_read<0>();\n",
+         "    " + stamp("") + "\n    if (threadIdx.x == 0) tl_probe_g[blockIdx.x * 2 + 1] = tl_probe_global();\n"
+         "    if (threadIdx.x == 0) {\n      bulk_wait_group_read<0>();\n"),
+    ]
+    for old, new in subs:
+        assert body.count(old) == 1, old
+        body = body.replace(old, new)
+    return head + STAMP + sep + body
+
+
+def compile_variants(dtype_name="f16", stamps=False):
+    src = SRC.replace("f16", "bf16") if dtype_name == "bf16" else SRC
+    P = dict(BM=128, BN=256, STAGES=4, PERSISTENT=1, PRODUCER=1)
+    ks = {}
+    PATCH["fn"] = None
+    ks["persistent"] = tilec.compile("// sk probe persistent\n" + src, tune=False, **P)
+    ks["stream-K"] = tilec.compile("// sk probe stream-K\n" + src, tune=False, STREAM_K=1, **P)
+    ks["192x128 pe"] = tilec.compile("// sk probe 192\n" + src, tune=False, BM=192, BN=128, STAGES=4,
+                                      PERSISTENT=1, PRODUCER=1)
+    ks["192x128 sk"] = tilec.compile("// sk probe 192 sk\n" + src, tune=False, BM=192, BN=128, STAGES=4,
+                                      PERSISTENT=1, PRODUCER=1, STREAM_K=1)
+    if stamps:
+        PATCH["fn"] = timeline
+        ks["stamped"] = tilec.compile("// sk probe stamped\n" + src, tune=False, STREAM_K=1, **P)
+        PATCH["fn"] = None
+    return ks
+
+
+def guarded(torch, M, N, dtype):
+    big = torch.full((M + 2, N + 16), 7.0, device="cuda", dtype=dtype)
+    return big, big[1:M + 1, 8:N + 8]
+
+
+def speeds(shapes, dtype_name="f16"):
+    import torch
+    from common import rounds
+    dtype = getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype_name])
+    ks = compile_variants(dtype_name)
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=dtype)
+        b = torch.randn(K, N, device="cuda", dtype=dtype)
+        ref = a.float() @ b.float()
+        fns = {"cublas": lambda: torch.matmul(a, b)}
+        for v, k in ks.items():
+            big, c = guarded(torch, M, N, dtype)
+            c.fill_(0); k(a, b, c); torch.cuda.synchronize()
+            err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
+            big[1:M + 1, 8:N + 8] = 7
+            assert err < 1e-2 and bool((big == 7).all()), (v, err)
+            fns[v] = (lambda k=k, c=c: k(a, b, c))
+        med = rounds(fns, n=9)
+        for m in fns:
+            print(f"  {M}x{N}x{K} {dtype_name} {m:12s} {med[m]*1e3:8.1f} us  vs cuBLAS {med['cublas']/med[m]:.3f}",
+                  flush=True)
+
+
+def show_timeline(M, N, K):
+    import torch
+    from cuda.bindings import driver as cu
+    k = compile_variants(stamps=True)["stamped"]
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    big, c = guarded(torch, M, N, torch.float16)
+    for _ in range(5):
+        k(a, b, c)
+    torch.cuda.synchronize()
+    mod = k._module(0).module
+    err, t_ptr, t_size = cu.cuModuleGetGlobal(mod, b"tl_probe_t")
+    err2, g_ptr, g_size = cu.cuModuleGetGlobal(mod, b"tl_probe_g")
+    assert int(err) == 0 and int(err2) == 0
+    cu.cuMemsetD8(t_ptr, 0, t_size); cu.cuMemsetD8(g_ptr, 0, g_size)
+    torch.cuda.synchronize()
+    k(a, b, c)
+    torch.cuda.synchronize()
+    t = np.zeros(t_size // 8, dtype=np.uint64); g = np.zeros(g_size // 8, dtype=np.uint64)
+    cu.cuMemcpyDtoH(t.ctypes.data, t_ptr, t_size); cu.cuMemcpyDtoH(g.ctypes.data, g_ptr, g_size)
+    t = t.reshape(1024, EVENTS).astype(np.int64); g = g.reshape(1024, 2).astype(np.int64)
+    blocks = int((g[:, 0] > 0).sum())
+    g0 = g[:blocks, 0].min()
+    tiles = (M // 128) * (N // 256); steps = K // 64
+    rem = tiles % blocks
+    sk_tiles = rem + blocks if (rem > 0 and rem * 2 < blocks and tiles >= rem + blocks) else rem
+    print(f"timeline {M}x{N}x{K}: {blocks} blocks, {tiles} tiles of {steps} K steps, {sk_tiles} stream-K tiles "
+          f"({sk_tiles * steps / blocks:.1f} steps per block), kernel {(g[:blocks, 1].max() - g0) / 1e3:.1f} us")
+    rows = []
+    for blk in range(blocks):
+        ev = t[blk][t[blk] > 0]
+        ns_per_cycle = (g[blk, 1] - g[blk, 0]) / max(ev[-1] - ev[0], 1)
+        start = (g[blk, 0] - g0) / 1e3
+        rel = (ev - ev[0]) * ns_per_cycle / 1e3           # us since the block's start stamp
+        # ev: unit starts and loop ends alternate, the last stamp is the end
+        units = [(rel[i], rel[i + 1], rel[i + 2] if i + 2 < len(rel) else rel[-1]) for i in range(0, len(rel) - 1, 2)]
+        rows.append((blk, start, rel[-1], units))
+    ends = np.array([r[1] + r[2] for r in rows])
+    print(f"  block start offsets {min(r[1] for r in rows):.2f}-{max(r[1] for r in rows):.2f} us; "
+          f"ends {ends.min():.1f}-{ends.max():.1f} us (median {np.median(ends):.1f})")
+    for blk, start, end, units in rows[:4] + rows[60:62] + rows[-3:]:
+        desc = " | ".join(f"{u0:.1f}+{l - u0:.1f} loop +{u1 - l:.1f} tail" for u0, l, u1 in units)
+        print(f"  block {blk:3d} start {start:5.2f} end {start + end:6.1f}: {desc}")
+    first = np.array([u[0][1] - u[0][0] for _, _, _, u in rows])
+    tails = np.array([u[0][2] - u[0][1] for _, _, _, u in rows])
+    second_tail = np.array([u[1][2] - u[1][1] for _, _, _, u in rows if len(u) > 1])
+    print(f"  unit 0: loop {np.median(first):.1f} us median, tail {np.median(tails):.2f} us median "
+          f"(max {tails.max():.2f}); unit 1 tail median {np.median(second_tail):.2f} us (max {second_tail.max():.2f})")
+    dp = [np.median([u[2] - u[0] for u in r[3][2:]]) for r in rows if len(r[3]) > 2]
+    print(f"  whole tiles after the stream-K units: {np.median(dp):.1f} us each (median over blocks)")
+
+
+if __name__ == "__main__":
+    if "--compile-only" in sys.argv:
+        for v, k in compile_variants(stamps=True).items():
+            print(v, "cubin", len(k.cubin))
+        sys.exit(0)
+    if "--timeline-only" not in sys.argv:
+        speeds([(4096, 4096, 4096), (3072, 3072, 4096), (2048, 2048, 8192), (5120, 5120, 5120),
+                (8192, 8192, 8192)])
+    show_timeline(4096, 4096, 4096)
+    show_timeline(3072, 3072, 4096)
