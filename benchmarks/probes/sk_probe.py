@@ -43,8 +43,8 @@ def timeline(text):
          "    if (threadIdx.x == 0) tl_probe_g[blockIdx.x * 2] = tl_probe_global();\n"),
         # the unit's start: the consumers' fill of the accumulator
         ("      // <string>:11: fill(acc, 0);\n", "      " + stamp("") + "\n      // fill(acc, 0);\n"),
-        # the unit's K loop has ended
-        ("      if (tl_k_hi < tl_steps) {\n", "      " + stamp("") + "\n      if (tl_k_hi < tl_steps) {\n"),
+        # the unit's K loop has ended (the consumers' count of the ring's iterations)
+        ("\n      tl_full0_base += ", "\n      " + stamp("") + "\n      tl_full0_base += "),
         # the block's end
         ("    if (threadIdx.x == 0) {\n      bulk_wait_group_read<0>();\n",
          "    " + stamp("") + "\n    if (threadIdx.x == 0) tl_probe_g[blockIdx.x * 2 + 1] = tl_probe_global();\n"
@@ -70,6 +70,7 @@ def compile_variants(dtype_name="f16", stamps=False):
     if stamps:
         PATCH["fn"] = timeline
         ks["stamped"] = tilec.compile("// sk probe stamped\n" + src, tune=False, STREAM_K=1, **P)
+        ks["stamped plain"] = tilec.compile("// sk probe stamped plain\n" + src, tune=False, **P)
         PATCH["fn"] = None
     return ks
 
@@ -102,10 +103,10 @@ def speeds(shapes, dtype_name="f16"):
                   flush=True)
 
 
-def show_timeline(M, N, K):
+def show_timeline(M, N, K, which="stamped"):
     import torch
     from cuda.bindings import driver as cu
-    k = compile_variants(stamps=True)["stamped"]
+    k = compile_variants(stamps=True)[which]
     a = torch.randn(M, K, device="cuda", dtype=torch.float16)
     b = torch.randn(K, N, device="cuda", dtype=torch.float16)
     big, c = guarded(torch, M, N, torch.float16)
@@ -128,7 +129,9 @@ def show_timeline(M, N, K):
     tiles = (M // 128) * (N // 256); steps = K // 64
     rem = tiles % blocks
     sk_tiles = rem + blocks if (rem > 0 and rem * 2 < blocks and tiles >= rem + blocks) else rem
-    print(f"timeline {M}x{N}x{K}: {blocks} blocks, {tiles} tiles of {steps} K steps, {sk_tiles} stream-K tiles "
+    if which != "stamped":
+        sk_tiles = 0
+    print(f"timeline {which} {M}x{N}x{K}: {blocks} blocks, {tiles} tiles of {steps} K steps, {sk_tiles} stream-K tiles "
           f"({sk_tiles * steps / blocks:.1f} steps per block), kernel {(g[:blocks, 1].max() - g0) / 1e3:.1f} us")
     rows = []
     for blk in range(blocks):
@@ -142,9 +145,15 @@ def show_timeline(M, N, K):
     ends = np.array([r[1] + r[2] for r in rows])
     print(f"  block start offsets {min(r[1] for r in rows):.2f}-{max(r[1] for r in rows):.2f} us; "
           f"ends {ends.min():.1f}-{ends.max():.1f} us (median {np.median(ends):.1f})")
-    for blk, start, end, units in rows[:4] + rows[60:62] + rows[-3:]:
+    late = sorted(rows, key=lambda r: -(r[1] + r[2]))[:6]
+    print("  ends (us) in 2-us bins:", np.histogram(ends, bins=np.arange(np.floor(ends.min()), ends.max() + 2, 2))[0])
+    for blk, start, end, units in rows[:3] + late:
         desc = " | ".join(f"{u0:.1f}+{l - u0:.1f} loop +{u1 - l:.1f} tail" for u0, l, u1 in units)
         print(f"  block {blk:3d} start {start:5.2f} end {start + end:6.1f}: {desc}")
+    if which != "stamped":
+        tiles_t = [u[2] - u[0] for r in rows for u in r[3]]
+        print(f"  tiles: {np.median(tiles_t):.1f} us median ({np.min(tiles_t):.1f}-{np.max(tiles_t):.1f})")
+        return
     first = np.array([u[0][1] - u[0][0] for _, _, _, u in rows])
     tails = np.array([u[0][2] - u[0][1] for _, _, _, u in rows])
     second_tail = np.array([u[1][2] - u[1][1] for _, _, _, u in rows if len(u) > 1])
@@ -163,4 +172,6 @@ if __name__ == "__main__":
         speeds([(4096, 4096, 4096), (3072, 3072, 4096), (2048, 2048, 8192), (5120, 5120, 5120),
                 (8192, 8192, 8192)])
     show_timeline(4096, 4096, 4096)
+    show_timeline(4096, 4096, 4096, "stamped plain")
     show_timeline(3072, 3072, 4096)
+    show_timeline(3072, 3072, 4096, "stamped plain")
