@@ -163,7 +163,7 @@ def show_timeline(M, N, K, which="stamped"):
     print(f"  whole tiles after the stream-K units: {np.median(dp):.1f} us each (median over blocks)")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--waves" not in sys.argv:
     if "--compile-only" in sys.argv:
         for v, k in compile_variants(stamps=True).items():
             print(v, "cubin", len(k.cubin))
@@ -175,3 +175,48 @@ if __name__ == "__main__":
     show_timeline(4096, 4096, 4096, "stamped plain")
     show_timeline(3072, 3072, 4096)
     show_timeline(3072, 3072, 4096, "stamped plain")
+
+
+def always_a_wave_more(text):
+    """Stream-K over the remainder plus a whole wave whenever there is a wave to borrow (the
+    emitted rule adds it only when the remainder is under half a wave): every block's range is
+    then at least a tile's K steps, so no tile is split three ways."""
+    assert text.count("tl_sk_rem * 2 < tl_blocks") == 2
+    return text.replace("tl_sk_rem * 2 < tl_blocks", "tl_sk_rem < tl_blocks")
+
+
+def waves(shapes, configs):
+    """Plain persistent, stream-K as emitted and stream-K with always a wave more, vs cuBLAS."""
+    import torch
+    from common import rounds
+    for cfg in configs:
+        P = dict(STAGES=4, PERSISTENT=1, PRODUCER=1, **cfg)
+        tag = f"{cfg['BM']}x{cfg['BN']}"
+        PATCH["fn"] = None
+        ks = {f"{tag} plain": tilec.compile(f"// waves {tag} plain\n" + SRC, tune=False, **P),
+              f"{tag} sk": tilec.compile(f"// waves {tag} sk\n" + SRC, tune=False, STREAM_K=1, **P)}
+        PATCH["fn"] = always_a_wave_more
+        ks[f"{tag} sk+wave"] = tilec.compile(f"// waves {tag} sk wave\n" + SRC, tune=False, STREAM_K=1, **P)
+        PATCH["fn"] = None
+        for M, N, K in shapes:
+            a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+            b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+            ref = a.float() @ b.float()
+            fns = {"cublas": lambda: torch.matmul(a, b)}
+            for v, k in ks.items():
+                big, c = guarded(torch, M, N, torch.float16)
+                c.fill_(0); k(a, b, c); torch.cuda.synchronize()
+                err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
+                big[1:M + 1, 8:N + 8] = 7
+                assert err < 1e-2 and bool((big == 7).all()), (v, err)
+                fns[v] = (lambda k=k, c=c: k(a, b, c))
+            med = rounds(fns, n=9)
+            tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
+            line = " ".join(f"{m} {med['cublas'] / med[m]:.3f}" for m in fns if m != "cublas")
+            print(f"  {M}x{N}x{K} ({tiles} tiles, {tiles / 132:.2f} waves): {line}", flush=True)
+
+
+if __name__ == "__main__" and "--waves" in sys.argv:
+    waves([(4096, 4096, 4096), (6144, 6144, 6144), (7168, 7168, 7168), (8192, 8192, 8192),
+           (4096, 11008, 4096), (5120, 5120, 5120)],
+          [dict(BM=128, BN=256), dict(BM=192, BN=128)])
