@@ -1,10 +1,11 @@
-"""gemm.tile's tune space as shipped against the same space with `STREAM_K in (0, 1)`, on shapes
-whose tile counts fill whole waves well and badly: each tuned cold (fresh disk cache; the
+"""gemm.tile's tune space as shipped against a wider one (`STREAM_K in (0, 1)` when it was not
+shipped; with `--bm64`, BM = 64 as well, on small and LLM-like shapes), on shapes whose tile
+counts fill whole waves well and badly: each tuned cold (fresh disk cache; the
 candidates' cubins compiled in the same process before, so the tune time is mostly timing,
 and printed), then the two picks and cuBLAS timed in alternating rounds. Outputs are views
 with a sentinel margin.
 
-    python benchmarks/probes/sk_tune_probe.py [f16|bf16]
+    python benchmarks/probes/sk_tune_probe.py [f16|bf16] [--bm64]
 """
 import os, sys, tempfile, time
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -13,15 +14,21 @@ import tilec
 from tilec import autotune
 from common import rounds
 
-DT = sys.argv[1] if len(sys.argv) > 1 else "f16"
+DT = "bf16" if "bf16" in sys.argv else "f16"
 dtype = torch.float16 if DT == "f16" else torch.bfloat16
 SHIPPED = open("examples/gemm.tile").read().replace("f16", DT)
-TUNE = "tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), PERSISTENT in (0, 1);"
+TUNE = "tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), PERSISTENT in (0, 1)"
 assert TUNE in SHIPPED
-SPACES = {"shipped": SHIPPED,
-          "+stream-K": SHIPPED.replace(TUNE, TUNE[:-1] + ", STREAM_K in (0, 1);")}
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (3072, 3072, 4096), (5120, 5120, 5120),
           (2048, 2048, 8192), (4096, 11008, 4096), (1024, 4096, 8192), (6144, 6144, 6144)]
+if "--bm64" in sys.argv:
+    SPACES = {"shipped": SHIPPED, "+BM 64": SHIPPED.replace("tune BM in (128, 192)", "tune BM in (64, 128, 192)")}
+    SHAPES = [(1024, 4096, 4096), (1024, 4096, 8192), (2048, 2048, 8192), (2048, 4096, 4096),
+              (1024, 14336, 4096), (3072, 3072, 4096), (4096, 4096, 4096), (8192, 8192, 8192)]
+elif "STREAM_K in" in SHIPPED:
+    sys.exit("gemm.tile already tunes STREAM_K: run with --bm64")
+else:
+    SPACES = {"shipped": SHIPPED, "+stream-K": SHIPPED.replace(TUNE + ";", TUNE + ", STREAM_K in (0, 1);")}
 
 
 def cfg_name(c):
