@@ -6,7 +6,7 @@ consumer thread 0 of every block stamps %clock64 at its start, at each unit's st
 %globaltimer at start and end (the blocks' offsets from each other). Outputs are views
 with a sentinel margin.
 
-    python benchmarks/probes/sk_probe.py [--compile-only] [--timeline-only]
+    python benchmarks/probes/sk_probe.py [--compile-only] [--timeline-only] [--llm] [--waves]
 """
 import os, sys
 os.environ["TILEC_CACHE"] = "0"
@@ -167,6 +167,12 @@ if __name__ == "__main__" and "--waves" not in sys.argv:
     if "--compile-only" in sys.argv:
         for v, k in compile_variants(stamps=True).items():
             print(v, "cubin", len(k.cubin))
+        sys.exit(0)
+    if "--llm" in sys.argv:         # M of 1024-2048 against N of a transformer's projections
+        speeds([(1024, 14336, 4096), (2048, 14336, 4096), (1024, 4096, 4096), (2048, 4096, 4096),
+                (1024, 11008, 4096), (2048, 11008, 4096)])
+        show_timeline(1024, 14336, 4096)
+        show_timeline(1024, 14336, 4096, "stamped plain")
         sys.exit(0)
     if "--timeline-only" not in sys.argv:
         speeds([(4096, 4096, 4096), (3072, 3072, 4096), (2048, 2048, 8192), (5120, 5120, 5120),
