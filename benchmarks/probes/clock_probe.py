@@ -3,7 +3,8 @@ tuned gemm.tile, cuBLAS and Triton's autotuned matmul (f16, 4096^3 and 8192^3),
 (1) bench-style single calls behind a GPU spin (TFLOPS; the clock from a timed spin of known
 cycles right after), (2) one second back to back with nvidia-smi sampling the SM clock and power.
 FLOP/clk/SM = TFLOPS / (SMs x clock); dense f16 wgmma peaks at 4096 per SM per clock.
-With --ncu-target NAME, only runs NAME's call a few times (for ncu)."""
+With --ncu-target NAME, only runs NAME's call a few times (for ncu); --shape MxNxK (repeatable)
+measures those shapes instead of 4096^3 and 8192^3."""
 import os
 import statistics
 import subprocess
@@ -75,10 +76,11 @@ def sustained(fn, flops, seconds=1.0):
 
 def main():
     target = sys.argv[sys.argv.index("--ncu-target") + 1] if "--ncu-target" in sys.argv else None
-    for n in (4096, 8192):
-        a = torch.randn(n, n, device="cuda").half()
-        b = torch.randn(n, n, device="cuda").half()
-        c = torch.empty(n, n, device="cuda", dtype=torch.float16)
+    shapes = [tuple(int(x) for x in sys.argv[i + 1].split("x")) for i, v in enumerate(sys.argv) if v == "--shape"]
+    for m, n, kk in shapes or [(4096,) * 3, (8192,) * 3]:
+        a = torch.randn(m, kk, device="cuda").half()
+        b = torch.randn(kk, n, device="cuda").half()
+        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
         k = bench.tuned_gemm("f16")
         k(a, b, c)
         fns = {"tilec": lambda: k(a, b, c), "cublas": lambda: torch.matmul(a, b, out=c),
@@ -91,8 +93,8 @@ def main():
                 fns[target]()
             torch.cuda.synchronize()
             continue
-        flops = 2 * n ** 3
-        print(f"{n}^3 tilec config: {bench.chosen(k)}", flush=True)
+        flops = 2 * m * n * kk
+        print(f"{m}x{n}x{kk} tilec config: {bench.chosen(k)}", flush=True)
         for gap in (0, SPIN):
             for rep in range(2):
                 for name, fn in fns.items():
