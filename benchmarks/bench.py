@@ -578,6 +578,24 @@ def bench_host(rows):
     us_raw = host_time_per_call(lambda: cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 32768, stream,
                                                           ctypes.addressof(ptrs), 0))
     rows.append(("host time per call: raw cuLaunchKernel", "cuda.bindings", us_tilec, us_raw, "us", us_raw / us_tilec))
+    # gemm.tile at 256^3: the tuned kernel (its key looked up per call) and a stream-K launch
+    # (its workspace looked up per call) against the plain kernel of the same consts
+    x = torch.randn(256, 256, device="cuda").half()
+    y, z = torch.randn_like(x), torch.empty_like(x)
+    tuned = tilec.compile(str(GEMM))
+    tuned(x, y, z)
+    plain = tilec.compile(str(GEMM), tune=False, **tuned.best_config)
+    us_plain = host_time_per_call(lambda: plain(x, y, z))
+    us_tuned = host_time_per_call(lambda: tuned(x, y, z))
+    rows.append(("host per call: gemm.tile tuned, 256^3", "its pick, untuned", us_tuned, us_plain, "us",
+                 us_plain / us_tuned, f"{us_tuned - us_plain:+.2f} us"))
+    pe = dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1)
+    persistent = tilec.compile(str(GEMM), tune=False, **pe)
+    stream_k = tilec.compile(str(GEMM), tune=False, STREAM_K=1, **pe)
+    us_pe = host_time_per_call(lambda: persistent(x, y, z))
+    us_sk = host_time_per_call(lambda: stream_k(x, y, z))
+    rows.append(("host per call: gemm stream-K, 256^3", "persistent", us_sk, us_pe, "us", us_pe / us_sk,
+                 f"{us_sk - us_pe:+.2f} us"))
     try:
         import triton
         import triton.language as tl

@@ -233,6 +233,34 @@ def test_a_scalar_key(env):
     assert len(env.timed) == 8
 
 
+def test_the_key_reader_fast_and_slow_paths():
+    """A tuned kernel reads its key on every call: `.shape[d]` of each tensor read
+    once when the values are ints, else through _shape (a __cuda_array_interface__
+    object, numpy ints); the same values either way, and clean errors."""
+    sig = [("A", ["M", "K"]), ("alpha", None), ("B", ["K", None])]
+    read = autotune.key_reader(sig, ("M", "alpha", "K"))
+    a, b = np.zeros((3, 5)), np.zeros((5, 7))
+    assert read((a, 2, b)) == (3, 2, 5) and read((a, 1.5, b)) == (3, 1.5, 5)
+
+    class Interface:                                  # no .shape: the slow path
+        __cuda_array_interface__ = {"shape": (4, 6), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    class NumpyDims:                                  # .shape of numpy ints: converted to int
+        shape = (np.int64(8), np.int64(9))
+    assert read((Interface(), 2, b)) == (4, 2, 6)
+    kv = read((NumpyDims(), 2, b))
+    assert kv == (8, 2, 9) and all(type(v) is int for v in kv[::2])
+    assert autotune.key_reader(sig, ())((a, 2, b)) == ()
+    with pytest.raises(tilec.TilecError, match=r"^error: argument A: 1 dims, the kernel declares 2 \(A\[M, K\]\)$"):
+        read((np.zeros(3), 2, b))
+    with pytest.raises(tilec.TilecError, match=r"the kernel takes 3 arguments \(A, alpha, B\), got 2"):
+        read((a, 2))
+    with pytest.raises(tilec.TilecError, match="cannot read the shape of a object argument"):
+        read((object(), 2, b))
+    with pytest.raises(tilec.TilecError, match="autotune key 'N' is neither a shape symbol nor a scalar"):
+        autotune.key_reader(sig, ("N",))
+
+
 def test_the_choice_is_read_from_disk_compiling_only_the_winner(env):
     x, y = arrays()
     tuned()(x, y, 1.0)

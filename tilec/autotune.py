@@ -204,29 +204,57 @@ def _shape(obj):
 def key_reader(sig: list, key: tuple):
     """A function args -> the key values: for a shape symbol, the dim of the
     first tensor that declares it (as the host wrapper binds it); for a scalar,
-    its value."""
-    getters = []
+    its value. It runs on every call of a tuned kernel, so it is written out
+    for the signature (as dataclasses write __init__), each tensor's `.shape`
+    read once: `s0 = args[0].shape; s1 = args[1].shape; kv = (s0[0], s0[1],
+    s1[1])` for gemm.tile's (M, K, N). Anything else (no `.shape`, a rank
+    short of a key's dim, values that are not ints) goes through _shape."""
+    plan = []                       # (argument index, dim index or None for a scalar)
     for name in key:
-        getter = None
         for i, (pname, dims) in enumerate(sig):
             if dims is None and pname == name:
-                getter = (lambda i: lambda args: args[i])(i)
+                plan.append((i, None))
                 break
             if dims is not None and name in dims:
-                getter = (lambda i, d: lambda args: _shape(args[i])[d])(i, dims.index(name))
+                plan.append((i, dims.index(name)))
                 break
-        if getter is None:
+        else:
             raise TilecError(f"autotune key {name!r} is neither a shape symbol nor a scalar parameter of the kernel "
                              f"({', '.join(p for p, _ in sig)})")
-        getters.append(getter)
     nparams = len(sig)
 
-    def read(args):
-        if len(args) != nparams:
-            raise TilecError(f"the kernel takes {nparams} arguments ({', '.join(p for p, _ in sig)}), "
-                             f"got {len(args)}")
-        return tuple(g(args) for g in getters)
-    return read
+    def slow(args):
+        out = []
+        for i, d in plan:
+            if d is None:
+                out.append(args[i])
+                continue
+            name, dims = sig[i]
+            shape = _shape(args[i])
+            if len(shape) != len(dims):
+                raise TilecError(f"argument {name}: {len(shape)} dims, the kernel declares {len(dims)} "
+                                 f"({name}[{', '.join(d or '_' for d in dims)}])")
+            out.append(shape[d])
+        return tuple(out)
+
+    def wrong_count(n):
+        return f"the kernel takes {nparams} arguments ({', '.join(p for p, _ in sig)}), got {n}"
+
+    values = [f"args[{i}]" if d is None else f"s{i}[{d}]" for i, d in plan]
+    lines = ["def read(args):",
+             f"    if len(args) != {nparams}:",
+             "        raise TilecError(wrong_count(len(args)))",
+             "    try:"] + [f"        s{i} = args[{i}].shape" for i in sorted({i for i, d in plan if d is not None})] + [
+             f"        kv = ({''.join(v + ', ' for v in values)})",
+             "    except (AttributeError, TypeError, IndexError):",
+             "        return slow(args)",
+             "    for v in kv:",
+             "        if type(v) is not int:",
+             "            return slow(args)",
+             "    return kv"]
+    scope = {"TilecError": TilecError, "slow": slow, "wrong_count": wrong_count}
+    exec("\n".join(lines), scope)
+    return scope["read"]
 
 
 # ---- hooks the tests replace
@@ -410,7 +438,8 @@ class TunedKernel:
                     self._set_last(kv, hit)
                     if ran:
                         return None
-        self._set_last(kv, hit)
+        if kv != self._last_key:
+            self._set_last(kv, hit)
         return _run(hit[0], args, stream)
 
     def _set_last(self, kv, hit):

@@ -428,13 +428,13 @@ def workspace(device, stream, nbytes) -> int:
     new buffer (stream-ordered: allocated and zeroed on that stream); the
     outgrown one is freed on the stream after the launches queued there, unless
     a captured CUDA graph may point at it (those are kept, `_RETIRED`)."""
-    from cuda.bindings import driver as cu
+    cu, not_capturing = _capture_query()
     key = (device, int(stream))
     have = _WORKSPACES.get(key)
-    capturing = check(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing") != \
-        cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-    if have is not None and have.nbytes >= nbytes:
-        have.captured |= capturing          # the graph being captured points at it
+    capturing = check(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing") != not_capturing
+    if have is not None and have.nbytes >= nbytes:      # every launch but a stream's first (or a larger one)
+        if capturing:
+            have.captured = True            # the graph being captured points at it
         return have.ptr
     driver.make_current(device)
     if capturing:
@@ -450,6 +450,14 @@ def workspace(device, stream, nbytes) -> int:
             check(cu.cuMemFreeAsync(have.ptr, stream), "cuMemFreeAsync (outgrown stream-K workspace)")
     _WORKSPACES[key] = new
     return new.ptr
+
+
+@functools.lru_cache(maxsize=1)
+def _capture_query():
+    """(cuda.bindings.driver, its CU_STREAM_CAPTURE_STATUS_NONE): looked up once, not
+    per stream-K launch."""
+    from cuda.bindings import driver as cu
+    return cu, cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def _workspace_beside_a_capture(nbytes) -> int:
