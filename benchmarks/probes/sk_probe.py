@@ -80,25 +80,32 @@ def guarded(torch, M, N, dtype):
     return big, big[1:M + 1, 8:N + 8]
 
 
-def speeds(shapes, dtype_name="f16"):
+def versus_cublas(ks, M, N, K, dtype):
+    """Each kernel of `ks` checked once on an M x N x K product (its output a view with a
+    sentinel margin), then all timed with cuBLAS in alternating rounds: {name: median ms}."""
     import torch
     from common import rounds
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    b = torch.randn(K, N, device="cuda", dtype=dtype)
+    ref = a.float() @ b.float()
+    fns = {"cublas": lambda: torch.matmul(a, b)}
+    for v, k in ks.items():
+        big, c = guarded(torch, M, N, dtype)
+        c.fill_(0); k(a, b, c); torch.cuda.synchronize()
+        err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
+        big[1:M + 1, 8:N + 8] = 7
+        assert err < 1e-2 and bool((big == 7).all()), (v, err)
+        fns[v] = (lambda k=k, c=c: k(a, b, c))
+    return rounds(fns, n=9)
+
+
+def speeds(shapes, dtype_name="f16"):
+    import torch
     dtype = getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype_name])
     ks = compile_variants(dtype_name)
     for M, N, K in shapes:
-        a = torch.randn(M, K, device="cuda", dtype=dtype)
-        b = torch.randn(K, N, device="cuda", dtype=dtype)
-        ref = a.float() @ b.float()
-        fns = {"cublas": lambda: torch.matmul(a, b)}
-        for v, k in ks.items():
-            big, c = guarded(torch, M, N, dtype)
-            c.fill_(0); k(a, b, c); torch.cuda.synchronize()
-            err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
-            big[1:M + 1, 8:N + 8] = 7
-            assert err < 1e-2 and bool((big == 7).all()), (v, err)
-            fns[v] = (lambda k=k, c=c: k(a, b, c))
-        med = rounds(fns, n=9)
-        for m in fns:
+        med = versus_cublas(ks, M, N, K, dtype)
+        for m in med:
             print(f"  {M}x{N}x{K} {dtype_name} {m:12s} {med[m]*1e3:8.1f} us  vs cuBLAS {med['cublas']/med[m]:.3f}",
                   flush=True)
 
@@ -194,7 +201,6 @@ def always_a_wave_more(text):
 def waves(shapes, configs):
     """Plain persistent, stream-K as emitted and stream-K with always a wave more, vs cuBLAS."""
     import torch
-    from common import rounds
     for cfg in configs:
         P = dict(STAGES=4, PERSISTENT=1, PRODUCER=1, **cfg)
         tag = f"{cfg['BM']}x{cfg['BN']}"
@@ -205,20 +211,9 @@ def waves(shapes, configs):
         ks[f"{tag} sk+wave"] = tilec.compile(f"// waves {tag} sk wave\n" + SRC, tune=False, STREAM_K=1, **P)
         PATCH["fn"] = None
         for M, N, K in shapes:
-            a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-            b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-            ref = a.float() @ b.float()
-            fns = {"cublas": lambda: torch.matmul(a, b)}
-            for v, k in ks.items():
-                big, c = guarded(torch, M, N, torch.float16)
-                c.fill_(0); k(a, b, c); torch.cuda.synchronize()
-                err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
-                big[1:M + 1, 8:N + 8] = 7
-                assert err < 1e-2 and bool((big == 7).all()), (v, err)
-                fns[v] = (lambda k=k, c=c: k(a, b, c))
-            med = rounds(fns, n=9)
+            med = versus_cublas(ks, M, N, K, torch.float16)
             tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
-            line = " ".join(f"{m} {med['cublas'] / med[m]:.3f}" for m in fns if m != "cublas")
+            line = " ".join(f"{m} {med['cublas'] / med[m]:.3f}" for m in med if m != "cublas")
             print(f"  {M}x{N}x{K} ({tiles} tiles, {tiles / 132:.2f} waves): {line}", flush=True)
 
 
