@@ -34,7 +34,7 @@ def run(size, dtype_name, compile_only=False):
     import torch
     from common import rounds
     dtype = getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype_name])
-    M = N = K = size
+    M, N, K = size if isinstance(size, tuple) else (size,) * 3
     a = torch.randn(M, K, device="cuda", dtype=dtype)
     b = torch.randn(K, N, device="cuda", dtype=dtype)
     ref = a.float() @ b.float()
@@ -53,6 +53,11 @@ def run(size, dtype_name, compile_only=False):
 
 
 if __name__ == "__main__":
+    shapes = [tuple(int(x) for x in sys.argv[i + 1].split("x")) for i, v in enumerate(sys.argv) if v == "--shape"]
+    for shape in shapes:                      # --shape MxNxK: those f16 shapes only
+        run(shape, "f16", "--compile-only" in sys.argv)
+    if shapes:
+        sys.exit(0)
     for size in (4096, 8192):
         run(size, "f16", "--compile-only" in sys.argv)
     run(4096, "bf16", "--compile-only" in sys.argv)
