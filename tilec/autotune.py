@@ -11,10 +11,12 @@ in the disk cache beside the cubins, keyed by the program and its consts, the
 architecture, the tune space, the key values, the GPU's name and tilec's build.
 A warm start reads the choice and compiles (or loads) only the winner.
 
-Compiles run in threads, but lowering holds the GIL and NVRTC is serialised
-(runtime/nvrtc.py's lock), so the threads do not overlap: gemm.tile's 16
-candidates took 3.2 s one after another and 3.4 s in 16 threads (2-core CPU
-machine, no GPU); ~0.2 s of each is NVRTC.
+Candidates not compiled yet are built by compile workers, python processes
+in parallel (runtime/workers.py): in one process lowering holds the GIL and
+NVRTC is serialised (runtime/nvrtc.py's lock). What is left is made in
+threads (compile_candidates), where one candidate's lowering overlaps
+another's NVRTC call: gemm.tile's 64 candidates without workers took 24.6 s
+one after another and 19.6 s in threads (2-core CPU machine, no GPU).
 
 Not timed (a tune statement's declared values are taken, or the first
 candidate of tune= that compiles): TILEC_AUTOTUNE=0, arguments that are not
@@ -287,6 +289,31 @@ def build_in_workers(source, configs: list, arch: str, fallback: bool, debug: bo
     return {todo[j]: r[1:] for j, r in enumerate(results) if r is not None and r[0] == "ok"}, finished
 
 
+def compile_candidates(source, configs: list, arch: str, fallback: bool, debug: bool, on_done=None) -> tuple:
+    """Each of `configs` (full const sets) as a Kernel, for a tune and for `tilec
+    check`: those not compiled yet built by compile workers (build_in_workers),
+    then each made in this process, where a refused one is compiled again for
+    its error. Here in threads: one candidate's lowering overlaps another's
+    NVRTC call when no worker built them (gemm.tile's 64 candidates, no
+    workers, two CPUs: 19.6 s against 24.6 s one by one). ({index: Kernel},
+    {index: TilecError}); `on_done(index)` once per config as it finishes."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    built, finished = build_in_workers(source, configs, arch, fallback, debug, on_done)
+    compiled, refused = {}, {}
+    with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 4)) as pool:
+        futures = {pool.submit(_compile_one, source, cfg, arch, fallback, debug, built.get(i)): i
+                   for i, cfg in enumerate(configs)}
+        for f in as_completed(futures):
+            i = futures[f]
+            try:
+                compiled[i] = f.result()
+            except TilecError as e:
+                refused[i] = e
+            if on_done is not None and i not in finished:
+                on_done(i)
+    return compiled, refused
+
+
 def _run(kernel, args, stream):
     return kernel(*args, stream=stream)
 
@@ -456,21 +483,14 @@ class TunedKernel:
         return cache.key("autotune", __version__, self._program_key(), space, self._key, kv,
                          _device_name(args), nvrtc.identity())
 
-    def _compile(self, cfg, built=None):
-        overlap = set(cfg) & set(self._consts)
+    def _compile(self, cfg):
+        self._refuse_tuned_and_given(cfg)
+        return _compile_one(self.source, {**self._consts, **cfg}, self.arch, self._fallback_allowed, self.debug)
+
+    def _refuse_tuned_and_given(self, names):
+        overlap = set(names) & set(self._consts)
         if overlap:
             raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
-        return _compile_one(self.source, {**self._consts, **cfg}, self.arch, self._fallback_allowed, self.debug,
-                            built)
-
-    def _build_in_workers(self, progress) -> tuple:
-        """build_in_workers over the candidates, each finished build a step of
-        `progress`: ({candidate index: (meta, cubin)}, the indices finished);
-        nothing when the space tunes a given const (_compile refuses every candidate)."""
-        if set(self._tune) & set(self._consts):
-            return {}, set()
-        return build_in_workers(self.source, [{**self._consts, **cfg} for cfg in self._candidates], self.arch,
-                                self._fallback_allowed, self.debug, lambda i: progress.step("compiling"))
 
     def _first(self, kv, why: str):
         errors = []
@@ -520,21 +540,16 @@ class TunedKernel:
         return k, cfg, True
 
     def _tune_now(self, kv, args, stream):
-        from concurrent.futures import ThreadPoolExecutor, as_completed
         n = len(self._candidates)
         progress = _Progress(self._name(), 2 * n)
-        compiled, refused = {}, {}
-        built, stepped = self._build_in_workers(progress)
-        with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 4)) as pool:
-            futures = {pool.submit(self._compile, cfg, built.get(i)): i for i, cfg in enumerate(self._candidates)}
-            for f in as_completed(futures):
-                i = futures[f]
-                try:
-                    compiled[i] = f.result()
-                except TilecError as e:
-                    refused[i] = e
-                if i not in stepped:
-                    progress.step("compiling")
+        try:
+            self._refuse_tuned_and_given(self._tune)      # it would refuse every candidate
+        except TilecError:
+            progress.finish("no candidate compiles")
+            raise
+        compiled, refused = compile_candidates(self.source, [{**self._consts, **cfg} for cfg in self._candidates],
+                                               self.arch, self._fallback_allowed, self.debug,
+                                               lambda i: progress.step("compiling"))
         if not compiled:
             progress.finish("no candidate compiles")
             raise refused[min(refused)]

@@ -54,7 +54,7 @@ def _cmd_emit(args):
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import _compile_one, build_in_workers, candidates, statement_space
+    from .autotune import candidates, compile_candidates, statement_space
     from .compiler import load_source
     from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
@@ -65,14 +65,8 @@ def _cmd_check(args):
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
     cands = candidates(space, first)
-    others, debug = [{**consts, **cfg} for cfg in cands[1:]], env_debug()
-    built, _ = build_in_workers(source, others, arch, True, debug)     # in parallel processes
-    refused = []
-    for i, cfg in enumerate(cands[1:]):
-        try:
-            _compile_one(source, others[i], arch, True, debug, built.get(i))
-        except TilecError as e:
-            refused.append((cfg, e))
+    _, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True, env_debug())
+    refused = [(cands[1 + i], errors[i]) for i in sorted(errors)]
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
           f"{len(cands) - len(refused)} of {len(cands)} candidates compile)")
     for line in _refusals(space, refused):
