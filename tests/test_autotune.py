@@ -6,7 +6,7 @@ candidate, and the launches by the interpreter on numpy arrays; NVRTC runs for
 real (sm_90a compiles without a GPU). The tune statement: its candidates,
 default, key, pinned consts, errors, the regular-expression reader against the
 parser, the disk key, `tilec check` and `tilec emit`. GPU tests (marked gpu):
-gemm.tile tuned by its own statement over 64 candidates at 4096^3 f16 against
+gemm.tile tuned by its own statement over 96 candidates at 4096^3 f16 against
 torch.matmul, with the cold and warm times; every candidate of gemm.tile's and
 conv2d.tile's statements against torch, outputs guarded (tests/guard.py)."""
 import io
@@ -613,7 +613,7 @@ def test_statement_reader_agrees_with_the_parser():
                     symbols.append(d.name)
         assert autotune.shape_symbols(src) == tuple(symbols), name
     assert autotune.statement(programs["gemm"]) == (
-        (("BM", (128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1)),
+        (("BM", (64, 128, 192)), ("BN", (128, 256)), ("STAGES", (3, 4)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1)),
          ("STREAM_K", (0, 1))),
         {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0, "STREAM_K": 0})
     assert autotune.statement(programs["conv2d"]) == (
@@ -680,13 +680,13 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 42 of 64 candidates compile\)", lines[0]), lines[0]
+                        r"tune: 66 of 96 candidates compile\)", lines[0]), lines[0]
     registers = ("examples/gemm.tile:14:9: error: gemm: the accumulator fragments take 128 registers per "
                  "thread (128 for 'acc') and a wgmma needs about 26 more, over the 128 a thread of a "
                  "384-thread block beside a producer warpgroup can have: use fewer columns per warpgroup "
                  "(a smaller N tile) or fewer threads")
     assert lines[1:] == [
-        "examples/gemm.tile: 16 candidates with PERSISTENT=0 STREAM_K=1 refused: examples/gemm.tile:5:85: "
+        "examples/gemm.tile: 24 candidates with PERSISTENT=0 STREAM_K=1 refused: examples/gemm.tile:5:85: "
         "error: stream_k = 1 splits the tiles of a persistent grid's last wave: it needs persistent = 1"] + [
         f"examples/gemm.tile: candidate BM=192 BN=256 STAGES={stages} PRODUCER=1 PERSISTENT={persistent} "
         f"STREAM_K={stream_k} refused: {registers}"
@@ -711,7 +711,7 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
-    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
+    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (64, 128, 192), BN in (128, 256), STAGES in (3, 4), PRODUCER in (0, 1), " \
         "PERSISTENT in (0, 1), STREAM_K in (0, 1)\n" \
         "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text
@@ -723,7 +723,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
         "GROUP = 8\n" in cuda
     pinned = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir", "--after", "fold-consts", "-D", "BN=256").stdout
     assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  const PERSISTENT = 0\n" \
-        "  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (128, 192), BN in (128, 256)," \
+        "  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (64, 128, 192), BN in (128, 256)," \
         in pinned
 
 
@@ -731,7 +731,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 64 candidates (6 refused for registers, 16 for
+    """examples/gemm.tile as shipped: 96 candidates (6 refused for registers, 24 for
     stream-K without a persistent grid), keyed by
     M, K, N; then warm starts from the disk cache, compile and first call."""
     import torch
@@ -756,7 +756,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     assert err < 2e-3, f"relative error {err:.2e}"
     c.check()
     report = k.tune_report()
-    assert report.count(" ms") == 42 and report.count("refused") == 22, report
+    assert report.count(" ms") == 66 and report.count("refused") == 30, report
     assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0 STREAM_K=0: ")
     assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 STREAM_K=0: refused: " in report
     assert "  BM=128 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=0 STREAM_K=1: refused: " in report
@@ -776,7 +776,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
         assert torch.equal(c2.view, c.view)
         c2.check()
     with capsys.disabled():
-        print(f"\nautotune gemm.tile's tune statement, 64 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
+        print(f"\nautotune gemm.tile's tune statement, 96 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
               f"timing), warm from disk {min(warm) * 1e3:.2f} ms (compile + first call, best of 3); chosen "
               f"{k.best_config}\n{report}")
     assert cold < 30

@@ -802,15 +802,15 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
         self.args.append(arg)
         return arg
 
-    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False):
+    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False, stream_k=False):
         def loaded(device):
             if persistent:      # the real launch takes loaded.resident_blocks: the stub's GPU's
-                raise _Launched((rt.persistent_blocks(grid[0], STUB_RESIDENT, balanced), 1, 1), threads,
+                raise _Launched((rt.persistent_blocks(grid[0], STUB_RESIDENT, balanced, stream_k), 1, 1), threads,
                                 smem_bytes, params)
             raise _Launched(grid, threads, smem_bytes, params)
         self.loaded = loaded
         try:
-            _REAL_LAUNCH(self, grid, threads, smem_bytes, params, persistent, balanced)
+            _REAL_LAUNCH(self, grid, threads, smem_bytes, params, persistent, balanced, stream_k)
         except _Launched as stop:
             return stop.args
         raise AssertionError("the wrapper's launch did not load the kernel")
@@ -1389,6 +1389,8 @@ def test_persistent_blocks():
     assert [rt.persistent_blocks(t, 132, True) for t in (1, 131, 132, 133, 264, 265, 512, 784, 2752)] == \
         [1, 131, 132, 67, 132, 89, 128, 131, 132]
     assert [rt.persistent_blocks(t, 132, False) for t in (1, 133, 512)] == [1, 132, 132]
+    # stream-K: every resident block, however few the tiles (the kernel splits their K steps)
+    assert [rt.persistent_blocks(t, 132, False, stream_k=True) for t in (1, 133, 512)] == [132, 132, 132]
 
 
 # ---------------------------------------------------------------- stream-K: the caller's workspace

@@ -69,7 +69,8 @@ def test_ir_after_the_pass():
     ir = k.ir("make-persistent")
     expect = [
         "grid (tl_block) = (cdiv(N, 256) * cdiv(M, 128)), persistent = 1, stream_k = 1, group = 8",
-        "let tl_sk_begin = i64(tl_block) * tl_sk_steps / tl_blocks (64-bit)",
+        "let tl_sk_parts = min(tl_blocks, max(tl_sk_tiles, max(tl_sk_steps / 16, 1)))",
+        "let tl_sk_begin = i64(min(tl_block, tl_sk_parts)) * tl_sk_steps / tl_sk_parts (64-bit)",
         "for tl_unit in range(tl_sk_units + cdiv(tl_tiles - tl_sk_tiles - tl_block, tl_blocks))",
         "let by = tl_group_row + tl_t % (8 * cdiv(N, 256)) % tl_group_rows",     # gemm.tile's group = 8
         "for k in pipelined(tl_k_steps, stages = 3, producer = 1)",
@@ -137,6 +138,29 @@ def test_stream_k_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stages
                       STREAM_K=1)
     check_gemm_against_numpy(k, tiles_m * 128 - (8 if ragged else 0), tiles_n * 128 - (8 if ragged else 0),
                              ksteps * 64)
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, ksteps, stored", [
+    (1, 1, 48, [0, 1]), (1, 2, 24, [0, 1]), (1, 1, 32, [0]), (1, 1, 20, []), (2, 1, 40, [0, 1])])
+def test_fewer_tiles_than_blocks_split_their_k_steps_interpreted(tiles_m, tiles_n, ksteps, stored, monkeypatch):
+    """Fewer tiles than the 3 blocks: their K steps split over as many blocks as
+    give each at least 16 (make_persistent.SK_MIN_STEPS): 48 steps of one tile three
+    ways (blocks 0 and 1 store partials, block 2 adds both), two tiles of 24 over
+    three blocks, 32 steps over two blocks (the third idle), 20 steps not split, two
+    tiles of 40 over three blocks (block 1 finishes tile 0 and stores the head of
+    tile 1, which block 2 finishes)."""
+    from tilec.ir import nodes
+    from tilec.runtime.interpret import blocks
+    slots = []
+    store = blocks._STMT[nodes.PartialStore]
+
+    def counted(self, s, env):
+        slots.append(int(self.ev(s.slot, env)))
+        store(self, s, env)
+    monkeypatch.setitem(blocks._STMT, nodes.PartialStore, counted)
+    k = tilec.compile(GEMM, backend="interpret", BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
+    check_gemm_against_numpy(k, tiles_m * 128 - 8, tiles_n * 128, ksteps * 64)
+    assert sorted(slots) == stored
 
 
 def _torch():

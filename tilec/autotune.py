@@ -15,7 +15,7 @@ Candidates not compiled yet are built by compile workers, python processes
 in parallel (runtime/workers.py): in one process lowering holds the GIL and
 NVRTC is serialised (runtime/nvrtc.py's lock). What is left is made in
 threads (compile_candidates), where one candidate's lowering overlaps
-another's NVRTC call: gemm.tile's 64 candidates without workers took 24.6 s
+another's NVRTC call: gemm.tile's 64 candidates of session 14 without workers took 24.6 s
 one after another and 19.6 s in threads (2-core CPU machine, no GPU).
 
 Not timed (a tune statement's declared values are taken, or the first
@@ -294,7 +294,7 @@ def compile_candidates(source, configs: list, arch: str, fallback: bool, debug: 
     check`: those not compiled yet built by compile workers (build_in_workers),
     then each made in this process, where a refused one is compiled again for
     its error. Here in threads: one candidate's lowering overlaps another's
-    NVRTC call when no worker built them (gemm.tile's 64 candidates, no
+    NVRTC call when no worker built them (gemm.tile's 64 candidates of session 14, no
     workers, two CPUs: 19.6 s against 24.6 s one by one). ({index: Kernel},
     {index: TilecError}); `on_done(index)` once per config as it finishes."""
     from concurrent.futures import ThreadPoolExecutor, as_completed

@@ -113,6 +113,6 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         smem_bytes=k.smem_bytes, writes=written_tensors(k), doc=doc, debug=debug and bool(k.barriers),
         barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
         arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent), balanced=balanced_grid(k),
-        grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
+        stream_k=bool(k.stream_k), grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
         maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"],
         params=[p.name if p.kind == "tensor_map" else _param(k, p) for p in params])

@@ -19,8 +19,11 @@ consumers store this one.
 
 With `stream_k = 1` as well, the tiles that would make the last, partial wave
 (the tiles' count modulo the blocks; one wave more when that remainder is under
-half a wave) are not given whole to some blocks: their K steps, laid end to end,
-are cut into one even range per block (stream-K). Each block first works
+half a wave; every tile when there are fewer tiles than blocks) are not given
+whole to some blocks: their K steps, laid end to end, are cut into one even
+range per block (stream-K), over fewer blocks where that would give a block
+under SK_MIN_STEPS of them (the host launches every resident block for
+stream-K, however few the tiles: runtime.host.persistent_blocks). Each block first works
 through its range, tile by tile, from its last tile back to its first, then
 takes whole tiles as above. A unit of work is (tile, K steps lo..hi):
 
@@ -46,6 +49,11 @@ from ..ir.exprs import free_names, map_body, map_stmt_exprs, substitute
 NAME = "make-persistent"
 
 BLOCK, TILE, BLOCKS = "tl_block", "tl_tile", "tl_blocks"
+# The fewest K steps stream-K gives a block (where there are fewer tiles than blocks, or
+# few K steps). On the H100 16 ran ahead of 4 and 8 on every M x 4096 x 4096 shape of
+# M = 16-512 and level at K = 14336; 32 won on some and lost by up to 30% on others
+# (benchmarks/probes/sk_small_probe.py; benchmarks/NOTES.md, session 15).
+SK_MIN_STEPS = 16
 UNIT, PART = "tl_unit", "tl_part"
 
 
@@ -147,7 +155,7 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     at = _At(span)
     v, op, call, wide, num, let = at.v, at.op, at.call, at.wide, at.num, at.let
 
-    steps, rem = v("tl_steps"), v("tl_sk_rem")
+    steps, rem, parts = v("tl_steps"), v("tl_sk_rem"), v("tl_sk_parts")
     sk_tiles, sk_steps = v("tl_sk_tiles"), v("tl_sk_steps")
     begin, end, units = v("tl_sk_begin"), v("tl_sk_end"), v("tl_sk_units")
     unit, in_sk, t, lo, hi = _var(UNIT, "loop", span), v("tl_in_sk"), v("tl_t"), v("tl_k_lo"), v("tl_k_hi")
@@ -161,8 +169,13 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
         let("tl_sk_rem", op("%", v("tl_tiles"), blocks)),
         let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem)),
         let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True),
-        let("tl_sk_begin", op("/", op("*", wide(block), sk_steps), blocks), wide=True),
-        let("tl_sk_end", op("/", op("*", wide(op("+", block, num(1))), sk_steps), blocks), wide=True),
+        # the blocks that share those K steps: all, but no more than give each SK_MIN_STEPS of
+        # them (or a tile's worth); fewer than all when there are fewer tiles than blocks
+        let("tl_sk_parts", call("min", blocks, call("max", sk_tiles,
+                                                   call("max", op("/", sk_steps, num(SK_MIN_STEPS)), num(1))))),
+        let("tl_sk_begin", op("/", op("*", wide(call("min", block, parts)), sk_steps), parts), wide=True),
+        let("tl_sk_end", op("/", op("*", wide(call("min", op("+", block, num(1)), parts)), sk_steps), parts),
+            wide=True),
         let("tl_sk_units", call("select", op(">", end, begin),
                                 op("+", op("-", op("/", op("-", end, num(1)), steps), op("/", begin, steps)),
                                    num(1)), num(0))),
@@ -180,8 +193,8 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
         s, lambda e: substitute(e, {loop.var: op("+", _var(loop.var, "loop", span), lo)})))
     part = replace(loop, extent=v("tl_k_steps"), body=shifted)
     # the first block whose range holds this tile's first K step: the largest b with begin(b) <= X
-    # is min(blocks, cdiv((X + 1) * blocks, sk_steps)) - 1, X = t * steps
-    owner = op("-", call("min", wide(blocks), call("cdiv", op("*", op("+", tile_start, num(1)), blocks),
+    # is min(parts, cdiv((X + 1) * parts, sk_steps)) - 1, X = t * steps
+    owner = op("-", call("min", wide(parts), call("cdiv", op("*", op("+", tile_start, num(1)), parts),
                                                    call("max", sk_steps, num(1)))), num(1))
     partials = ir.For(PART, op("-", block, first), None,
                       (ir.PartialAdd(accs, op("-", op("-", block, num(1)), _var(PART, "loop", span)), span=span),),

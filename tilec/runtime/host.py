@@ -343,16 +343,18 @@ class Call:
                 stacklevel=4)
         return self.fallback(*args, stream=self.stream_arg)
 
-    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False):
+    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False, stream_k=False):
         """`params`: ctypes values and encoded tensor maps, in the kernel's order.
         `persistent`: grid[0] counts tiles; launch at most the blocks the GPU holds
-        at once, each looping over tiles (`balanced`: persistent_blocks' fewest)."""
+        at once, each looping over tiles (`balanced`: persistent_blocks' fewest;
+        `stream_k`: all of them)."""
         try:
             check_grid(grid)
             dev = self.device or 0
             loaded = self.loaded(dev)
             if persistent:
-                grid = (persistent_blocks(grid[0], loaded.resident_blocks(threads, smem_bytes), balanced), 1, 1)
+                grid = (persistent_blocks(grid[0], loaded.resident_blocks(threads, smem_bytes), balanced,
+                                           stream_k), 1, 1)
             driver.make_current(dev)
             ptrs = (ctypes.c_void_p * max(1, len(params)))()
             for i, p in enumerate(params):
@@ -486,9 +488,11 @@ def _workspace_beside_a_capture(nbytes) -> int:
 _RETIRED = []                   # outgrown workspaces a captured CUDA graph may point at: kept
 
 
-def persistent_blocks(tiles: int, resident: int, balanced: bool) -> int:
+def persistent_blocks(tiles: int, resident: int, balanced: bool, stream_k: bool = False) -> int:
     """The blocks of a persistent launch of `tiles` tiles where `resident` blocks fit
-    at once: as many as fit, or `balanced` (a kernel whose tiles are tensor-core
+    at once: as many as fit (but no more than the tiles), every one that fits for
+    `stream_k` (its kernel splits the K steps of fewer tiles than blocks over
+    them: make-persistent), or `balanced` (a kernel whose tiles are tensor-core
     gemms, no stream-K: codegen/host.py) the fewest that take the tiles in as few
     waves (512 tiles, 132 resident: 4 waves, so 128 blocks of 4 tiles rather than
     116 of 4 and 16 of 3). A gemm tile takes about as long however many run beside
@@ -496,6 +500,8 @@ def persistent_blocks(tiles: int, resident: int, balanced: bool) -> int:
     bandwidth: +0.2-0.9% for gemm 4096^3 on the H100 (benchmarks/NOTES.md, session
     11). Not for memory-bound tiles, which run faster with fewer beside them, nor
     stream-K, which splits the last wave over every block."""
+    if stream_k:
+        return resident
     blocks = min(tiles, resident)
     if not balanced or blocks <= 0:
         return blocks

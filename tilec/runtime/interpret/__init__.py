@@ -167,7 +167,7 @@ class InterpretCall(host.Call):
     def _finish(self):
         pass
 
-    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False):
+    def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False, stream_k=False):
         # `threads` is the launch's (with a producer warpgroup's 128); the blocks count the kernel's own;
         # a persistent kernel's grid is clamped where the blocks run (_Blocks.run)
         host.check_grid(grid)

@@ -285,7 +285,8 @@ class _Blocks:
 
     def run(self, grid):
         if self.k.persistent:       # grid[0] counts tiles: a few resident blocks, each looping over several
-            grid = (host.persistent_blocks(grid[0], INTERPRETED_RESIDENT_BLOCKS, balanced_grid(self.k)), 1, 1)
+            grid = (host.persistent_blocks(grid[0], INTERPRETED_RESIDENT_BLOCKS, balanced_grid(self.k),
+                                           bool(self.k.stream_k)), 1, 1)
         names = self.k.grid_vars
         self.slots = {}                     # stream-K: the workspace's slots stored and not yet added
         for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):

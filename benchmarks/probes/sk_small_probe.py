@@ -1,0 +1,60 @@
+"""Stream-K on fewer tiles than SMs (LLM decode and small batches: M of 16-512 rows
+against N x K weights), where the launch now runs every resident block and the kernel
+splits all tiles' K steps over as many of them as give each at least SK_MIN_STEPS:
+gemm.tile's stream-K configs with SK_MIN_STEPS of 4 / 8 / 16 / 32, beside the plain
+persistent kernel of the same tile and cuBLAS, same process, alternating rounds
+(bench.py's timing). Outputs are views with a sentinel margin, checked.
+
+    python benchmarks/probes/sk_small_probe.py [--shapes MxNxK,...] [--mins 4,8,16,32]
+"""
+import os, sys
+os.environ["TILEC_CACHE"] = "0"
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import tilec
+from tilec.passes import make_persistent
+from common import rounds
+
+SRC = open("examples/gemm.tile").read()
+SHAPES = [(m, n, k) for m in (16, 64, 256, 512) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
+MINS = [4, 8, 16, 32]
+TILES = [(64, 128), (128, 128), (128, 256)]
+for i, arg in enumerate(sys.argv):
+    if arg == "--shapes":
+        SHAPES = [tuple(int(x) for x in s.split("x")) for s in sys.argv[i + 1].split(",")]
+    if arg == "--mins":
+        MINS = [int(x) for x in sys.argv[i + 1].split(",")]
+
+
+def build(bm, bn, sk, min_steps):
+    make_persistent.SK_MIN_STEPS = min_steps
+    return tilec.compile(f"// sk {sk} min {min_steps}\n" + SRC, tune=False, BM=bm, BN=bn, STAGES=4,
+                         PRODUCER=1, PERSISTENT=1, STREAM_K=sk)
+
+
+kernels = {}
+for bm, bn in TILES:
+    kernels[f"{bm}x{bn} plain"] = build(bm, bn, 0, 8)
+    for m in MINS:
+        kernels[f"{bm}x{bn} sk min {m}"] = build(bm, bn, 1, m)
+for M, N, K in SHAPES:
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    ref = a.float() @ b.float()
+    fns = {"cublas": lambda: torch.matmul(a, b)}
+    for name, k in kernels.items():
+        big = torch.full((M + 2, N + 16), 7.0, device="cuda", dtype=torch.float16)
+        c = big[1:M + 1, 8:N + 8]
+        k(a, b, c)
+        torch.cuda.synchronize()
+        err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
+        big[1:M + 1, 8:N + 8] = 7
+        assert err < 1e-2 and bool((big == 7).all()), (name, M, N, K, err)
+        fns[name] = (lambda k=k, c=c: k(a, b, c))
+    med = rounds(fns, n=7)
+    best = min((m for m in med if m != "cublas"), key=med.get)
+    print(f"{M}x{N}x{K}: cuBLAS {med['cublas']*1e3:.1f} us, best {best} {med['cublas']/med[best]:.3f}", flush=True)
+    for bm, bn in TILES:
+        names = [f"{bm}x{bn} plain"] + [f"{bm}x{bn} sk min {m}" for m in MINS]
+        print(f"  {bm}x{bn}: plain / sk min " + " / ".join(map(str, MINS)) + ": " +
+              " / ".join(f"{med['cublas']/med[n]:.3f}" for n in names), flush=True)
