@@ -203,6 +203,9 @@ GEMM_SIZES = (4096, 8192)                    # square M = N = K
 # thread-copy variant with a TmaFallbackWarning); A [M, K] with K = 4096 is dense.
 GEMM_RAGGED = (4095, 4097, 4096)
 GEMM_RAGGED_LD = 4104
+# M, N, K of few-row gemms (LLM decode and small batches against a layer's weights):
+# fewer output tiles than SMs, where gemm.tile's stream-K splits the K steps
+GEMM_SMALL = [(m, n, k) for m in (16, 64, 256) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))]
 
 _KERNELS = {}       # what shipped() compiled, kept for the whole process (every --runs run)
 
@@ -293,6 +296,27 @@ def bench_gemm(rows):
     for dt in GEMM_DTYPES:
         for n in GEMM_SIZES:
             attempt(rows, f"gemm_128x256 {dt} {n}^3", _gemm_128x256, rows, dt, n)
+
+
+def bench_gemm_small(rows):
+    """gemm.tile as shipped, autotuned, f16, on GEMM_SMALL against torch.matmul
+    (no target in issue 13; these shapes have fewer output tiles than SMs)."""
+    for m, n, k in GEMM_SMALL:
+        attempt(rows, f"gemm f16 {m}x{n}x{k}", _gemm_small, rows, m, n, k)
+
+
+def _gemm_small(rows, m, n, kk):
+    import torch
+    name, k = f"gemm f16 {m}x{n}x{kk}", tuned_gemm("f16")
+    a = torch.randn(m, kk, device="cuda").half()
+    b = torch.randn(kk, n, device="cuda").half()
+    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    k(a, b, c)                                   # tunes on the first call with this shape
+    err = rel_err(c, a @ b)
+    assert err < 1e-2, f"{name}: relative error {err}"
+    t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c))
+    flops = 2 * m * n * kk
+    rows.append((name, "torch.matmul", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
 
 
 def _torch_dtype(dt):
@@ -633,7 +657,7 @@ def bench_compile(rows):
 
 
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
-           bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
+           bench_gemm_small, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
 
 
 def merge(runs) -> dict:
