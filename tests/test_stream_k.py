@@ -69,7 +69,8 @@ def test_ir_after_the_pass():
     ir = k.ir("make-persistent")
     expect = [
         "grid (tl_block) = (cdiv(N, 256) * cdiv(M, 128)), persistent = 1, stream_k = 1, group = 8",
-        "let tl_sk_parts = min(tl_blocks, max(tl_sk_tiles, max(tl_sk_steps / 16, 1)))",
+        "let tl_sk_parts = select(tl_tiles < tl_blocks, tl_tiles * max(1, min(tl_blocks / tl_tiles, tl_steps / 16)), "
+        "tl_blocks)",
         "let tl_sk_begin = i64(min(tl_block, tl_sk_parts)) * tl_sk_steps / tl_sk_parts (64-bit)",
         "for tl_unit in range(tl_sk_units + cdiv(tl_tiles - tl_sk_tiles - tl_block, tl_blocks))",
         "let by = tl_group_row + tl_t % (8 * cdiv(N, 256)) % tl_group_rows",     # gemm.tile's group = 8
@@ -141,14 +142,13 @@ def test_stream_k_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stages
 
 
 @pytest.mark.parametrize("tiles_m, tiles_n, ksteps, stored", [
-    (1, 1, 48, [0, 1]), (1, 2, 24, [0, 1]), (1, 1, 32, [0]), (1, 1, 20, []), (2, 1, 40, [0, 1])])
+    (1, 1, 48, [0, 1]), (1, 1, 32, [0]), (1, 1, 20, []), (1, 2, 48, [])])
 def test_fewer_tiles_than_blocks_split_their_k_steps_interpreted(tiles_m, tiles_n, ksteps, stored, monkeypatch):
-    """Fewer tiles than the 3 blocks: their K steps split over as many blocks as
-    give each at least 16 (make_persistent.SK_MIN_STEPS): 48 steps of one tile three
-    ways (blocks 0 and 1 store partials, block 2 adds both), two tiles of 24 over
-    three blocks, 32 steps over two blocks (the third idle), 20 steps not split, two
-    tiles of 40 over three blocks (block 1 finishes tile 0 and stores the head of
-    tile 1, which block 2 finishes)."""
+    """Fewer tiles than the 3 blocks: each tile's K steps cut into as many equal
+    pieces as the blocks per tile allow, none under 16 (make_persistent.SK_MIN_STEPS):
+    48 steps of one tile three ways (blocks 0 and 1 store partials, block 2 adds
+    both), 32 steps two ways (the third block idle), 20 steps not split, and two
+    tiles on three blocks not split (one block per tile)."""
     from tilec.ir import nodes
     from tilec.runtime.interpret import blocks
     slots = []

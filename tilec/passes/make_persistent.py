@@ -19,11 +19,12 @@ consumers store this one.
 
 With `stream_k = 1` as well, the tiles that would make the last, partial wave
 (the tiles' count modulo the blocks; one wave more when that remainder is under
-half a wave; every tile when there are fewer tiles than blocks) are not given
-whole to some blocks: their K steps, laid end to end, are cut into one even
-range per block (stream-K), over fewer blocks where that would give a block
-under SK_MIN_STEPS of them (the host launches every resident block for
-stream-K, however few the tiles: runtime.host.persistent_blocks). Each block first works
+half a wave) are not given whole to some blocks: their K steps, laid end to
+end, are cut into one even range per block (stream-K). With fewer tiles than
+blocks (the host launches every resident block for stream-K, however few the
+tiles: runtime.host.persistent_blocks) each tile's K steps are cut into s equal
+pieces, one per block, s as many as the blocks per tile allow but no piece
+under SK_MIN_STEPS; the other blocks have nothing to do. Each block first works
 through its range, tile by tile, from its last tile back to its first, then
 takes whole tiles as above. A unit of work is (tile, K steps lo..hi):
 
@@ -49,10 +50,10 @@ from ..ir.exprs import free_names, map_body, map_stmt_exprs, substitute
 NAME = "make-persistent"
 
 BLOCK, TILE, BLOCKS = "tl_block", "tl_tile", "tl_blocks"
-# The fewest K steps stream-K gives a block (where there are fewer tiles than blocks, or
-# few K steps). On the H100 16 ran ahead of 4 and 8 on every M x 4096 x 4096 shape of
-# M = 16-512 and level at K = 14336; 32 won on some and lost by up to 30% on others
-# (benchmarks/probes/sk_small_probe.py; benchmarks/NOTES.md, session 15).
+# The shortest piece of a tile's K steps stream-K gives a block when there are fewer tiles
+# than blocks. On the H100 (benchmarks/probes/sk_small_probe.py; benchmarks/NOTES.md,
+# session 15) 8 and 16 ran level on the few-row shapes the tuner would pick them for, 16
+# ahead for 128x256 tiles at K = 4096 (at most 4 pieces of 64 steps), 32 behind there.
 SK_MIN_STEPS = 16
 UNIT, PART = "tl_unit", "tl_part"
 
@@ -169,10 +170,13 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
         let("tl_sk_rem", op("%", v("tl_tiles"), blocks)),
         let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem)),
         let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True),
-        # the blocks that share those K steps: all, but no more than give each SK_MIN_STEPS of
-        # them (or a tile's worth); fewer than all when there are fewer tiles than blocks
-        let("tl_sk_parts", call("min", blocks, call("max", sk_tiles,
-                                                   call("max", op("/", sk_steps, num(SK_MIN_STEPS)), num(1))))),
+        # the blocks that share those K steps: all of them, or with fewer tiles than blocks each
+        # tile's K steps cut into as many equal pieces as there are blocks per tile, but no
+        # piece under SK_MIN_STEPS: tiles * s blocks, no piece across two tiles
+        let("tl_sk_parts", call("select", op("<", v("tl_tiles"), blocks),
+                                op("*", v("tl_tiles"), call("max", num(1), call("min", op("/", blocks, v("tl_tiles")),
+                                                                                op("/", steps, num(SK_MIN_STEPS))))),
+                                blocks)),
         let("tl_sk_begin", op("/", op("*", wide(call("min", block, parts)), sk_steps), parts), wide=True),
         let("tl_sk_end", op("/", op("*", wide(call("min", op("+", block, num(1)), parts)), sk_steps), parts),
             wide=True),
