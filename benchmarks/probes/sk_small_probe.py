@@ -7,7 +7,7 @@ evenly over min(blocks, steps / MIN) blocks, pieces across tiles: "ranges" colum
 beside the plain persistent kernel of the same tile and cuBLAS, same process, alternating
 rounds (bench.py's timing). Outputs are views with a sentinel margin, checked.
 
-    python benchmarks/probes/sk_small_probe.py [--shapes MxNxK,...] [--mins 8,16,32] [--ranges]
+    python benchmarks/probes/sk_small_probe.py [--shapes MxNxK,...] [--mins 8,16,32] [--ranges] [--tiles 64x128,...]
 """
 import os, sys
 os.environ["TILEC_CACHE"] = "0"
@@ -30,6 +30,8 @@ for i, arg in enumerate(sys.argv):
         SHAPES = [tuple(int(x) for x in s.split("x")) for s in sys.argv[i + 1].split(",")]
     if arg == "--mins":
         MINS = [int(x) for x in sys.argv[i + 1].split(",")]
+    if arg == "--tiles":
+        TILES = [tuple(int(x) for x in t.split("x")) for t in sys.argv[i + 1].split(",")]
 
 
 def build(bm, bn, sk, min_steps, ranges=False):
