@@ -90,3 +90,72 @@ def versus_cudnn(L, kernels: dict, tag: str, n=9):
     for m in fns:
         print(f"  {tag} {m:22s} {med[m]*1e3:8.1f} us  vs cuDNN {med['cudnn']/med[m]:.3f}", flush=True)
     return med
+
+
+def checked_gemm(k, a, b, ref, what=""):
+    """k(a, b, c) into an M x N view `c` inside a buffer filled with 7.0: asserts the result
+    near `ref` (a @ b in f32) and the margin intact, then returns (call, c), `call()` running
+    it again into the same view (its margin refilled for the next check)."""
+    import torch
+    M, N = a.shape[0], b.shape[1]
+    big = torch.full((M + 2, N + 16), 7.0, device="cuda", dtype=a.dtype)
+    c = big[1:M + 1, 8:N + 8]
+    k(a, b, c)
+    torch.cuda.synchronize()
+    err = (c.float() - ref).abs().max().item() / ref.abs().max().item()
+    big[1:M + 1, 8:N + 8] = 7
+    assert err < 1e-2 and bool((big == 7).all()), (what, M, N, err)
+    return (lambda: k(a, b, c)), c
+
+
+def tune_cold(k, a, b, ref):
+    """The TunedKernel `k` tuned afresh on a @ b (an empty disk cache, the process's choices
+    cleared) into a guarded view: (seconds the tune took, its chosen consts)."""
+    import tempfile
+    import time
+    import torch
+    from tilec import autotune
+    os.environ["TILEC_CACHE_DIR"] = tempfile.mkdtemp()
+    autotune._CHOICES.clear()
+    k._chosen.clear()
+    t0 = time.perf_counter()
+    checked_gemm(k, a, b, ref, "tune")
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, dict(k.best_config)
+
+
+def gemm_config_name(c):
+    """gemm.tile's tuned consts in short: 128x256/4 pr1 pe1 sk."""
+    return f"{c['BM']}x{c['BN']}/{c['STAGES']} pr{c['PRODUCER']} pe{c['PERSISTENT']}" + \
+        (" sk" if c.get("STREAM_K") else "")
+
+
+def tuned_picks_vs_cublas(spaces: dict, shapes, dtype_name="f16", n=9, report=False):
+    """For each M x N x K of `shapes`: each of `spaces` ({name: gemm.tile source}) tuned cold
+    (tune_cold; with `report`, its timed candidates, fastest first), then the picks and cuBLAS
+    in alternating rounds (`n`), printed against cuBLAS."""
+    import re
+    import torch
+    import tilec
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    kernels = {name: tilec.compile(src) for name, src in spaces.items()}
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=dtype)
+        b = torch.randn(K, N, device="cuda", dtype=dtype)
+        ref = a.float() @ b.float()
+        fns = {"cublas": lambda: torch.matmul(a, b)}
+        for name, k in kernels.items():
+            tune_s, best = tune_cold(k, a, b, ref)
+            print(f"{M}x{N}x{K} {dtype_name} {name}: tuned in {tune_s:.2f} s, pick {gemm_config_name(best)}",
+                  flush=True)
+            if report:
+                timed = [(float(m.group(1)), line) for line in k.tune_report().splitlines()
+                         for m in [re.search(r": ([0-9.]+) ms", line)] if m]
+                print("\n".join(line for _, line in sorted(timed)), flush=True)
+            pick = tilec.compile(spaces[name], tune=False, **best)
+            fns[f"{name} {gemm_config_name(best)}"] = checked_gemm(pick, a, b, ref, name)[0]
+        med = rounds(fns, n=n)
+        for m in fns:
+            tflops = 2 * M * N * K / (med[m] * 1e-3) / 1e12
+            print(f"  {M}x{N}x{K} {dtype_name} {m:34s} {med[m] * 1e3:8.1f} us {tflops:6.0f} TFLOPS  vs cuBLAS "
+                  f"{med['cublas'] / med[m]:.3f}", flush=True)
