@@ -198,7 +198,7 @@ def test_bad_define(define, message, emit):
 def test_after_unknown_pass_lists_the_passes():
     err = fails("emit", "examples/copy2d.tile", "--emit", "ir", "--after", "barriers")
     assert err == f"error: no pass named 'barriers'; passes: {', '.join(PASS_NAMES)}\n"
-    assert "plan-tma, insert-barriers" in err
+    assert "plan-tma, check-smem, insert-barriers" in err
 
 
 @pytest.mark.parametrize("emit", ["cuda", "host", "ptx", "tma"])

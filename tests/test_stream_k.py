@@ -387,3 +387,19 @@ def test_select_in_grids_and_elements(n):
     cu = tilec.compile(SELECT, arch="sm_90a")
     assert "s[i] = (s[i] > 0.0f ? s[i] : 0.5f * s[i]);" in cu.cuda_source
     assert "grid = ((rt.cdiv(N, 256) if N > 256 else 1), 1, 1)" in cu.host_source
+
+
+def test_a_ring_too_big_is_refused_before_the_barrier_passes(monkeypatch):
+    """gemm.tile's 128x256 tile on 8 stages needs 416 KB: check-smem refuses it, with
+    plan-smem's message at the largest tile's line, before insert-barriers and
+    check-barriers (seconds for a deep producer ring) run."""
+    from tilec.passes import check_barriers, insert_barriers
+
+    def never(k, opts):
+        raise AssertionError("the barrier passes ran for a kernel whose tiles cannot fit")
+    monkeypatch.setattr(insert_barriers, "run", never)
+    monkeypatch.setattr(check_barriers, "run", never)
+    line = next(i for i, text in enumerate(GEMM.splitlines(), 1) if text.strip().startswith("shared b"))
+    msg = error(GEMM, BM=128, BN=256, STAGES=8, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
+    assert msg.splitlines()[0] == (f"<string>:{line}:5: error: shared tiles need 425984 bytes; a Hopper block has "
+                                   "at most 232448 bytes of shared memory")

@@ -32,6 +32,28 @@ def rounds(fns, n=9, reps=5):
     return {m: statistics.median(v) for m, v in t.items()}
 
 
+def rounds_cold_l2(fns, n=9, reps=5):
+    """rounds() with 256 MB written before each call's GPU spin (outside its events): the L2
+    (50 MB) holds nothing of the last call's tensors, so they come from DRAM."""
+    import torch
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for fn in fns.values():
+        fn()
+    t = {m: [] for m in fns}
+    for r in range(n):
+        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            for _ in range(reps):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                flush.zero_()
+                torch.cuda._sleep(bench.SLEEP_CYCLES)
+                s.record()
+                fns[m]()
+                e.record()
+                e.synchronize()
+                t[m].append(s.elapsed_time(e))
+    return {m: statistics.median(v) for m, v in t.items()}
+
+
 def rewrite_cuda():
     """Install the hook once; returns {"fn": None}: set "fn" to a text -> text function to
     rewrite every kernel compiled after that (None: as emitted). Compile with a distinct

@@ -17,7 +17,7 @@ os.environ["TILEC_CACHE"] = "0"
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilec
 from tilec import kernel as tilec_kernel
-from common import checked_gemm, rewrite_cuda, rounds
+from common import checked_gemm, rewrite_cuda, rounds, rounds_cold_l2
 
 SRC = open("examples/gemm.tile").read()
 CUDA = rewrite_cuda()
@@ -68,28 +68,7 @@ if "--compile-only" in sys.argv:
     print(len(k.cubin), "boxDim=(64, min(64, M))" in k.host_source, "(64 - tl_min(64, M)) * 128" in k.cuda_source)
     sys.exit()
 
-import statistics  # noqa: E402
 import torch  # noqa: E402
-from bench import SLEEP_CYCLES  # noqa: E402
-FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-
-def rounds_cold_l2(fns, n=9, reps=5):
-    """common.rounds with 256 MB written before each call's GPU spin (outside its events)."""
-    t = {m: [] for m in fns}
-    for r in range(n):
-        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            for _ in range(reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                FLUSH.zero_()
-                torch.cuda._sleep(SLEEP_CYCLES)
-                s.record()
-                fns[m]()
-                e.record()
-                e.synchronize()
-                t[m].append(s.elapsed_time(e))
-    return {m: statistics.median(v) for m, v in t.items()}
-
 
 kernels = {"as emitted": build(False), "clamped": build(True)}
 for M, N, K in SHAPES:

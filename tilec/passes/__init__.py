@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import (check_barriers, check_types, fold_consts, insert_barriers, lower_copies, make_persistent, plan_gemm,
-               plan_pipeline, plan_smem, plan_tma)
+from . import (check_barriers, check_smem, check_types, fold_consts, insert_barriers, lower_copies, make_persistent,
+               plan_gemm, plan_pipeline, plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
@@ -14,6 +14,7 @@ PIPELINE = (
     plan_pipeline,      # which pipelined loops become TMA rings; their tiles' stages
     lower_copies,       # copy -> TMA load / TMA store / thread copy
     plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules
+    check_smem,         # the shared tiles fit (before the costly barrier passes; plan-smem places them)
     insert_barriers,    # mbarriers, parities, fences, block barriers, bulk groups
     check_barriers,     # proves the barrier protocol on every path (or reports the line)
     plan_smem,          # shared-memory offsets and size

@@ -22,6 +22,20 @@ SWIZZLE_ALIGN = 1024            # the 128-byte swizzle pattern follows address b
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
+    buffers, offset = place(k, opts.arch, barriers=len(k.barriers))
+    if any(b.swizzle for b in buffers):
+        offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
+    k = replace(k, buffers=tuple(buffers), smem_bytes=offset)
+    if not any(isinstance(s, ir.Specialized) for s in ir.walk_stmts(k.body)):
+        return k
+    return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s)))
+
+
+def place(k: ir.Kernel, arch: str, barriers: int) -> tuple:
+    """(the buffers at their offsets, the bytes they span), or the error at the
+    largest tile's line when they and `barriers` mbarriers (8 bytes each) do not
+    fit `arch`'s shared memory per block. check-smem calls it before the
+    barriers exist (0 of them: a lower bound, so a refusal there stands)."""
     offset = 0
     buffers = []
     for b in k.buffers:
@@ -37,17 +51,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             b = replace(b, smem_offset=offset)
             offset += b.ring_bytes
         buffers.append(b)
-    target = get_arch(opts.arch)
-    if offset > target.smem_per_block - 8 * len(k.barriers):
+    target = get_arch(arch)
+    if offset > target.smem_per_block - 8 * barriers:
         big = max((b for b in buffers if b.scope == "shared" and not b.alias), key=lambda b: b.ring_bytes)
         raise SemanticError(f"shared tiles need {offset} bytes; {target.block} has at most "
                             f"{target.smem_per_block} bytes of shared memory", big.span)
-    if any(b.swizzle for b in buffers):
-        offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time
-    k = replace(k, buffers=tuple(buffers), smem_bytes=offset)
-    if not any(isinstance(s, ir.Specialized) for s in ir.walk_stmts(k.body)):
-        return k
-    return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s)))
+    return buffers, offset
 
 
 SMEM_PER_SM = 233472            # Hopper: 228 KB per SM, 1 KB of it reserved per block
