@@ -1426,6 +1426,25 @@ def test_stub_stream_k_launch_passes_the_workspace(exported, stub_programs, pyth
 
 
 @needs_cxx
+def test_stub_stream_k_launch_of_one_tile_runs_every_resident_block(exported, stub_programs, python_driver,
+                                                                      monkeypatch):
+    """A 100 x 100 output is one tile: the exported launcher still launches every resident
+    block, as Python does (the kernel cuts the tile's K steps over them), where the plain
+    persistent launcher runs one."""
+    one_tile = [t(0x7f0000000000, (100, 4096)), t(0x7f0000100000, (4096, 100), (104, 1)),
+                t(0x7f0000200000, (100, 100), (104, 1))]
+    d, k = exported["gemm_sk"]
+    need = stream_k_need(k)
+    kind, cubin, lines = python_launch(k, one_tile, python_driver, monkeypatch)
+    rc, err, calls = run_stub(exported, stub_programs, "gemm_sk", one_tile, workspace=(SK_WORKSPACE, need))
+    assert (rc, err) == (0, "")
+    launch = next(c for c in calls if c.startswith("launch"))
+    assert f" grid={STUB_RESIDENT},1,1 " in launch and launch == next(c for c in lines if c.startswith("launch"))
+    rc, err, calls = run_stub(exported, stub_programs, "gemm_pe", one_tile)
+    assert (rc, err) == (0, "") and " grid=1,1,1 " in next(c for c in calls if c.startswith("launch"))
+
+
+@needs_cxx
 @pytest.mark.parametrize("case", ["one byte short", "null", "no context"])
 def test_stub_stream_k_workspace_errors(exported, stub_programs, case):
     d, k = exported["gemm_sk"]
