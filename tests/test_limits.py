@@ -48,5 +48,13 @@ kernel big(A: f32[M, N], B: f32[M, N]) {{
 {loads}
 {stores}
 }}"""
-    assert error(text).startswith("t.tile:10:5: error: these TMA loads bring 1146880 bytes to one mbarrier, "
-                                  "whose transaction count holds at most 1048575")
+    # shared memory (227 KB) runs out long before an mbarrier's transaction count (1 MB):
+    # check-smem refuses the tiles first, before insert-barriers adds up their bytes
+    assert error(text).startswith("t.tile:5:5: error: shared tiles need 1146880 bytes; a Hopper block has at most "
+                                  "232448 bytes of shared memory")
+    from tilec.ir import nodes as ir
+    from tilec.passes import insert_barriers
+    loads = [ir.TmaLoad("A", f"s{i}", (), bytes=224 * 256 * 4) for i in range(5)]
+    with pytest.raises(SemanticError, match="these TMA loads bring 1146880 bytes to one mbarrier, whose "
+                                                  "transaction count holds at most 1048575"):
+        insert_barriers._expect_tx(loads)
