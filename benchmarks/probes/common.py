@@ -114,6 +114,16 @@ def versus_cudnn(L, kernels: dict, tag: str, n=9):
     return med
 
 
+def gemm_case(M, N, K, dtype=None):
+    """Random operands a [M, K], b [K, N] (f16 unless `dtype`), their product in f32,
+    and {"cublas": torch.matmul(a, b)} to time tilec's calls beside."""
+    import torch
+    dtype = dtype or torch.float16
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    b = torch.randn(K, N, device="cuda", dtype=dtype)
+    return a, b, a.float() @ b.float(), {"cublas": lambda: torch.matmul(a, b)}
+
+
 def checked_gemm(k, a, b, ref, what=""):
     """k(a, b, c) into an M x N view `c` inside a buffer filled with 7.0: asserts the result
     near `ref` (a @ b in f32) and the margin intact, then returns (call, c), `call()` running
@@ -162,10 +172,7 @@ def tuned_picks_vs_cublas(spaces: dict, shapes, dtype_name="f16", n=9, report=Fa
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     kernels = {name: tilec.compile(src) for name, src in spaces.items()}
     for M, N, K in shapes:
-        a = torch.randn(M, K, device="cuda", dtype=dtype)
-        b = torch.randn(K, N, device="cuda", dtype=dtype)
-        ref = a.float() @ b.float()
-        fns = {"cublas": lambda: torch.matmul(a, b)}
+        a, b, ref, fns = gemm_case(M, N, K, dtype)
         for name, k in kernels.items():
             tune_s, best = tune_cold(k, a, b, ref)
             print(f"{M}x{N}x{K} {dtype_name} {name}: tuned in {tune_s:.2f} s, pick {gemm_config_name(best)}",

@@ -11,7 +11,7 @@ import os, sys
 os.environ["TILEC_CACHE"] = "0"
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilec
-from common import checked_gemm, rounds, rounds_cold_l2
+from common import checked_gemm, gemm_case, rounds, rounds_cold_l2
 
 SRC = open("examples/gemm.tile").read()
 SHAPES = [(16, 4096, 4096), (64, 4096, 4096), (256, 4096, 4096), (16, 4096, 14336), (64, 14336, 4096)]
@@ -31,10 +31,7 @@ if "--compile-only" in sys.argv:
 import torch  # noqa: E402
 
 for M, N, K in SHAPES:
-    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    ref = a.float() @ b.float()
-    fns = {"cublas": lambda: torch.matmul(a, b)}
+    a, b, ref, fns = gemm_case(M, N, K)
     for cfg, k in kernels.items():
         fns[cfg] = checked_gemm(k, a, b, ref, cfg)[0]
     med = rounds_cold_l2(fns) if "--cold-l2" in sys.argv else rounds(fns, n=9)

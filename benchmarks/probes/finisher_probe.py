@@ -13,7 +13,7 @@ import os, re, sys
 os.environ["TILEC_CACHE"] = "0"
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilec
-from common import checked_gemm, rewrite_cuda, rounds
+from common import checked_gemm, gemm_case, rewrite_cuda, rounds
 
 SRC = open("examples/gemm.tile").read()
 PATCH = rewrite_cuda()
@@ -66,10 +66,7 @@ if "--compile-only" in sys.argv:
 import torch  # noqa: E402
 kernels = {(bm, bn, v): build(bm, bn, v) for bm, bn in CONFIGS for v in VARIANTS}
 for M, N, K in SHAPES:
-    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    ref = a.float() @ b.float()
-    fns = {"cublas": lambda: torch.matmul(a, b)}
+    a, b, ref, fns = gemm_case(M, N, K)
     configs = CONFIGS if M <= 512 else [(128, 256)]
     for (bm, bn, v), k in kernels.items():
         if (bm, bn) not in configs:

@@ -17,7 +17,7 @@ os.environ["TILEC_CACHE"] = "0"
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilec
 from tilec import kernel as tilec_kernel
-from common import checked_gemm, rewrite_cuda, rounds, rounds_cold_l2
+from common import checked_gemm, gemm_case, rewrite_cuda, rounds, rounds_cold_l2
 
 SRC = open("examples/gemm.tile").read()
 CUDA = rewrite_cuda()
@@ -72,10 +72,7 @@ import torch  # noqa: E402
 
 kernels = {"as emitted": build(False), "clamped": build(True)}
 for M, N, K in SHAPES:
-    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    ref = a.float() @ b.float()
-    fns = {"cublas": lambda: torch.matmul(a, b)}
+    a, b, ref, fns = gemm_case(M, N, K)
     for name, k in kernels.items():
         call, c = checked_gemm(k, a, b, ref, name)
         for _ in range(3):                  # stale rows from earlier launches must not leak either

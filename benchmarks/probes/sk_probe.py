@@ -84,11 +84,8 @@ def versus_cublas(ks, M, N, K, dtype):
     """Each kernel of `ks` checked once on an M x N x K product (its output a view with a
     sentinel margin), then all timed with cuBLAS in alternating rounds: {name: median ms}."""
     import torch
-    from common import checked_gemm, rounds
-    a = torch.randn(M, K, device="cuda", dtype=dtype)
-    b = torch.randn(K, N, device="cuda", dtype=dtype)
-    ref = a.float() @ b.float()
-    fns = {"cublas": lambda: torch.matmul(a, b)}
+    from common import checked_gemm, gemm_case, rounds
+    a, b, ref, fns = gemm_case(M, N, K, dtype)
     for v, k in ks.items():
         fns[v] = checked_gemm(k, a, b, ref, v)[0]
     return rounds(fns, n=9)

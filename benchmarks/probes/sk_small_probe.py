@@ -15,7 +15,7 @@ sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.absp
 import torch
 import tilec
 from tilec.passes import make_persistent
-from common import checked_gemm, rewrite_cuda, rounds
+from common import checked_gemm, gemm_case, rewrite_cuda, rounds
 
 PATCH = rewrite_cuda()
 PARTS = "(tl_tiles < tl_blocks ? tl_tiles * tl_max(1, tl_min(tl_blocks / tl_tiles, tl_steps / {m})) : tl_blocks)"
@@ -56,10 +56,7 @@ for bm, bn in TILES:
         for m in MINS:
             kernels[f"{bm}x{bn} ranges min {m}"] = build(bm, bn, 1, m, ranges=True)
 for M, N, K in SHAPES:
-    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    ref = a.float() @ b.float()
-    fns = {"cublas": lambda: torch.matmul(a, b)}
+    a, b, ref, fns = gemm_case(M, N, K)
     for name, k in kernels.items():
         fns[name] = checked_gemm(k, a, b, ref, name)[0]
     med = rounds(fns, n=7)
