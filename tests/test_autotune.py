@@ -708,6 +708,15 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert "examples/conv2d.tile: 2 candidates with BM=192 BN=256 PRODUCER=1 refused: " in p.stdout
 
 
+def test_check_of_a_space_of_one_candidate(tmp_path):
+    one = tmp_path / "one.tile"
+    one.write_text(ACC.replace("    const BM = 32, BN = 64;\n", "    const BM = 32, BN = 64;\n    tune BN in (64);\n"))
+    p = tilec_cli("check", str(one))
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert re.fullmatch(rf"{re.escape(str(one))}: ok \(kernel \w+, \d+-byte cubin for sm_90a; "
+                        r"tune: 1 of 1 candidates compile\)\n", p.stdout), p.stdout
+
+
 def test_check_fails_when_the_declared_default_fails(tmp_path):
     bad = tmp_path / "bad.tile"
     bad.write_text(ACC.replace("    const BM = 32, BN = 64;\n", "    const BM = 32, BN = 4096;\n"

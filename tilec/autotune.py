@@ -298,8 +298,10 @@ def compile_candidates(source, configs: list, arch: str, fallback: bool, debug: 
     workers, two CPUs: 19.6 s against 24.6 s one by one). ({index: Kernel},
     {index: TilecError}); `on_done(index)` once per config as it finishes."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
-    built, finished = build_in_workers(source, configs, arch, fallback, debug, on_done)
     compiled, refused = {}, {}
+    if not configs:                 # `tilec check` of a space of one candidate: no other to make
+        return compiled, refused
+    built, finished = build_in_workers(source, configs, arch, fallback, debug, on_done)
     with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 4)) as pool:
         futures = {pool.submit(_compile_one, source, cfg, arch, fallback, debug, built.get(i)): i
                    for i, cfg in enumerate(configs)}
