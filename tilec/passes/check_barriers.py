@@ -27,14 +27,15 @@ On every path it checks that
 
 A warp-specialised block (`Specialized`) runs its two programs concurrently on
 one abstract state: the producer warpgroup's thread (a third class) and the
-consumers, each as a generator that stops before every statement. A scheduler
+consumers, each as a cursor (`_Side`) that stops before every statement. A scheduler
 steps whichever side it prefers whenever that side is not blocked on a wait,
 else the other; both sides blocked (or one blocked, the other done) is a hang.
 Every path runs twice: producer preferred (it fills the ring as far ahead as
 the `empty` barriers let it, exposing refills of stages not yet released) and
 consumers preferred (exposing reads before loads land). Loop trip counts, the
-arms of unknown `if`s and store tails are choices, enumerated by replaying the
-runs depth first; an extent takes one value on both sides of a path (per
+arms of unknown `if`s and store tails are choices, explored depth first: a run
+forks at each choice, and each copy goes on from there with an option of its own
+(`_Run`, `_Side`); an extent takes one value on both sides of a path (per
 generation of the lets it reads). The
 consumers' block barriers are their own: only a wait on `empty` orders the
 producer's refill of a stage after their use of it.
@@ -209,25 +210,60 @@ def _generations(key, lets, env) -> tuple:
     return tuple((n, env.get(GEN + n, 0)) for n in sorted(lets(key)))
 
 
-class _Run:
-    """One run of a Specialized block on a copy of the state: it replays the
-    choices of `prefix`, then takes the first option of each new choice and
-    leaves the others in `todo`."""
+_BLOCK, _LOOP, _SEQ = "block", "loop", "seq"     # kinds of a _Side's frames
 
-    def __init__(self, st, counts, prefix, todo):
+
+class _Side:
+    """Where one side of a Specialized block stands: a stack of frames, each a list
+    (copied when a run forks), and the statement it runs next (`pending`:
+    (statement, classes), None once the side is done). Frames: [_BLOCK, statements,
+    next index, classes] (control flow in it is followed), [_LOOP, for statement,
+    the loop variable's values, next index, classes], and [_SEQ, statements, next
+    index, classes] (each run as it is: a store tail between its block barriers)."""
+    __slots__ = ("stack", "pending")
+
+    def __init__(self, body, classes):
+        self.stack, self.pending = [[_BLOCK, body, 0, classes]], None
+
+    def clone(self):
+        c = _Side.__new__(_Side)
+        c.stack, c.pending = [list(f) for f in self.stack], self.pending
+        return c
+
+
+class _Run:
+    """One path through a Specialized block, on a copy of the state. At each choice
+    (an order of the sides, a trip count, an unknown `if`, a store tail) it takes
+    the first option and leaves in `forks` a copy of itself for each other option,
+    which goes on from that point with that option (`forced`): no path runs again
+    what an earlier one ran before their choices part."""
+
+    def __init__(self, st, counts, sides, forks):
         self.st = copy.deepcopy(st)
         self.envs = {PRODUCER: self.st.env, CONSUMERS: dict(self.st.env)}  # each side's loop variables, ring counts
         self.counts = counts        # extent -> the trip counts to try
-        self.prefix, self.todo, self.trail = prefix, todo, []
+        self.sides = sides          # PRODUCER / CONSUMERS -> _Side
+        self.order = None           # the side the scheduler prefers first, once chosen
+        self.advancing = []         # sides to move on to their next statement before the scheduler goes on
+        self.forks, self.forced = forks, None
         self.agreed = {}            # (extent, its lets' generations) -> the trip count both sides run
         self.last = {}              # extent -> the trip count chosen for it last (an earlier generation)
 
     def choose(self, n):
-        i = len(self.trail)
-        if i >= len(self.prefix):
-            self.todo += [self.trail + [o] for o in range(n - 1, 0, -1)]
-        self.trail.append(self.prefix[i] if i < len(self.prefix) else 0)
-        return self.trail[-1]
+        if self.forced is not None:
+            choice, self.forced = self.forced, None
+            return choice
+        self.forks += [self.fork(o) for o in range(n - 1, 0, -1)]     # option 1 is taken up first
+        return 0
+
+    def fork(self, choice):
+        """A copy of this run at a choice, to go on with option `choice` of it."""
+        c = copy.copy(self)
+        c.st = copy.deepcopy(self.st)
+        c.envs = {who: c.st.env if env is self.st.env else dict(env) for who, env in self.envs.items()}
+        c.sides = {who: side.clone() for who, side in self.sides.items()}
+        c.advancing, c.agreed, c.last, c.forced = list(self.advancing), dict(self.agreed), dict(self.last), choice
+        return c
 
     def fix(self, key, value, lets):
         """Extent `key` runs `value` trips on both sides: on each side now, if the key
@@ -396,36 +432,51 @@ class _Checker:
         body = s.producer + s.consumers
         counts = {show(f.extent): range(f.stages + 3) for f in ir.walk_stmts(body)
                   if isinstance(f, ir.For) and f.stages is not None}
-        out, todo = [], [[]]
-        while todo and len(out) < MAX_PATHS:
-            run = _Run(st, counts, todo.pop(), todo)
-            order = (CONSUMERS, PRODUCER) if run.choose(2) == 0 else (PRODUCER, CONSUMERS)
-            self.interleave(run, {PRODUCER: self.side(s.producer, run, (PRODUCER,)),
-                                  CONSUMERS: self.side(s.consumers, run, (T0, REST))}, order)
+        out, forks = [], []
+        forks.append(_Run(st, counts, {PRODUCER: _Side(s.producer, (PRODUCER,)),
+                                       CONSUMERS: _Side(s.consumers, (T0, REST))}, forks))
+        while forks and len(out) < MAX_PATHS:
+            run = forks.pop()
+            self.interleave(run)
             out.append(run.st)
-        self.dropped |= bool(todo)
+        self.dropped |= bool(forks)
         self.paths = max(self.paths, len(out))
         return out
 
-    def interleave(self, run, sides, order):
-        """Run the sides to their ends, stepping the first of `order` that is not
-        blocked each time; fail where neither can go on."""
-        st, at = run.st, {}
-        for who in order:
-            st.env = run.envs[who]
-            at[who] = next(sides[who], None)
-        while any(at.values()):
+    def interleave(self, run):
+        """Run the sides to their ends, stepping the first of `run.order` that is not
+        blocked each time; fail where neither can go on. A fork starts where its
+        choice was made: in the choice of order, or moving a side on (`advancing`)."""
+        st = run.st
+        if run.order is None:
+            run.order = (CONSUMERS, PRODUCER) if run.choose(2) == 0 else (PRODUCER, CONSUMERS)
+            run.advancing = list(run.order)     # each side to its first statement
+        while run.advancing:
+            self.advance(run, run.advancing[0])
+            del run.advancing[0]
+        while True:
             blocked = {}
-            for who in order:
-                if at[who] is None:
+            for who in run.order:
+                side = run.sides[who]
+                if side.pending is None:
                     continue
                 st.env = run.envs[who]
-                why = self.blocked(st, *at[who])
+                why = self.blocked(st, *side.pending)
                 if why is None:
-                    at[who] = next(sides[who], None)
+                    (s, classes), side.pending = side.pending, None
+                    if isinstance(s, ir.Let):
+                        self.let(s, st.env)
+                        run.restore(s.name, self.lets, st.env)
+                    else:
+                        self.step(s, st, classes)
+                    run.advancing = [who]
+                    self.advance(run, who)
+                    run.advancing = []
                     break
-                blocked[who] = (why, at[who][0].span)
+                blocked[who] = (why, side.pending[0].span)
             else:
+                if not blocked:
+                    break
                 (who, (why, span)), *rest = blocked.items()
                 if rest:
                     why = f"{PRODUCER} and {CONSUMERS} wait on each other: {why}; {rest[0][1][0]}"
@@ -441,17 +492,41 @@ class _Checker:
                     return self.stuck(name, bar, parity, c)
         return None
 
-    def side(self, body, run, classes):
-        """One side of a Specialized block as a generator: it yields (statement,
-        classes) before each statement it runs, so the scheduler can switch sides;
-        trip counts, unknown conditions and store tails are `run`'s choices."""
-        st = run.st
-        for s in body:
+    def advance(self, run, who):
+        """Move side `who` on to the next statement it runs (its `pending`), through the
+        control flow on the way: trip counts, unknown conditions and store tails are
+        `run`'s choices, each made before the frame it is in moves on (a fork made
+        there takes the same step again, with its own option)."""
+        st, side = run.st, run.sides[who]
+        st.env = run.envs[who]
+        stack = side.stack
+        while stack:
+            f = stack[-1]
+            if f[0] is _LOOP:
+                _, loop, trips, j, classes = f
+                if j == len(trips):
+                    stack.pop()
+                    continue
+                f[3] = j + 1
+                st.env[loop.var] = trips[j]
+                stack.append([_BLOCK, loop.body, 0, classes])
+                continue
+            kind, stmts, i, classes = f
+            if i == len(stmts):
+                stack.pop()
+                continue
+            s = stmts[i]
+            if kind is _SEQ or not isinstance(s, (ir.OneThread, ir.For, ir.If, ir.StoreTail)):
+                f[2] = i + 1
+                side.pending = (s, classes)
+                return
             if isinstance(s, ir.OneThread):
-                yield from self.side(s.body, run, classes[:1])
+                f[2] = i + 1
+                stack.append([_BLOCK, s.body, 0, classes[:1]])
             elif isinstance(s, ir.For):
                 n = evaluate(s.extent, st.env)
                 if n is None and self.inert(s):
+                    f[2] = i + 1
                     continue
                 if n is None:
                     key = show(s.extent)
@@ -461,27 +536,21 @@ class _Checker:
                     trips = range(n)
                 else:
                     trips = self.trips(n)
-                for i in trips:
-                    st.env[s.var] = i
-                    yield from self.side(s.body, run, classes)
+                f[2] = i + 1
+                stack.append([_LOOP, s, trips, 0, classes])
             elif isinstance(s, ir.If):
                 cond = evaluate(s.cond, st.env)
                 taken = cond if cond is not None else run.choose(2) == 0
-                yield from self.side(s.then if taken else s.orelse, run, classes)
-            elif isinstance(s, ir.Let):
-                yield s, classes
-                self.let(s, st.env)
-                run.restore(s.name, self.lets, st.env)
-            elif isinstance(s, ir.StoreTail):
-                if s.chunk == 0:            # a block whose tile crosses the last whole granule
+                f[2] = i + 1
+                stack.append([_BLOCK, s.then if taken else s.orelse, 0, classes])
+            else:                               # a store tail
+                if s.chunk == 0:                # a block whose tile crosses the last whole granule
                     st.env[TAIL] = run.choose(2) == 0
+                f[2] = i + 1
                 if st.env[TAIL]:
-                    for x in (ir.SyncThreads(span=s.span), s, ir.SyncThreads(span=s.span)):
-                        yield x, classes
-                        self.step(x, st, classes)
-            else:
-                yield s, classes
-                self.step(s, st, classes)
+                    sync = ir.SyncThreads(span=s.span)
+                    stack.append([_SEQ, (sync, s, sync), 0, classes])
+        side.pending = None
 
     # ---- one statement
     def step(self, s, st, classes):
