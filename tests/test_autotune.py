@@ -897,3 +897,26 @@ def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
     torch.cuda.synchronize()
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
     assert k.tune_report().count("refused") == 2
+
+
+@pytest.mark.parametrize("scale, dropped", [(1.0, True), (0.01, False)], ids=["1ms", "10us"])
+def test_slow_candidates_are_timed_no_more_after_the_first_rounds(env, monkeypatch, scale, dropped):
+    """After PRUNE_AFTER rounds, the candidates over PRUNE_ABOVE times the fastest's median
+    are timed no more (their time: that median, marked in the report); the others run
+    every round. Not where the fastest takes under PRUNE_FROM (10 us here): all run."""
+    monkeypatch.setattr(autotune, "TIMING_ROUNDS", 10)
+    monkeypatch.setattr(autotune, "RUNOFF_WITHIN", 0.0)
+    speed = {(32, 128): 1.0e-3, (16, 64): 1.2e-3, (16, 128): 1.3e-3, (32, 64): 2.0e-3}
+    monkeypatch.setattr(sys.modules[__name__], "fake_times", lambda cfg: scale * speed[(cfg["BM"], cfg["BN"])])
+    k = tuned()
+    x, y = arrays()
+    want = untuned(x, y, 0.5)
+    k(x, y, 0.5)
+    counts = {c: sum(t == dict(zip(("BM", "BN"), c)) for t in env.timed) for c in speed}
+    few = autotune.PRUNE_AFTER if dropped else 10
+    assert counts == {(32, 128): 10, (16, 64): 10, (16, 128): few, (32, 64): few}
+    assert k.best_config == FASTEST and np.array_equal(y, want)
+    report = k.tune_report()
+    mark = f" ({autotune.PRUNE_AFTER} rounds)" if dropped else ""
+    assert f"BM=16 BN=128: {1.3 * scale:.4f} ms{mark}\n" in report
+    assert f"BM=16 BN=64: {1.2 * scale:.4f} ms\n" in report

@@ -348,6 +348,10 @@ RUNOFF_ROUNDS = 5           # each (in turns), of which the last RUNOFF_KEEP cou
 RUNOFF_BURST = 4            # is the median of those, taken after launches of its own (as a caller's
 RUNOFF_KEEP = 2             # repeated calls run), and the fastest finalist wins
 SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each launch: the launch queues up behind it
+PRUNE_AFTER = 3             # after this many rounds, the candidates over PRUNE_ABOVE times the fastest's
+PRUNE_ABOVE = 1.25          # median so far are timed no more (their time: that median), where the fastest
+PRUNE_FROM = 50e-6          # takes PRUNE_FROM s or more (below, all the rounds cost little and the
+                            # noise of one launch is larger)
 
 
 def _time(kernel, args, stream) -> float:
@@ -371,15 +375,15 @@ def _time(kernel, args, stream) -> float:
     return a.elapsed_time(b) * 1e-3
 
 
-def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1) -> dict:
+def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1, first=0) -> dict:
     """{candidate: its launch times}: `rounds` rounds of `burst` launches of each
-    candidate in `order` (every other round in reverse), the last `keep` of each
-    burst timed, so that the GPU's clock and temperature drift over the tuning
-    hits every candidate alike; the tensors the kernels write restored after
-    each round."""
+    candidate in `order` (every other round in reverse, counting from round
+    `first`), the last `keep` of each burst timed, so that the GPU's clock and
+    temperature drift over the tuning hits every candidate alike; the tensors
+    the kernels write restored after each round."""
     samples = {i: [] for i in order}
     try:
-        for r in range(rounds):
+        for r in range(first, first + rounds):
             for i in (order if r % 2 == 0 else order[::-1]):
                 times = [_time(compiled[i], args, stream) for _ in range(burst)]
                 samples[i] += times[burst - keep:]
@@ -387,6 +391,18 @@ def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1) -> di
     finally:
         _restore_all(args, saved)
     return samples
+
+
+def _slow(samples) -> set:
+    """The candidates timed no more after the first PRUNE_AFTER rounds: those whose
+    median so far is over PRUNE_ABOVE times the fastest's, where that is PRUNE_FROM
+    seconds or more. (gemm.tile at 16384^3 on the H100: all ten rounds of every
+    candidate took 14.4 s of a 19.6 s cold tune.)"""
+    medians = {i: statistics.median(t) for i, t in samples.items()}
+    fastest = min(medians.values())
+    if fastest < PRUNE_FROM:
+        return set()
+    return {i for i, m in medians.items() if m > fastest * PRUNE_ABOVE}
 
 
 def _restore_all(args, saved):
@@ -573,7 +589,11 @@ class TunedKernel:
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        samples = _rounds(compiled, ready, TIMING_ROUNDS, args, stream, saved)
+        samples = _rounds(compiled, ready, min(PRUNE_AFTER, TIMING_ROUNDS), args, stream, saved)
+        dropped = _slow(samples) if TIMING_ROUNDS > PRUNE_AFTER else set()
+        for i, more in _rounds(compiled, [i for i in ready if i not in dropped], TIMING_ROUNDS - PRUNE_AFTER,
+                               args, stream, saved, first=PRUNE_AFTER).items():
+            samples[i] += more
         times = {i: statistics.median(t) for i, t in samples.items()}
         finalists = self._runoff(compiled, times, args, stream, saved)
         best = min(finalists or times, key=lambda i: (times[i], i))
@@ -585,7 +605,8 @@ class TunedKernel:
         report = []
         for i, cfg in enumerate(self._candidates):
             if i in times:
-                mark = (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
+                mark = (f" ({PRUNE_AFTER} rounds)" if i in dropped else "") + \
+                    (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
                 report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
             else:
                 report.append(f"{_describe(cfg)}: refused: {refused[i]}")

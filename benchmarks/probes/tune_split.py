@@ -1,50 +1,76 @@
-"""Where a cold tune of examples/gemm.tile goes: the compile phase alone (every
-candidate lowered and NVRTC-compiled by the compile workers, a fresh disk cache,
-the workers started cold), then the whole cold tune on a 4096^3 (or --n) f16 gemm
-(compile + timing), for each worker count of --workers.
+"""Where a cold tune of examples/gemm.tile goes, phase by phase: a fresh disk cache,
+cleared process caches and compile workers started cold (as bench.py's autotune
+rows), on an f16 gemm of each --n, with each worker count of --workers. Phases:
+compile (compile_candidates: workers, then the Kernels in this process), warm-up
+(each candidate's first launch: module load, tensor maps), rounds (the timed
+rounds, the run-off's included), run-off, and the rest (tilec.compile, saving the outputs, the winner's run).
 
-    python benchmarks/probes/tune_split.py --workers 8,16 --reps 3"""
+    python benchmarks/probes/tune_split.py --workers 8 --n 4096,8192 --reps 3"""
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
-from common import bench, tune_cold  # (common puts benchmarks/ on sys.path)
+from common import bench, checked_gemm, gemm_config_name  # (common puts benchmarks/ on sys.path)
+
+PHASES = ("compile", "warm-up", "rounds", "run-off")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default="8")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--n", default="4096,8192")
+    ap.add_argument("--no-prune", action="store_true", help="every candidate timed in every round (as before "
+                    "2026-11-26)")
+    ap.add_argument("--report", action="store_true", help="the last tune's report of each size")
     args = ap.parse_args()
     import torch
     import tilec
     from tilec import autotune
     from tilec.runtime import workers
-    n = args.n
-    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    ref = a @ b
-    for w in [int(x) for x in args.workers.split(",")]:
-        os.environ["TILEC_COMPILE_WORKERS"] = str(w)
-        compile_s, tune_s = [], []
-        for _ in range(args.reps):
-            os.environ["TILEC_CACHE_DIR"] = tempfile.mkdtemp()
-            workers.close_all()
-            k = tilec.compile(str(bench.ROOT / "examples/gemm.tile"))
-            configs = [{**k._consts, **cfg} for cfg in k._candidates]
+    if args.no_prune:
+        autotune.PRUNE_AFTER = autotune.TIMING_ROUNDS
+    spent = {}
+
+    def timed(phase, fn):
+        def wrapper(*a, **kw):
             t = time.perf_counter()
-            compiled, refused = autotune.compile_candidates(k.source, configs, k.arch, k._fallback_allowed, k.debug)
-            compile_s.append(time.perf_counter() - t)
-            workers.close_all()
-            k = tilec.compile(str(bench.ROOT / "examples/gemm.tile"))
-            s, cfg = tune_cold(k, a, b, ref)
-            tune_s.append(s)
-        print(f"workers {w}: {len(configs)} candidates, {len(compiled)} compile; compile phase "
-              f"{statistics.median(compile_s):.2f} s {[round(x, 2) for x in compile_s]}; whole cold tune {n}^3 "
-              f"{statistics.median(tune_s):.2f} s {[round(x, 2) for x in tune_s]}", flush=True)
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - t
+        return wrapper
+    autotune.compile_candidates = timed("compile", autotune.compile_candidates)
+    autotune._rounds = timed("rounds", autotune._rounds)
+    autotune._run = timed("warm-up", autotune._run)         # the warm-up launches (and the winner's run)
+    autotune.TunedKernel._runoff = staticmethod(timed("run-off", autotune.TunedKernel._runoff))
+    for n in [int(x) for x in args.n.split(",")]:
+        a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        ref = a @ b
+        for w in [int(x) for x in args.workers.split(",")]:
+            os.environ["TILEC_COMPILE_WORKERS"] = str(w)
+            runs = []
+            for _ in range(args.reps):
+                with bench.fresh_disk_cache():
+                    workers.close_all()
+                    spent.clear()
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    k = tilec.compile(str(bench.ROOT / "examples/gemm.tile"))
+                    checked_gemm(k, a, b, ref, "tune")
+                    torch.cuda.synchronize()
+                    whole = time.perf_counter() - t
+                    rest = whole - sum(v for p, v in spent.items() if p != "run-off")  # run-off: in rounds
+                    runs.append({"whole": whole, **spent, "rest": rest, "pick": gemm_config_name(k.best_config)})
+            cols = ("whole",) + PHASES + ("rest",)
+            print(f"{n}^3, {w} workers, {len(k._candidates)} candidates: " + ", ".join(
+                f"{c} {statistics.median(r.get(c, 0.0) for r in runs):.2f} s" for c in cols) +
+                f"  (whole per run: {[round(r['whole'], 2) for r in runs]}; picks: {[r['pick'] for r in runs]})",
+                flush=True)
+            if args.report:
+                print(k.tune_report(), flush=True)
 
 
 if __name__ == "__main__":
