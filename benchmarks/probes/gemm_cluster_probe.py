@@ -53,6 +53,9 @@ def run(size, dtype_name, compile_only=False):
 
 
 if __name__ == "__main__":
+    for i, v in enumerate(sys.argv):          # --tile BMxBN: that tile instead of 128x256 (session 16: 128x128)
+        if v == "--tile":
+            P["BM"], P["BN"] = (int(x) for x in sys.argv[i + 1].split("x"))
     shapes = [tuple(int(x) for x in sys.argv[i + 1].split("x")) for i, v in enumerate(sys.argv) if v == "--shape"]
     for shape in shapes:                      # --shape MxNxK: those f16 shapes only
         run(shape, "f16", "--compile-only" in sys.argv)
