@@ -5,7 +5,9 @@ The first call with new key values (the named shape symbols and scalars, read
 from the call's arguments the way the host wrapper binds them) compiles every
 candidate of the tune space (the cartesian product, in order; those the
 compiler refuses are skipped with their messages), times them on the call's
-own arguments with CUDA events, restores the tensors the kernel writes, runs
+own arguments with CUDA events (in rounds, every candidate once a round; those
+far behind the fastest after PRUNE_AFTER rounds are timed no more, the closest
+few timed again in a run-off), restores the tensors the kernel writes, runs
 the fastest once for the real result and remembers the choice: in memory and
 in the disk cache beside the cubins, keyed by the program and its consts, the
 architecture, the tune space, the key values, the GPU's name and tilec's build.
