@@ -12,14 +12,17 @@ import bench  # noqa: E402
 from tilec import kernel as tilec_kernel  # noqa: E402
 
 
-def time_one(fn):
-    """One call of `fn`, in ms (bench.time_one)."""
+def time_one(fn, before=None):
+    """One call of `fn`, in ms (bench.time_one); `before()` queued ahead of its GPU spin,
+    outside its events."""
+    if before is not None:
+        before()
     return bench.time_one(fn) * 1e3
 
 
-def rounds(fns, n=9, reps=5):
+def rounds(fns, n=9, reps=5, before=None):
     """{name: median ms}: three warm-up calls each, then `n` rounds of `reps` calls of
-    every fn, every other round in reverse order."""
+    every fn, every other round in reverse order (`before()` ahead of each timed call)."""
     import torch
     for fn in fns.values():
         for _ in range(3):
@@ -28,7 +31,7 @@ def rounds(fns, n=9, reps=5):
     t = {m: [] for m in fns}
     for r in range(n):
         for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            t[m].extend(time_one(fns[m]) for _ in range(reps))
+            t[m].extend(time_one(fns[m], before) for _ in range(reps))
     return {m: statistics.median(v) for m, v in t.items()}
 
 
@@ -37,21 +40,7 @@ def rounds_cold_l2(fns, n=9, reps=5):
     (50 MB) holds nothing of the last call's tensors, so they come from DRAM."""
     import torch
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for fn in fns.values():
-        fn()
-    t = {m: [] for m in fns}
-    for r in range(n):
-        for m in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            for _ in range(reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                flush.zero_()
-                torch.cuda._sleep(bench.SLEEP_CYCLES)
-                s.record()
-                fns[m]()
-                e.record()
-                e.synchronize()
-                t[m].append(s.elapsed_time(e))
-    return {m: statistics.median(v) for m, v in t.items()}
+    return rounds(fns, n, reps, before=flush.zero_)
 
 
 def rewrite_cuda():
