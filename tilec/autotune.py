@@ -591,10 +591,11 @@ class TunedKernel:
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        samples = _rounds(compiled, ready, min(PRUNE_AFTER, TIMING_ROUNDS), args, stream, saved)
-        dropped = _slow(samples) if TIMING_ROUNDS > PRUNE_AFTER else set()
-        for i, more in _rounds(compiled, [i for i in ready if i not in dropped], TIMING_ROUNDS - PRUNE_AFTER,
-                               args, stream, saved, first=PRUNE_AFTER).items():
+        first = min(PRUNE_AFTER, TIMING_ROUNDS)
+        samples = _rounds(compiled, ready, first, args, stream, saved)
+        dropped = _slow(samples) if TIMING_ROUNDS > first else set()
+        for i, more in _rounds(compiled, [i for i in ready if i not in dropped], TIMING_ROUNDS - first,
+                               args, stream, saved, first=first).items():
             samples[i] += more
         times = {i: statistics.median(t) for i, t in samples.items()}
         finalists = self._runoff(compiled, times, args, stream, saved)
