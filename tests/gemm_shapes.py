@@ -33,6 +33,14 @@ SHAPES = [
     (192, 128, 64, 384),    # 3 warpgroups over M
     (128, 256, 32, 256),    # wide and shallow
     (64, 48, 48, 256),      # 24 columns per warpgroup: K-major b only; K = 48: 32-byte swizzle, 3 chunks
+    # M not a multiple of 64: swapped, wgmma computes acc^T = b^T @ a^T (B's columns on its rows, M its N)
+    (16, 128, 64, 128),     # one warpgroup, 2 m64 tiles of B's columns, m64n16
+    (16, 128, 64, 256),     # 2 warpgroups over B's columns
+    (16, 64, 64, 256),      # 2 warpgroups over M: m64n8 each; K-major a only (M-major needs 16 columns)
+    (8, 64, 64, 128),       # m64n8: K-major a only
+    (32, 256, 32, 256),     # K depth 32: 64-byte swizzle
+    (96, 128, 64, 256),     # 96 rows: m64n96
+    (48, 192, 16, 384),     # 3 warpgroups over B's columns, K depth 16
 ]
 
 
@@ -46,13 +54,31 @@ def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", 
         flags=(", transpose_a = true" if transpose_a else "") + (", transpose_b = true" if transpose_b else ""))
 
 
-def refused(bn, threads, bm, transpose_b) -> bool:
-    """N-major b needs each warpgroup's columns in whole 32-byte (16-element) rows."""
-    wg = threads // 128
-    rows = wg
-    while rows > 1 and bm % (64 * rows):
+def swapped(bm) -> bool:
+    """Tiles whose M is not a multiple of 64 run as acc^T = b^T @ a^T."""
+    return bm % 64 != 0
+
+
+def split(bm, bn, threads):
+    """(rows wgmma computes, its columns, warpgroups over those columns) as plan-gemm splits them."""
+    m, n = (bn, bm) if swapped(bm) else (bm, bn)
+    wg = rows = threads // 128
+    while rows > 1 and m % (64 * rows):
         rows -= 1
-    return not transpose_b and (bn // (wg // rows)) % 16 != 0
+    return m, n, wg // rows
+
+
+def refused(bn, threads, bm, transpose_b, transpose_a=False) -> bool:
+    """wgmma's N-major operand (b [K, N]; swapped, a [K, M]) needs each warpgroup's
+    columns in whole 32-byte (16-element) rows."""
+    _, n, over_n = split(bm, bn, threads)
+    n_major = transpose_a if swapped(bm) else not transpose_b
+    return n_major and (n // over_n) % 16 != 0
+
+
+def swizzle(row_bytes) -> int:
+    """The widest swizzle whose rows tile `row_bytes`."""
+    return next(s for s in (128, 64, 32) if row_bytes % s == 0)
 
 
 def cases():

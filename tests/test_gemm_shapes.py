@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tilec
-from gemm_shapes import case_id, cases, refused, source
+from gemm_shapes import case_id, cases, refused, source, split, swapped, swizzle
 from guard import guarded
 
 CASES = list(cases())
@@ -15,24 +15,30 @@ CASES = list(cases())
 def test_shape_compiles_cleanly(case):
     (bm, bn, bk, th), ta, tb = case
     src = source(bm, bn, bk, th, ta, tb)
-    if refused(bn, th, bm, tb):
-        with pytest.raises(tilec.TilecError, match=r"<string>:13:9: error: gemm: an N-major b"):
+    if refused(bn, th, bm, tb, ta):
+        why = f"the tile's {bm} rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, {bn} rows " \
+            f"by {bm} columns; an M-major a" if swapped(bm) else "an N-major b"
+        with pytest.raises(tilec.TilecError) as e:
             tilec.compile(src, arch="sm_90a")
+        assert str(e.value).startswith(f"<string>:13:9: error: gemm: {why}"), str(e.value)
         return
     k = tilec.compile(src, arch="sm_90a")
     assert k.compile_log == "", k.compile_log
     assert "wgmma.mma_async" in k.ptx
     ir_text = k.ir("plan-smem")
-    wg = th // 128
-    over_n = 1 if bm % (64 * wg) == 0 else wg // (bm // 64)
+    _, n, over_n = split(bm, bn, th)
     assert (f", {over_n} across N" in ir_text) == (over_n > 1)
-    swz = next(s for s in (128, 64, 32) if (bk * 2) % s == 0)
+    assert ("as acc^T = b^T @ a^T" in ir_text) == swapped(bm)
+    assert (f"local acc: f32[{bm}, {bn}] layout wgmma transposed" in ir_text) == swapped(bm)
+    # a is wgmma's M-major a ([K, M], 128-byte rows), or swapped its N-major b (rows of n / over_n columns)
     a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
     assert a_line.startswith(f"  shared a: f16[{bk}, {bm}]" if ta else f"  shared a: f16[{bm}, {bk}]")
-    assert f"layout sw{128 if ta else swz} " in a_line
+    a_swizzle = (swizzle(n // over_n * 2) if swapped(bm) else 128) if ta else swizzle(bk * 2)
+    assert f"layout sw{a_swizzle} " in a_line
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not refused(c[0][1], c[0][3], c[0][0], c[2])], ids=case_id)
+@pytest.mark.parametrize("case", [c for c in CASES if not refused(c[0][1], c[0][3], c[0][0], c[2], c[1])],
+                         ids=case_id)
 def test_shape_interpreted_equals_numpy(case):
     (bm, bn, bk, th), ta, tb = case
     k = tilec.compile(source(bm, bn, bk, th, ta, tb), backend="interpret")
@@ -48,7 +54,13 @@ def test_shape_interpreted_equals_numpy(case):
 
 
 @pytest.mark.parametrize("bm, bn, bk, threads, message", [
-    (96, 128, 64, 256, "gemm: the 96 rows of the tile must be a multiple of 64"),
+    (100, 128, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), or "
+                        "of 8 with the tile's N = 128 a multiple of 64 (then wgmma computes acc^T = b^T @ a^T)"),
+    (96, 96, 64, 256, "gemm: the 96 rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), or of 8 "
+                      "with the tile's N = 96 a multiple of 64"),
+    (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
+                      "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, so each takes N / 4 "
+                      "of the N = 16 columns, which must be a multiple of 8"),
     (64, 128, 64, 384, "gemm: 3 warpgroups over 64 rows are 1 over M and 3 over N, so each takes N / 3 of the "
                        "N = 128 columns, which must be a multiple of 8 of at most 256 (one wgmma m64nNk16 per "
                        "warpgroup)"),

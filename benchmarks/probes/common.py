@@ -151,10 +151,11 @@ def gemm_config_name(c):
         (" sk" if c.get("STREAM_K") else "")
 
 
-def tuned_picks_vs_cublas(spaces: dict, shapes, dtype_name="f16", n=9, report=False):
+def tuned_picks_vs_cublas(spaces: dict, shapes, dtype_name="f16", n=9, report=False, cold_l2=False):
     """For each M x N x K of `shapes`: each of `spaces` ({name: gemm.tile source}) tuned cold
     (tune_cold; with `report`, its timed candidates, fastest first), then the picks and cuBLAS
-    in alternating rounds (`n`), printed against cuBLAS."""
+    in alternating rounds (`n`), printed against cuBLAS; with `cold_l2`, rounds with the L2
+    flushed before each call (rounds_cold_l2) printed after them."""
     import re
     import torch
     import tilec
@@ -172,8 +173,9 @@ def tuned_picks_vs_cublas(spaces: dict, shapes, dtype_name="f16", n=9, report=Fa
                 print("\n".join(line for _, line in sorted(timed)), flush=True)
             pick = tilec.compile(spaces[name], tune=False, **best)
             fns[f"{name} {gemm_config_name(best)}"] = checked_gemm(pick, a, b, ref, name)[0]
-        med = rounds(fns, n=n)
-        for m in fns:
-            tflops = 2 * M * N * K / (med[m] * 1e-3) / 1e12
-            print(f"  {M}x{N}x{K} {dtype_name} {m:34s} {med[m] * 1e3:8.1f} us {tflops:6.0f} TFLOPS  vs cuBLAS "
-                  f"{med['cublas'] / med[m]:.3f}", flush=True)
+        for l2, timing in (("", rounds), (" DRAM", rounds_cold_l2))[:2 if cold_l2 else 1]:
+            med = timing(fns, n=n)
+            for m in fns:
+                tflops = 2 * M * N * K / (med[m] * 1e-3) / 1e12
+                print(f"  {M}x{N}x{K} {dtype_name}{l2} {m:34s} {med[m] * 1e3:8.1f} us {tflops:6.0f} TFLOPS  "
+                      f"vs cuBLAS {med['cublas'] / med[m]:.3f}", flush=True)

@@ -143,8 +143,8 @@ class _Printer:
         """(m64 tiles per warpgroup, registers per thread, and the row and column
         expressions of register tl_r): wgmma's m64nNk16 layout, where warpgroup g
         owns rows (g / wg_cols)*64*m_tiles.. and columns (g % wg_cols)*nw.., warp w
-        16 of the rows, registers r and r + 1 two adjacent columns of one row."""
-        m, n = acc.shape
+        16 of the rows, registers r and r + 1 two adjacent columns of one row.
+        Rows and columns of the product wgmma computes: of acc^T if `transposed`."""
         mt, nw = _fragment_tiles(acc, self.threads)
         tile = f" + (tl_r / {nw // 2}) * 64" if mt > 1 else ""
         row = f"{_fragment_row(acc, self.threads, tile)} + (tl_r % 4) / 2 * 8"
@@ -152,11 +152,13 @@ class _Printer:
         return mt, mt * nw // 2, row, col
 
     def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
-        """Register r of a thread holds accumulator element (i, j) (fragment_index)."""
+        """Register r of a thread holds accumulator element (i, j) (fragment_index;
+        (j, i) of acc^T when the accumulator is `transposed`)."""
         _, regs, row, col = self.fragment_index(acc)
         col += " + tl_r % 2"
+        at = (col, row) if acc.transposed else (row, col)
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
-        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, (row, col)), body)]
+        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, at), body)]
         out += [ind + line for line in body]
         out.append(f"{ind}}}")
         return out
@@ -345,15 +347,19 @@ class _Printer:
         transpose_b); each in column chunks whose rows are `swizzle` bytes
         (TMA's swizzle of that size): a descriptor's stride byte offset is the
         distance between 8-row groups (8 rows of a chunk) and, for the M/N-major
-        operand, its leading byte offset the distance between chunks."""
+        operand, its leading byte offset the distance between chunks. Swapped
+        (`s.swapped`), the product is acc^T += b^T @ a^T: b is wgmma's a and a its b."""
         a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
-        kdim = a.shape[0] if s.transpose_a else a.shape[1]
-        m, n = acc.shape
+        ta, tb = s.transpose_a, s.transpose_b
+        if s.swapped:
+            a, b, ta, tb = b, a, not tb, not ta
+        kdim = a.shape[0] if ta else a.shape[1]
+        m, n = acc.fragment_shape
         nw = n // s.wg_cols
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
-        self.mma_shapes.add((nw, dt, s.transpose_a, not s.transpose_b))
-        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if s.transpose_a else ''}{'bk' if s.transpose_b else 'bn'}"
+        self.mma_shapes.add((nw, dt, ta, not tb))
+        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if ta else ''}{'bk' if tb else 'bn'}"
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
@@ -363,7 +369,7 @@ class _Printer:
         out = [f"{ind}wgmma_fence();"]
         for kk in range(kdim // kstep):
             k0 = kk * kstep
-            if s.transpose_b:       # [N, K]: chunks of wb K columns, N rows each
+            if tb:                  # [N, K]: chunks of wb K columns, N rows each
                 chunk, within = divmod(k0, wb)
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
                 b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, 16, {8 * sb}, {sb})"
@@ -371,7 +377,7 @@ class _Printer:
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
                 b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {kdim * sb}, {8 * sb}, {sb})"
             for t in range(s.m_tiles):
-                if s.transpose_a:   # [K, M]: chunks of wa M columns, K rows each
+                if ta:              # [K, M]: chunks of wa M columns, K rows each
                     a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
                     a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {kdim * sa}, {8 * sa}, {sa})"
                 else:               # [M, K]: chunks of wa K columns, M rows each
@@ -530,10 +536,10 @@ class _Printer:
             value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
-        if src_b is not None and src_b.layout == "wgmma" and dst_b is None:
+        if src_b is not None and src_b.layout == "wgmma" and not src_b.transposed and dst_b is None:
             return self.fragment_store(s, src_b, ind)
         if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
-                and dst_dt.name in PAIR_TYPES:
+                and dst_dt.name in PAIR_TYPES and not (src_b.transposed and dst_dt.size != 2):
             return self.fragment_pairs(s, src_b, dst_b, ind)
         value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
@@ -602,6 +608,8 @@ class _Printer:
         pair_t, pack = PAIR_TYPES[dst.dtype.name]
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
         first = fold(s.src.starts[1]).value if s.src.starts else 0
+        if acc.transposed:
+            return self.transposed_pairs(acc, dst, regs, row, col, ind)
         body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};",
                 f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"]
         if not first and dst.shape == acc.shape:
@@ -617,6 +625,21 @@ class _Printer:
             head = [f"{ind}for (int tl_j = 0; tl_j < {mt * (hi - lo)}; tl_j += 2) {{  // {what}",
                     f"{ind}  const int tl_r = tl_j / {hi - lo} * {half} + {lo} + tl_j % {hi - lo};"]
         return [f"{ind}#pragma unroll"] + head + body + [f"{ind}}}"]
+
+    def transposed_pairs(self, acc: ir.Buffer, dst: ir.Buffer, regs, row, col, ind) -> list:
+        """copy(acc, shared tile) of a transposed accumulator: registers r and r + 1
+        of a thread are rows i and i + 1 of one column j of acc, converted together
+        (as fragment_pairs) and stored as two 2-byte halves."""
+        assert dst.shape == acc.shape and dst.dtype.size == 2, (dst.shape, acc.shape, dst.dtype)
+        _, pack = PAIR_TYPES[dst.dtype.name]
+        halves = [self.element(dst, [ir.Var(i), ir.Var("tl_i1")]) for i in ("tl_i0", "tl_i0 + 1")]
+        return [f"{ind}#pragma unroll",
+                f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // rows tl_i0, tl_i0 + 1 of column tl_i1",
+                f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};",
+                f"{ind}  const unsigned tl_v = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
+                f"{ind}  reinterpret_cast<unsigned short&>({halves[0]}) = static_cast<unsigned short>(tl_v);",
+                f"{ind}  reinterpret_cast<unsigned short&>({halves[1]}) = static_cast<unsigned short>(tl_v >> 16);",
+                f"{ind}}}"]
 
     def fragment_store(self, s: ir.ThreadCopy, acc: ir.Buffer, ind) -> list:
         """copy(acc, T[...]) from wgmma fragments: a thread's registers cover 2 rows
@@ -771,9 +794,10 @@ def _non_negative(e) -> bool:
 
 
 def _fragment_tiles(acc: ir.Buffer, threads: int):
-    """(m64 tiles, columns) of the accumulator that one warpgroup holds."""
+    """(m64 tiles, columns) of the accumulator (of acc^T if transposed) that one warpgroup holds."""
     rows = threads // 128 // acc.wg_cols
-    return acc.shape[0] // (64 * rows), acc.shape[1] // acc.wg_cols
+    m, n = acc.fragment_shape
+    return m // (64 * rows), n // acc.wg_cols
 
 
 def _fragment_row(acc: ir.Buffer, threads: int, tile="") -> str:
@@ -928,7 +952,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
         elif b.layout == "wgmma":
             regs = b.elements // pr.threads
             prologue.append(f"float {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
-                            "accumulator fragments")
+                            f"accumulator fragments{' of its transpose' if b.transposed else ''}")
         else:
             slots = -(-b.elements // pr.threads)
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"

@@ -164,7 +164,13 @@ class Buffer:
     chunk: int = 0          # 'cols': elements per column chunk
     alias: str = ""         # placed over this tile's memory (used only after its last use)
     wg_cols: int = 1        # 'wgmma': warpgroups side by side over the columns
+    transposed: bool = False  # 'wgmma': the fragments hold acc^T (a gemm with its operands swapped)
     span: Optional[Span] = SPAN
+
+    @property
+    def fragment_shape(self) -> tuple:
+        """'wgmma': the shape the fragments hold, [N, M] for a transposed accumulator."""
+        return tuple(reversed(self.shape)) if self.transposed else tuple(self.shape)
 
     @property
     def swizzle(self) -> int:
@@ -289,7 +295,9 @@ class Gemm(Stmt):
     """acc += a @ b (a is [M, K], or [K, M] with transpose_a; b is [K, N], or
     [N, K] with transpose_b) on wgmma; after plan-gemm, `warpgroups`
     warpgroups, `wg_cols` of them side by side over N, each own `m_tiles` m64
-    row tiles of N / wg_cols columns."""
+    row tiles of N / wg_cols columns. `swapped`: M is not a multiple of 64, so
+    wgmma computes acc^T += b^T @ a^T (b on its 64-row side, a's M as its N);
+    then `warpgroups`, `wg_cols` and `m_tiles` describe that product."""
     a: str
     b: str
     acc: str
@@ -298,6 +306,7 @@ class Gemm(Stmt):
     m_tiles: int = 0
     transpose_a: bool = False
     wg_cols: int = 1
+    swapped: bool = False
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
     span: Optional[Span] = SPAN
 

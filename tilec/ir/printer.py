@@ -75,6 +75,7 @@ def stmt(s, ind: str) -> list:
         tb = (", transpose_a" if s.transpose_a else "") + (", transpose_b" if s.transpose_b else "")
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
         wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
+        wg += f" as {s.acc}^T = {s.b}^T @ {s.a}^T" if s.swapped else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
     if isinstance(s, ir.Reduce):
@@ -212,6 +213,7 @@ def kernel(k: ir.Kernel) -> str:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
         where += f" chunk {b.chunk}" if b.layout == "cols" else ""
+        where += " transposed" if b.transposed else ""
         where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
         where += f" over {b.alias}" if b.alias else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""

@@ -74,7 +74,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
     trip's loads run while the consumers stage this one, so there the staging
     tile gets memory of its own: two tiles of one 128-byte column chunk each,
     when the accumulator has more chunks than one and each warpgroup holds
-    all of its columns (then a chunk is a compile-time set of registers)."""
+    all of its columns (then a chunk is a compile-time set of registers) and
+    the fragments are not acc^T's (whose columns are spread over the threads)."""
     rings = {}                                  # operand tile -> bytes of its ring
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.For):
@@ -107,7 +108,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
         if in_loop and k.producer_warpgroup:
-            if acc.shape[1] > width and acc.wg_cols == 1:
+            if acc.shape[1] > width and acc.wg_cols == 1 and not acc.transposed:
                 staged[id(s)] = tuple(_tile(acc, t, (acc.shape[0], width), "", s.span, str(i)) for i in range(2))
                 new.extend(staged[id(s)])
                 return

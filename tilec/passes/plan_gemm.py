@@ -9,7 +9,13 @@ The operands are read by wgmma from shared memory through matrix descriptors,
 so `a` and `b` get a swizzled layout (column chunks whose rows are 128, 64 or
 32 bytes, the widest that tiles the operand's contiguous extent, in TMA's
 swizzle of that size, written directly by TMA); `acc` gets the 'wgmma'
-fragment layout (registers)."""
+fragment layout (registers).
+
+A tile whose M is not a multiple of 64 (a few rows: 8, 16, 32 ...) while N
+is runs swapped: wgmma computes acc^T += b^T @ a^T, N on its 64-row side and
+a's M rows as its N (a multiple of 8), so no row of the m64 instruction is
+padding. `acc`'s fragments then hold acc^T (`transposed`), which codegen maps
+back to acc's elements."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,6 +33,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
+    transposed = {}                             # accumulator -> its fragments hold acc^T
     threads = k.threads.value
     target = get_arch(opts.arch)
 
@@ -63,33 +70,47 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if threads % 128:
             raise SemanticError(f"gemm runs on warpgroups of 128 threads; threads is {threads}", s.span)
         wg = threads // 128
-        rows, cols = _split(wg, m, n, s.span)
+        # M not a multiple of 64 (a few rows): wgmma computes acc^T += b^T @ a^T, b's N on its 64-row side
+        swap = m % 64 != 0 and m % 8 == 0 and n % 64 == 0
+        pm, pn = (n, m) if swap else (m, n)          # the product wgmma computes: [pm, pn]
+        rows, cols = _split(wg, pm, pn, s.span, _swapped_note(m, n) if swap else "")
         kstep = 32 // esize
         if ka % kstep:
             raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
                                 f"of K: {kstep} {a.dtype.name} elements)", s.span)
+        # wgmma's operands: [pm, K] (M-major when transposed) and [K, pn] (K-major when transposed)
+        wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
+            (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
-        a_sw = _swizzle(m // rows if s.transpose_a else ka, esize)
-        b_sw = _swizzle(ka if s.transpose_b else n // cols, esize)
+        a_sw = _swizzle(pm // rows if ta else ka, esize)
+        b_sw = _swizzle(ka if tb else pn // cols, esize)
+        if not b_sw and swap:
+            raise SemanticError(f"{_swapped_note(m, n)}an M-major a ([K, M]) is read in swizzled chunks of 16 to "
+                                f"64 columns; each warpgroup's {pn // cols} columns of it are not a multiple of "
+                                f"{32 // esize}: make M a multiple of 16 per warpgroup, or declare a as [M, K] "
+                                "without transpose_a", s.span)
         if not b_sw:
             raise SemanticError(f"gemm: an N-major b ([K, N]) is read in swizzled chunks of 16 to 64 columns; "
                                 f"each warpgroup's {n // cols} columns are not a multiple of {32 // esize}: "
                                 "make N a multiple of 16 per warpgroup, or declare b as [N, K] and write "
                                 "transpose_b = true", s.span)
-        for t, lay in ((a, f"sw{a_sw}"), (b, f"sw{b_sw}"), (acc, "wgmma")):
+        for t, lay in ((wa, f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
+        if transposed.get(acc.name, swap) != swap:
+            raise SemanticError(f"'{acc.name}' is used by two gemms in different roles or layouts", s.span)
+        transposed[acc.name] = swap
         splits[acc.name] = cols
         fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
         _check_registers(fragments, threads, k.producer_warpgroup, s)
-        return replace(s, warpgroups=wg, m_tiles=m // (64 * rows), wg_cols=cols)
+        return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap)
 
     body = map_body(k.body, plan)
     if not layouts:
         return k
-    buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols))
-                    for b in k.buffers)
+    buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
+                            transposed=transposed.get(b.name, b.transposed)) for b in k.buffers)
     k = replace(k, body=body, buffers=buffers)
     _check_uses(k)
     return k
@@ -130,10 +151,17 @@ def _check_registers(fragments: dict, threads: int, producer: bool, s: ir.Gemm):
                             "warpgroup (a smaller N tile) or fewer threads", s.span)
 
 
-def _split(wg, m, n, span):
+def _swapped_note(m, n) -> str:
+    """How an error about a swapped gemm begins: what wgmma computes instead."""
+    return (f"gemm: the tile's {m} rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, "
+            f"{n} rows by {m} columns; ")
+
+
+def _split(wg, m, n, span, swapped=""):
     """(warpgroups over M, warpgroups over N): over M while each keeps whole m64
     tiles (what the m64nNk16 instruction computes), the rest over N, where each
-    warpgroup's columns must be a multiple of 8 and at most 256 (one wgmma)."""
+    warpgroup's columns must be a multiple of 8 and at most 256 (one wgmma).
+    `swapped`: m and n are those of acc^T, and the errors begin so."""
     rows = wg
     while rows > 1 and m % (64 * rows):
         rows -= 1
@@ -141,13 +169,15 @@ def _split(wg, m, n, span):
         rows -= 1
     cols = wg // rows
     if m % (64 * rows):
-        raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 64 (wgmma computes m64 tiles)",
-                            span)
+        raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), "
+                            f"or of 8 with the tile's N = {n} a multiple of 64 (then wgmma computes "
+                            "acc^T = b^T @ a^T)", span)
     if n % cols or (n // cols) % 8 or n // cols > 256:
+        first = swapped or "gemm: "
         if cols == 1:
-            raise SemanticError(f"gemm: the tile width N = {n} must be a multiple of 8 of at most 256 (one wgmma "
+            raise SemanticError(f"{first}the tile width N = {n} must be a multiple of 8 of at most 256 (one wgmma "
                                 "m64nNk16 per warpgroup)", span)
-        raise SemanticError(f"gemm: {wg} warpgroups over {m} rows are {rows} over M and {cols} over N, so each "
+        raise SemanticError(f"{first}{wg} warpgroups over {m} rows are {rows} over M and {cols} over N, so each "
                             f"takes N / {cols} of the N = {n} columns, which must be a multiple of 8 of at most "
                             "256 (one wgmma m64nNk16 per warpgroup)", span)
     return rows, cols
