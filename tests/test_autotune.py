@@ -6,7 +6,7 @@ candidate, and the launches by the interpreter on numpy arrays; NVRTC runs for
 real (sm_90a compiles without a GPU). The tune statement: its candidates,
 default, key, pinned consts, errors, the regular-expression reader against the
 parser, the disk key, `tilec check` and `tilec emit`. GPU tests (marked gpu):
-gemm.tile tuned by its own statement over 216 candidates at 4096^3 f16 against
+gemm.tile tuned by its own statement over 288 candidates at 4096^3 f16 against
 torch.matmul, with the cold and warm times; every candidate of gemm.tile's and
 conv2d.tile's statements against torch, outputs guarded (tests/guard.py)."""
 import io
@@ -613,7 +613,7 @@ def test_statement_reader_agrees_with_the_parser():
                     symbols.append(d.name)
         assert autotune.shape_symbols(src) == tuple(symbols), name
     assert autotune.statement(programs["gemm"]) == (
-        (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 8)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1)),
+        (("BM", (16, 64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 8)), ("PRODUCER", (0, 1)), ("PERSISTENT", (0, 1)),
          ("STREAM_K", (0, 1))),
         {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0, "STREAM_K": 0})
     assert autotune.statement(programs["conv2d"]) == (
@@ -680,8 +680,8 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 120 of 216 candidates compile\)", lines[0]), lines[0]
-    assert lines[1] == ("examples/gemm.tile: 54 candidates with PERSISTENT=0 STREAM_K=1 refused: "
+                        r"tune: 168 of 288 candidates compile\)", lines[0]), lines[0]
+    assert lines[1] == ("examples/gemm.tile: 72 candidates with PERSISTENT=0 STREAM_K=1 refused: "
                         "examples/gemm.tile:5:85: error: stream_k = 1 splits the tiles of a persistent grid's last "
                         "wave: it needs persistent = 1")
     registers = ("examples/gemm.tile:14:9: error: gemm: the accumulator fragments take 128 registers per "
@@ -693,14 +693,14 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
         f"STREAM_K={stream_k} refused: {registers}"
         for stages in (3, 4, 8) for persistent, stream_k in ((0, 0), (1, 0), (1, 1))]
     # the rest: 8-stage rings that do not fit (one line, or one per group of candidates), each naming
-    # the bytes its tiles need; only 64x64, 64x128 and 128x64 tiles fit 8 stages (128-192 KiB)
+    # the bytes its tiles need; only 16x64, 16x128, 64x64, 64x128 and 128x64 tiles fit 8 stages (128-192 KiB)
     smem = [line for line in lines[2:] if not line.endswith(registers)]
     named = re.compile(r"examples/gemm\.tile: (?:candidate|\d+ candidates with) BM=(\d+) BN=(\d+) STAGES=8 .*refused: "
                        r"examples/gemm\.tile:[78]:5: error: shared tiles need (\d+) bytes; a Hopper block has at "
                        r"most 232448 bytes of shared memory")
     tiles = {(int(m.group(1)), int(m.group(2))) for m in map(named.fullmatch, smem) if m}
     assert all(named.fullmatch(line) for line in smem), smem
-    assert tiles == {(64, 256), (128, 128), (128, 256), (192, 64), (192, 128), (192, 256)}
+    assert tiles == {(16, 256), (64, 256), (128, 128), (128, 256), (192, 64), (192, 128), (192, 256)}
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
@@ -730,7 +730,7 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
-    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (64, 128, 192), BN in (64, 128, 256), STAGES in (3, 4, 8), PRODUCER in (0, 1), " \
+    assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (16, 64, 128, 192), BN in (64, 128, 256), STAGES in (3, 4, 8), PRODUCER in (0, 1), " \
         "PERSISTENT in (0, 1), STREAM_K in (0, 1)\n" \
         "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text
@@ -742,7 +742,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
         "GROUP = 8\n" in cuda
     pinned = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir", "--after", "fold-consts", "-D", "BN=256").stdout
     assert "  const BN = 256\n  const BK = 64\n  const STAGES = 3\n  const PRODUCER = 1\n  const PERSISTENT = 0\n" \
-        "  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (64, 128, 192), BN in (64, 128, 256)," \
+        "  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (16, 64, 128, 192), BN in (64, 128, 256)," \
         in pinned
 
 
@@ -750,8 +750,8 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 216 candidates (9 refused for registers, 54 for
-    stream-K without a persistent grid, 33 for shared memory), keyed by
+    """examples/gemm.tile as shipped: 288 candidates (9 refused for registers, 72 for
+    stream-K without a persistent grid, 39 for shared memory), keyed by
     M, K, N; then warm starts from the disk cache, compile and first call."""
     import torch
     from guard import guarded
@@ -775,7 +775,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     assert err < 2e-3, f"relative error {err:.2e}"
     c.check()
     report = k.tune_report()
-    assert report.count(" ms") == 120 and report.count("refused") == 96, report
+    assert report.count(" ms") == 168 and report.count("refused") == 120, report
     assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0 STREAM_K=0: ")
     assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 STREAM_K=0: refused: " in report
     assert "  BM=128 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=0 STREAM_K=1: refused: " in report
@@ -795,7 +795,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
         assert torch.equal(c2.view, c.view)
         c2.check()
     with capsys.disabled():
-        print(f"\nautotune gemm.tile's tune statement, 216 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
+        print(f"\nautotune gemm.tile's tune statement, 288 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
               f"timing), warm from disk {min(warm) * 1e3:.2f} ms (compile + first call, best of 3); chosen "
               f"{k.best_config}\n{report}")
     assert cold < 30
@@ -813,7 +813,8 @@ def shipped_candidates(path):
 def test_gpu_every_gemm_candidate_computes_the_product(mnk):
     """Tuning may pick any candidate of gemm.tile's statement: each one the compiler
     accepts is right on ragged shapes and writes only its output view (the last two
-    shapes have fewer tiles than SMs: stream-K splits every tile's K steps)."""
+    shapes have fewer tiles than SMs: stream-K splits every tile's K steps; 16-row
+    tiles run swapped, acc^T = b^T @ a^T)."""
     import torch
     from guard import guarded
     m, n, k = mnk
@@ -835,12 +836,12 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
         c.check()
     stream_k = [c for c in refused if c["STREAM_K"] == 1 and c["PERSISTENT"] == 0]
     registers = [c for c in refused if c not in stream_k and (c["BM"], c["BN"], c["PRODUCER"]) == (192, 256, 1)]
-    assert len(stream_k) == 54 and registers == [
+    assert len(stream_k) == 72 and registers == [
         {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "STREAM_K": sk}
         for s in (3, 4, 8) for p, sk in ((0, 0), (1, 0), (1, 1))]
     smem = [c for c in refused if c not in stream_k and c not in registers]   # 8 stages of 192-256 KiB or more
-    assert len(smem) == 33 and all(c["STAGES"] == 8 and (c["BM"], c["BN"]) not in ((64, 64), (64, 128), (128, 64))
-                                   for c in smem)
+    assert len(smem) == 39 and all(c["STAGES"] == 8 and (c["BM"], c["BN"]) not in
+                                   ((16, 64), (16, 128), (64, 64), (64, 128), (128, 64)) for c in smem)
 
 
 @pytest.mark.gpu
