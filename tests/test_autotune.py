@@ -125,9 +125,10 @@ def tuned():
 def test_candidates_are_timed_in_rounds(env, monkeypatch):
     """Each round launches every candidate once, every other round in reverse
     order, so drift over the tuning hits them alike; a candidate's time is the
-    median of its rounds."""
+    median of its rounds (no cuts here: the slower candidates take 1000 times as long)."""
     monkeypatch.setattr(autotune, "TIMING_ROUNDS", 3)
     monkeypatch.setattr(autotune, "RUNOFF_WITHIN", 0.0)
+    monkeypatch.setattr(autotune, "PRUNE", ())
     monkeypatch.setattr(sys.modules[__name__], "fake_times",
                         lambda cfg: 1e-3 * (1 + len(env.timed)) if cfg == FASTEST else 1.0)
     k = tuned()
@@ -903,22 +904,23 @@ def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("scale, dropped", [(1.0, True), (0.01, False)], ids=["1ms", "10us"])
 def test_slow_candidates_are_timed_no_more_after_the_first_rounds(env, monkeypatch, scale, dropped):
-    """After PRUNE_AFTER rounds, the candidates over PRUNE_ABOVE times the fastest's median
-    are timed no more (their time: that median, marked in the report); the others run
-    every round. Not where the fastest takes under PRUNE_FROM (10 us here): all run."""
+    """PRUNE's cuts: after 1 round the candidates over 2 times the fastest's median are
+    timed no more, after 3 rounds those over 1.25 times (their time: that median, marked
+    in the report); the others run every round. Not where the fastest takes under
+    PRUNE_FROM (10 us here): all run."""
+    assert autotune.PRUNE == ((1, 2.0), (3, 1.25))
     monkeypatch.setattr(autotune, "TIMING_ROUNDS", 10)
     monkeypatch.setattr(autotune, "RUNOFF_WITHIN", 0.0)
-    speed = {(32, 128): 1.0e-3, (16, 64): 1.2e-3, (16, 128): 1.3e-3, (32, 64): 2.0e-3}
+    speed = {(32, 128): 1.0e-3, (16, 64): 1.2e-3, (16, 128): 1.3e-3, (32, 64): 2.5e-3}
     monkeypatch.setattr(sys.modules[__name__], "fake_times", lambda cfg: scale * speed[(cfg["BM"], cfg["BN"])])
     k = tuned()
     x, y = arrays()
     want = untuned(x, y, 0.5)
     k(x, y, 0.5)
     counts = {c: sum(t == dict(zip(("BM", "BN"), c)) for t in env.timed) for c in speed}
-    few = autotune.PRUNE_AFTER if dropped else 10
-    assert counts == {(32, 128): 10, (16, 64): 10, (16, 128): few, (32, 64): few}
+    assert counts == {(32, 128): 10, (16, 64): 10, (16, 128): 3 if dropped else 10, (32, 64): 1 if dropped else 10}
     assert k.best_config == FASTEST and np.array_equal(y, want)
     report = k.tune_report()
-    mark = f" ({autotune.PRUNE_AFTER} rounds)" if dropped else ""
-    assert f"BM=16 BN=128: {1.3 * scale:.4f} ms{mark}\n" in report
+    assert f"BM=16 BN=128: {1.3 * scale:.4f} ms{' (3 rounds)' if dropped else ''}\n" in report
+    assert f"BM=32 BN=64: {2.5 * scale:.4f} ms{' (1 round)' if dropped else ''}\n" in report
     assert f"BM=16 BN=64: {1.2 * scale:.4f} ms\n" in report

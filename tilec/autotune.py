@@ -6,7 +6,7 @@ from the call's arguments the way the host wrapper binds them) compiles every
 candidate of the tune space (the cartesian product, in order; those the
 compiler refuses are skipped with their messages), times them on the call's
 own arguments with CUDA events (in rounds, every candidate once a round; those
-far behind the fastest after PRUNE_AFTER rounds are timed no more, the closest
+far behind the fastest after the first rounds are timed no more (PRUNE), the closest
 few timed again in a run-off), restores the tensors the kernel writes, runs
 the fastest once for the real result and remembers the choice: in memory and
 in the disk cache beside the cubins, keyed by the program and its consts, the
@@ -350,10 +350,10 @@ RUNOFF_ROUNDS = 5           # each (in turns), of which the last RUNOFF_KEEP cou
 RUNOFF_BURST = 4            # is the median of those, taken after launches of its own (as a caller's
 RUNOFF_KEEP = 2             # repeated calls run), and the fastest finalist wins
 SPIN_CYCLES = 200_000       # a GPU spin (~0.1 ms) before each launch: the launch queues up behind it
-PRUNE_AFTER = 3             # after this many rounds, the candidates over PRUNE_ABOVE times the fastest's
-PRUNE_ABOVE = 1.25          # median so far are timed no more (their time: that median), where the fastest
-PRUNE_FROM = 50e-6          # takes PRUNE_FROM s or more (below, all the rounds cost little and the
-                            # noise of one launch is larger)
+PRUNE = ((1, 2.0), (3, 1.25))   # (after round r, above x): after r rounds the candidates over x times the
+                                # fastest's median so far are timed no more (their time: that median)
+PRUNE_FROM = 50e-6          # where the fastest takes PRUNE_FROM s or more (below, all the rounds cost
+                            # little and the noise of one launch is larger)
 
 
 def _time(kernel, args, stream) -> float:
@@ -395,16 +395,33 @@ def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1, first
     return samples
 
 
-def _slow(samples) -> set:
-    """The candidates timed no more after the first PRUNE_AFTER rounds: those whose
-    median so far is over PRUNE_ABOVE times the fastest's, where that is PRUNE_FROM
-    seconds or more. (gemm.tile at 16384^3 on the H100: all ten rounds of every
-    candidate took 14.4 s of a 19.6 s cold tune.)"""
+def _slow(samples, above) -> set:
+    """The candidates timed no more after a cut of PRUNE: those whose median so far is
+    over `above` times the fastest's, where that is PRUNE_FROM seconds or more.
+    (gemm.tile at 16384^3 on the H100: all ten rounds of every candidate took 14.4 s
+    of a 19.6 s cold tune; at 8192^3 its 16-row tiles take 10 times the fastest's.)"""
     medians = {i: statistics.median(t) for i, t in samples.items()}
     fastest = min(medians.values())
     if fastest < PRUNE_FROM:
         return set()
-    return {i for i, m in medians.items() if m > fastest * PRUNE_ABOVE}
+    return {i for i, m in medians.items() if m > fastest * above}
+
+
+def _timed_rounds(compiled, ready, args, stream, saved):
+    """({candidate: its launch times}, {candidate: the rounds it had, if cut}):
+    TIMING_ROUNDS rounds of the candidates `ready`, less those cut by PRUNE."""
+    samples, cut, live, done = {i: [] for i in ready}, {}, list(ready), 0
+    for upto, above in tuple(PRUNE) + ((TIMING_ROUNDS, None),):
+        upto = min(upto, TIMING_ROUNDS)
+        if upto > done:
+            for i, more in _rounds(compiled, live, upto - done, args, stream, saved, first=done).items():
+                samples[i] += more
+            done = upto
+        if above is not None and done < TIMING_ROUNDS:
+            slow = _slow({i: samples[i] for i in live}, above)
+            cut.update((i, done) for i in slow)
+            live = [i for i in live if i not in slow]
+    return samples, cut
 
 
 def _restore_all(args, saved):
@@ -591,12 +608,7 @@ class TunedKernel:
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        first = min(PRUNE_AFTER, TIMING_ROUNDS)
-        samples = _rounds(compiled, ready, first, args, stream, saved)
-        dropped = _slow(samples) if TIMING_ROUNDS > first else set()
-        for i, more in _rounds(compiled, [i for i in ready if i not in dropped], TIMING_ROUNDS - first,
-                               args, stream, saved, first=first).items():
-            samples[i] += more
+        samples, dropped = _timed_rounds(compiled, ready, args, stream, saved)
         times = {i: statistics.median(t) for i, t in samples.items()}
         finalists = self._runoff(compiled, times, args, stream, saved)
         best = min(finalists or times, key=lambda i: (times[i], i))
@@ -608,7 +620,7 @@ class TunedKernel:
         report = []
         for i, cfg in enumerate(self._candidates):
             if i in times:
-                mark = (f" ({PRUNE_AFTER} rounds)" if i in dropped else "") + \
+                mark = (f" ({dropped[i]} round{'s' if dropped[i] > 1 else ''})" if i in dropped else "") + \
                     (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
                 report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
             else:

@@ -30,7 +30,7 @@ def main():
     from tilec import autotune
     from tilec.runtime import workers
     if args.no_prune:
-        autotune.PRUNE_AFTER = autotune.TIMING_ROUNDS
+        autotune.PRUNE = ()
     spent = {}
 
     def timed(phase, fn):
