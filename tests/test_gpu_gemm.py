@@ -130,13 +130,16 @@ def test_tuned_gemm_example(dt, mnk):
 @pytest.mark.parametrize("dt", ["f8e4m3", "f8e5m2"])
 @pytest.mark.parametrize("mnk", [(128, 256, 128), (1000, 1000, 1024), (4096, 4096, 4096), (127, 72, 384)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_f8_gemm(dt, mnk):
+@pytest.mark.parametrize("bm", [128, 16], ids=["bm128", "bm16"])
+def test_f8_gemm(dt, mnk, bm):
     """examples/gemm_f8.tile (e4m3, and the same program in e5m2) against the f32
-    product of the same 8-bit values."""
+    product of the same 8-bit values; with 16-row tiles too (swapped: acc^T = b^T @ a^T,
+    m64n16k32 on B's rows)."""
     import torch
     m, n, k = mnk
     tdt = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}[dt]
-    kern = tilec.compile((ROOT / "examples/gemm_f8.tile").read_text().replace("f8e4m3", dt), fallback=False)
+    kern = tilec.compile((ROOT / "examples/gemm_f8.tile").read_text().replace("f8e4m3", dt), fallback=False,
+                         BM=bm)
     a = torch.randn(m, k, device="cuda").to(tdt)
     bt = torch.randn(n, k, device="cuda").to(tdt)
     c = guarded((m, n), "f16", fill=float("nan"))

@@ -399,7 +399,7 @@ def _slow(samples, above) -> set:
     """The candidates timed no more after a cut of PRUNE: those whose median so far is
     over `above` times the fastest's, where that is PRUNE_FROM seconds or more.
     (gemm.tile at 16384^3 on the H100: all ten rounds of every candidate took 14.4 s
-    of a 19.6 s cold tune; at 8192^3 its 16-row tiles take 10 times the fastest's.)"""
+    of a 19.6 s cold tune; at 8192^3 its 16-row tiles take 4-10 times the fastest's.)"""
     medians = {i: statistics.median(t) for i, t in samples.items()}
     fastest = min(medians.values())
     if fastest < PRUNE_FROM:

@@ -23,6 +23,8 @@ def main():
     ap.add_argument("--n", default="4096,8192")
     ap.add_argument("--no-prune", action="store_true", help="every candidate timed in every round (as before "
                     "2026-11-26)")
+    ap.add_argument("--one-cut", action="store_true", help="only the cut after 3 rounds (as before "
+                    "session 17's cut after the first round)")
     ap.add_argument("--report", action="store_true", help="the last tune's report of each size")
     args = ap.parse_args()
     import torch
@@ -31,6 +33,8 @@ def main():
     from tilec.runtime import workers
     if args.no_prune:
         autotune.PRUNE = ()
+    if args.one_cut:
+        autotune.PRUNE = ((3, 1.25),)
     spent = {}
 
     def timed(phase, fn):
