@@ -366,7 +366,9 @@ class _Printer:
         rows_per_wg = 64 * s.m_tiles
         sa, sb = a.swizzle, b.swizzle
         wa, wb = sa // esize, sb // esize                    # elements per chunk row
-        out = [f"{ind}wgmma_fence();"]
+        out = [f"{ind}// swapped: {acc.name}^T += {s.b}^T @ {s.a}^T, {m} rows by {n} columns ({acc.name} has "
+               f"{n} rows, not a multiple of 64)"] if s.swapped else []
+        out.append(f"{ind}wgmma_fence();")
         for kk in range(kdim // kstep):
             k0 = kk * kstep
             if tb:                  # [N, K]: chunks of wb K columns, N rows each
