@@ -146,3 +146,50 @@ def test_f8_gemm(dt, mnk, bm):
     kern(a, bt, c.view)
     torch.cuda.synchronize()
     check(c, a, bt.t())
+
+
+EPILOGUE = """
+kernel gemm_epilogue(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
+    const BM = 16, BN = 128, BK = 64, STAGES = 4, PRODUCER = 1, PERSISTENT = 1, STREAM_K = 1;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM)), persistent = PERSISTENT, stream_k = STREAM_K;
+    threads 2 * max(BM, 64);
+    shared a: f16[BM, BK];
+    shared b: f16[BK, BN];
+    local acc: f32[BM, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = STAGES, producer = PRODUCER) {
+        copy(A[by * BM, k * BK], a);
+        copy(B[k * BK, bx * BN], b);
+        gemm(a, b, acc);
+    }
+    parallel (i, j) in (BM, BN) {
+        acc[i, j] = acc[i, j] + (by * BM + i) * 0.5 - (bx * BN + j) * 0.25;
+    }
+    copy(acc, C[by * BM, bx * BN]);
+}
+"""
+
+
+@pytest.mark.parametrize("consts", [dict(BM=16), dict(BM=16, STREAM_K=0), dict(BM=8, BN=64, PRODUCER=0),
+                                    dict(BM=32, PERSISTENT=0, STREAM_K=0), dict(BM=64)],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("mnk", [(13, 1000, 2008), (40, 4104, 4096), (1, 64, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_swapped_tile_epilogue_sees_each_element_at_its_place(consts, mnk):
+    """Tiles of fewer than 64 rows run swapped (acc^T = b^T @ a^T): a parallel body
+    that adds each element's row and column to it, then a copy out, must see
+    element (i, j) where the program puts it (a transposed mapping would add the
+    wrong row and column), on stream-K's partial sums too; into a guarded f32 view."""
+    import torch
+    m, n, k = mnk
+    kern = tilec.compile(EPILOGUE, fallback=False, **consts)
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(k, n, device="cuda").half()
+    c = guarded((m, n), "f32", fill=float("nan"))
+    kern(a, b, c.view)
+    torch.cuda.synchronize()
+    rows = torch.arange(m, device="cuda").float()[:, None]
+    cols = torch.arange(n, device="cuda").float()[None, :]
+    want = a.float() @ b.float() + rows * 0.5 - cols * 0.25
+    err = ((c.view - want).norm() / want.norm()).item()
+    assert torch.isfinite(c.view).all() and err < 1e-4, f"relative error {err:.2e}"
+    c.check()
