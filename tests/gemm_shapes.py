@@ -106,3 +106,28 @@ def check_gemm_against_numpy(k, m, n, kk):
     c.check()
     np.testing.assert_allclose(c.view.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
                                rtol=2e-2, atol=5e-2)
+
+
+# A local tile beside the accumulator in an epilogue: it takes the accumulator's fragment layout.
+BESIDE = """
+kernel g(A: f16[M, K], B: f16[K, N], C: {ot}[M, N]) {{
+    const BM = {bm}, BN = 128, BK = 64;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 2 * max(BM, 64);
+    shared a: f16[BM, BK];
+    shared b: f16[BK, BN];
+    local acc: f32[BM, BN];
+    local out: {ot}[BM, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = 3) {{
+        copy(A[by * BM, k * BK], a);
+        copy(B[k * BK, bx * BN], b);
+        gemm(a, b, acc);
+    }}
+    parallel (i, j) in (BM, BN) {{
+        out[i, j] = acc[i, j] * 2.0 + (by * BM + i) - (bx * BN + j) * 0.5;
+    }}
+    copy(out, C[by * BM, bx * BN]);
+}}
+"""
+

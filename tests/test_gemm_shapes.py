@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tilec
-from gemm_shapes import case_id, cases, refused, source, split, swapped, swizzle
+from gemm_shapes import BESIDE, case_id, cases, refused, source, split, swapped, swizzle
 from guard import guarded
 
 CASES = list(cases())
@@ -81,3 +81,26 @@ def test_f8_operands_must_be_k_major():
     src = source(128, 128, 128, 256, transpose_a=True, transpose_b=True, dt="f8e4m3")
     with pytest.raises(tilec.TilecError, match=r"<string>:13:9: error: an f8e4m3 gemm reads a and b K-major"):
         tilec.compile(src, arch="sm_90a")
+
+
+@pytest.mark.parametrize("bm", [16, 128], ids=["swapped", "bm128"])
+@pytest.mark.parametrize("ot", ["f32", "f16"])
+def test_a_local_beside_the_accumulator_takes_its_layout(bm, ot):
+    """`out[i, j] = acc[i, j] * 2 + ...` in a parallel body: `out` takes acc's fragment
+    layout (transposed too), so one thread holds element (i, j) of both; compiled
+    cleanly and interpreted equal to numpy (the GPU run: tests/test_gpu_gemm.py)."""
+    src = BESIDE.format(bm=bm, ot=ot)
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == "", k.compile_log
+    layout = "layout wgmma transposed" if bm == 16 else "layout wgmma"
+    assert f"  local out: {ot}[{bm}, 128] {layout}\n" in k.ir("plan-gemm"), k.ir("plan-gemm")
+    m, n, kk = 40, 200, 136
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((m, kk)).astype(np.float16)
+    b = rng.standard_normal((kk, n)).astype(np.float16)
+    c = guarded((m, n), ot, like="numpy")
+    tilec.compile(src, backend="interpret")(a, b, c.view)
+    want = 2 * (a.astype(np.float32) @ b.astype(np.float32)) + np.arange(m)[:, None] - 0.5 * np.arange(n)[None, :]
+    np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=2e-3 if ot == "f16" else 1e-5,
+                               atol=0.1 if ot == "f16" else 1e-3)
+    c.check()

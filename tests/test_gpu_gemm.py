@@ -193,3 +193,27 @@ def test_swapped_tile_epilogue_sees_each_element_at_its_place(consts, mnk):
     err = ((c.view - want).norm() / want.norm()).item()
     assert torch.isfinite(c.view).all() and err < 1e-4, f"relative error {err:.2e}"
     c.check()
+
+
+@pytest.mark.parametrize("bm", [16, 128], ids=["swapped", "bm128"])
+@pytest.mark.parametrize("ot", ["f32", "f16"])
+@pytest.mark.parametrize("mnk", [(40, 200, 136), (1000, 1032, 520)], ids=lambda s: "x".join(map(str, s)))
+def test_a_local_beside_the_accumulator(bm, ot, mnk):
+    """tests/gemm_shapes.py's BESIDE: `out[i, j] = acc[i, j] * 2 + row - column / 2`, `out`
+    in acc's fragment layout, then copied out (f32: thread stores; f16: the staged TMA
+    store); into a guarded view."""
+    import torch
+    from gemm_shapes import BESIDE
+    m, n, k = mnk
+    kern = tilec.compile(BESIDE.format(bm=bm, ot=ot), fallback=False)
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.randn(k, n, device="cuda").half()
+    c = guarded((m, n), ot, fill=float("nan"))
+    kern(a, b, c.view)
+    torch.cuda.synchronize()
+    rows = torch.arange(m, device="cuda").float()[:, None]
+    cols = torch.arange(n, device="cuda").float()[None, :]
+    want = 2 * (a.float() @ b.float()) + rows - 0.5 * cols
+    err = ((c.view.float() - want).norm() / want.norm()).item()
+    assert torch.isfinite(c.view.float()).all() and err < (2e-3 if ot == "f16" else 1e-5), f"relative error {err:.2e}"
+    c.check()

@@ -168,7 +168,7 @@ class _Printer:
         each one): without it NVVM may sink a fill into a branch or hoist a read
         above wgmma.wait_group, and ptxas then serializes every wgmma (C7515)."""
         bufs = bufs if bufs is not None else [b for b in self.k.buffers if b.layout == "wgmma"]
-        return [f"{ind}wgmma_fence_operand({b.name});" for b in bufs]
+        return [f"{ind}wgmma_fence_operand({b.name});" for b in bufs if b.dtype.name == "f32"]
 
     @staticmethod
     def flat(shape, idx) -> str:
@@ -953,7 +953,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
                             f"(tl_smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
         elif b.layout == "wgmma":
             regs = b.elements // pr.threads
-            prologue.append(f"float {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
+            prologue.append(f"{ctype(b.dtype)} {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
                             f"accumulator fragments{' of its transpose' if b.transposed else ''}")
         else:
             slots = -(-b.elements // pr.threads)

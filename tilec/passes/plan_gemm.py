@@ -111,9 +111,40 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed)) for b in k.buffers)
-    k = replace(k, body=body, buffers=buffers)
+    k = _spread_fragments(replace(k, body=body, buffers=buffers))
+    spread = {b.name: b.elements // threads for b in k.buffers if b.layout == "wgmma" and b.name not in fragments}
+    if spread:
+        _check_registers({**fragments, **spread}, threads, k.producer_warpgroup, next(
+            s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)))
     _check_uses(k)
     return k
+
+
+def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
+    """A local tile that a `parallel` body or a copy uses beside a gemm accumulator
+    (of the same shape: check-types allows no other in a parallel) takes the
+    accumulator's fragment layout, so that one thread holds element (i, j) of both
+    (`out[i, j] = acc[i, j] * 2`); and so on, to a fixpoint. (Accumulators of one
+    shape have one layout: the split and the swap follow from the shape and the
+    block's threads.)"""
+    bufs = {b.name: b for b in k.buffers}
+    uses = []
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, (ir.Parallel, ir.Copy)):
+            e = effects.deep(k, s)
+            uses.append(sorted(n for n in e.reads | e.writes if n in bufs and bufs[n].scope == "local"))
+    changed = True
+    while changed:
+        changed = False
+        for names in uses:
+            acc = next((bufs[n] for n in names if bufs[n].layout == "wgmma"), None)
+            if acc is None:
+                continue
+            for n in names:
+                if bufs[n].layout == "row" and tuple(bufs[n].shape) == tuple(acc.shape):
+                    bufs[n] = replace(bufs[n], layout="wgmma", wg_cols=acc.wg_cols, transposed=acc.transposed)
+                    changed = True
+    return replace(k, buffers=tuple(bufs[b.name] for b in k.buffers))
 
 
 def _check_uses(k):
