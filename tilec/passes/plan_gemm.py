@@ -98,9 +98,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
-        if transposed.get(acc.name, swap) != swap:
-            raise SemanticError(f"'{acc.name}' is used by two gemms in different roles or layouts", s.span)
-        transposed[acc.name] = swap
+        transposed[acc.name] = swap        # the same for every gemm into acc: it follows from acc's shape
         splits[acc.name] = cols
         fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
         _check_registers(fragments, threads, k.producer_warpgroup, s)
