@@ -11,10 +11,11 @@ from guard import guarded
 pytestmark = pytest.mark.gpu
 
 
-def run(n, h, w, c, f, k=3, s=1, p=1, d=1, stages=3):
+def run(n, h, w, c, f, k=3, s=1, p=1, d=1, stages=3, src=None, **consts):
     import torch
     import torch.nn.functional as F
-    kern = tilec.compile(ROOT / "examples/conv2d.tile", tune=False, KH=k, KW=k, S=s, P=p, D=d)   # declared tiles
+    kern = tilec.compile(src or ROOT / "examples/conv2d.tile", tune=False, KH=k, KW=k, S=s, P=p, D=d,
+                         **consts)   # declared tiles, unless `consts`
     x = torch.randn(n, h, w, c, device="cuda").half()
     weight = torch.randn(f, c, k, k, device="cuda").half() / (c * k * k) ** 0.5
     wt = weight.permute(2, 3, 1, 0).reshape(k * k * c, f).contiguous()      # rows (kh, kw, c)
@@ -47,3 +48,14 @@ def test_resnet_layers(layer):
 ], ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
 def test_ragged_convolutions(case):
     run(*case)
+
+
+@pytest.mark.parametrize("case", [(2, 13, 17, 64, 64, 3, 1, 1, 1), (2, 15, 9, 64, 128, 3, 2, 0, 1)],
+                         ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
+@pytest.mark.parametrize("bm", [16, 32])
+def test_few_row_tiles_of_an_im2col_view(case, bm):
+    """conv2d.tile with 16- or 32-row tiles (one warpgroup): the gemm runs swapped
+    (acc^T = b^T @ a^T), the im2col tile as wgmma's K-major b."""
+    src = (ROOT / "examples/conv2d.tile").read_text()
+    assert "threads 2 * BM;" in src
+    run(*case, src=src.replace("threads 2 * BM;", "threads 2 * max(BM, 64);"), BM=bm, BN=64)
