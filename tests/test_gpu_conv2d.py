@@ -59,3 +59,14 @@ def test_few_row_tiles_of_an_im2col_view(case, bm):
     src = (ROOT / "examples/conv2d.tile").read_text()
     assert "threads 2 * BM;" in src
     run(*case, src=src.replace("threads 2 * BM;", "threads 2 * max(BM, 64);"), BM=bm, BN=64)
+
+
+@pytest.mark.parametrize("case, bk", [
+    ((2, 20, 20, 32, 64, 3, 1, 1, 1), 32), ((2, 13, 17, 16, 64, 3, 1, 1, 1), 16), ((2, 15, 9, 64, 128, 3, 2, 0, 1), 32),
+    ((2, 11, 11, 16, 128, 1, 1, 0, 1), 16),
+], ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c) if isinstance(c, tuple) else f"bk{c}")
+def test_narrow_im2col_tiles(case, bk):
+    """Convolutions of 16 or 32 channels on tensor cores: im2col K tiles of 32 or 64
+    bytes (BK = 16 / 32 f16 channels, TMA's 32- and 64-byte swizzles, wgmma's layout
+    types 3 and 2), and a 64-channel layer in two such tiles per filter tap."""
+    run(*case, BK=bk)
