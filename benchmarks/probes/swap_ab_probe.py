@@ -11,7 +11,7 @@ the operands of tiles of fewer than 64 rows itself.
 
     python benchmarks/probes/swap_ab_probe.py [f16|bf16] [--shapes MxNxK,...] [--report] [--cold-l2] [--bm 16,32,...]
 """
-import os, sys
+import os, re, sys
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import tuned_picks_vs_cublas
 
@@ -40,11 +40,11 @@ kernel gemm_swap(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {
 DT = "bf16" if "bf16" in sys.argv else "f16"
 SHIPPED = open("examples/gemm.tile").read().replace("f16", DT)
 SPACES = {"shipped": SHIPPED, "swapped": SWAPPED.replace("f16", DT)}
-if "--bm" in sys.argv:      # gemm.tile with these BM (below 64: plan-gemm swaps the operands), one warpgroup per 64 rows
+if "--bm" in sys.argv:      # gemm.tile with these BM (below 64: plan-gemm swaps the operands)
     bms = sys.argv[sys.argv.index("--bm") + 1]
-    assert "tune BM in (64, 128, 192)" in SHIPPED and "threads 2 * BM;" in SHIPPED
-    SPACES[f"BM in ({bms})"] = SHIPPED.replace("tune BM in (64, 128, 192)", f"tune BM in ({bms})").replace(
-        "threads 2 * BM;", "threads 2 * max(BM, 64);")
+    assert "threads 2 * max(BM, 64);" in SHIPPED      # one warpgroup per 64 rows, one for fewer
+    SPACES[f"BM in ({bms})"], n = re.subn(r"tune BM in \([^)]*\)", f"tune BM in ({bms})", SHIPPED)
+    assert n == 1
 SHAPES = [(m, n, k) for m in (8, 16, 32, 64) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))] + \
     [(128, 4096, 4096), (13, 4104, 4096), (50, 1000, 2008)]   # ragged: M, N and K not multiples of any tile
 for i, arg in enumerate(sys.argv):
