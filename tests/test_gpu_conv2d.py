@@ -70,3 +70,21 @@ def test_narrow_im2col_tiles(case, bk):
     bytes (BK = 16 / 32 f16 channels, TMA's 32- and 64-byte swizzles, wgmma's layout
     types 3 and 2), and a 64-channel layer in two such tiles per filter tap."""
     run(*case, BK=bk)
+
+
+@pytest.mark.parametrize("case", [(2, 20, 20, 32, 64, 3, 1, 1, 1), (2, 13, 17, 16, 64, 3, 1, 1, 1),
+                                  (2, 15, 9, 32, 128, 3, 2, 0, 1)],
+                         ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
+@pytest.mark.parametrize("tiles", [dict(BM=128, BN=64, STAGES=4, PRODUCER=1, PERSISTENT=1), dict(BM=64, BN=128)],
+                         ids=["128x64pr", "64x128"])
+def test_k_tiles_spanning_filter_taps(case, tiles):
+    """conv2d.tile with its channel count fixed in the header (16 or 32) and BK = 64:
+    each K tile spans 2 or 4 filter taps, one swizzled chunk (32 or 64 bytes) and one
+    TMA im2col load per tap, read by wgmma with that swizzle (plan-gemm, plan-tma)."""
+    c = case[3]
+    src = (ROOT / "examples/conv2d.tile").read_text()
+    assert src.count("X: f16[N, H, W, C]") == 1 and src.count("KH * KW * C") == 2
+    src = src.replace("X: f16[N, H, W, C]", f"X: f16[N, H, W, {c}]").replace("KH * KW * C", f"KH * KW * {c}")
+    kern = run(*case, src=src, **tiles)[0]
+    ir_text = kern.ir("plan-smem")
+    assert f"channels_per_pixel {c} " in ir_text and f"swizzle {c * 2}B" in ir_text

@@ -1,7 +1,9 @@
 """Convolutions of 16 and 32 channels on tensor cores: conv2d.tile with its K tile as wide
 as the channels (BK = 16 / 32 f16: im2col tiles of 32 / 64 bytes, TMA's 32- and 64-byte
-swizzles), the rest of its tune space tuned per layer, against cuDNN (F.conv2d,
-channels-last, cudnn.benchmark) in alternating rounds (common.versus_cudnn); N = 128.
+swizzles), and with C fixed in its header and BK = 64 (each K tile spans 64 / C filter
+taps, one swizzled chunk and one TMA load per tap); the rest of its tune space tuned per
+layer; against cuDNN (F.conv2d, channels-last, cudnn.benchmark) in alternating rounds
+(common.versus_cudnn); N = 128.
 
     python benchmarks/probes/narrow_conv_probe.py"""
 import os, sys
@@ -17,12 +19,16 @@ def main():
     torch.backends.cudnn.benchmark = True
     for hw, c, f, ks, s in LAYERS:
         L = Conv(hw, c, f, ks, s)
-        k = tilec.compile("examples/conv2d.tile", BK=c, **L.consts)
-        y = torch.empty(L.rows, L.f, device="cuda").half()
-        k(L.x, L.wt, y)                 # tunes
-        torch.cuda.synchronize()
-        print(f"{hw}x{hw} C{c}->{f} {ks}x{ks} s{s}: pick {k.best_config}", flush=True)
-        versus_cudnn(L, {f"tilec BK={c}": k}, f"{hw}x{hw} C{c}->{f}")
+        src = open("examples/conv2d.tile").read()
+        fixed = src.replace("X: f16[N, H, W, C]", f"X: f16[N, H, W, {c}]").replace("KH * KW * C", f"KH * KW * {c}")
+        kernels = {f"tilec BK={c}": tilec.compile(src, BK=c, **L.consts),
+                   f"tilec C={c} BK=64 (taps)": tilec.compile(fixed, BK=64, **L.consts)}
+        for name, k in kernels.items():
+            y = torch.empty(L.rows, L.f, device="cuda").half()
+            k(L.x, L.wt, y)                 # tunes
+            torch.cuda.synchronize()
+            print(f"{hw}x{hw} C{c}->{f} {ks}x{ks} s{s} {name}: pick {k.best_config}", flush=True)
+        versus_cudnn(L, kernels, f"{hw}x{hw} C{c}->{f}")
 
 
 main()

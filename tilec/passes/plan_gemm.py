@@ -82,8 +82,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
-        a_sw = _swizzle(pm // rows if ta else ka, esize)
-        b_sw = _swizzle(ka if tb else pn // cols, esize)
+        a_sw = _swizzle(pm // rows if ta else ka, esize, 128 if ta else _tap_bytes(k, wa, ka, esize))
+        b_sw = _swizzle(ka if tb else pn // cols, esize, _tap_bytes(k, wb, ka, esize) if tb else 128)
         if not b_sw and swap:
             raise SemanticError(f"{_swapped_note(m, n)}an M-major a ([K, M]) is read in swizzled chunks of 16 to "
                                 f"64 columns; each warpgroup's {pn // cols} columns of it are not a multiple of "
@@ -212,6 +212,20 @@ def _split(wg, m, n, span, swapped=""):
     return rows, cols
 
 
-def _swizzle(extent, esize) -> int:
-    """The widest swizzle (128, 64 or 32 bytes) whose rows tile `extent` elements; 0 if none."""
-    return next((sw for sw in (128, 64, 32) if extent * esize % sw == 0), 0)
+def _swizzle(extent, esize, widest=128) -> int:
+    """The widest swizzle (128, 64 or 32 bytes; at most `widest`) whose rows tile `extent` elements; 0 if none."""
+    return next((sw for sw in (128, 64, 32) if sw <= widest and extent * esize % sw == 0), 0)
+
+
+def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
+    """The widest swizzle a K-major operand may take: for a tile that an im2col copy
+    fills from a tensor of C channels fixed at compile time, C < K depth, the bytes
+    of C channels when those are 32 or 64 (each filter tap is then one swizzled
+    chunk, one TMA load: plan-tma); else 128."""
+    for s in ir.walk_stmts(k.body):
+        v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
+        if v is not None:
+            c = k.param(v.tensor).shape[-1]
+            if isinstance(c, ir.Int) and c.value < kdepth and kdepth % c.value == 0 and c.value * esize in (32, 64):
+                return c.value * esize
+    return 128

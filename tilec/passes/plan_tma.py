@@ -132,8 +132,11 @@ def _plan_im2col(k, s, maps):
                                 v.span)
     n, origins = im2col.row(v, x, m0)
     swizzle, width = "none", bk
-    if buf.swizzle:                 # a gemm operand: one swizzled chunk per pixel row
-        if bk * esize != buf.swizzle:
+    if buf.swizzle:                 # a gemm operand: one swizzled chunk per pixel row, or per tap (plan-gemm)
+        c = x.shape[-1]
+        if isinstance(c, ir.Int) and c.value * esize == buf.swizzle and bk % c.value == 0:
+            width = c.value         # a K tile of several filter taps: one load of a chunk each
+        elif bk * esize != buf.swizzle:
             raise SemanticError(f"an im2col tile read by gemm must be one swizzled chunk of 32, 64 or 128 bytes "
                                 f"({', '.join(str(w // esize) for w in (32, 64, 128))} channels of {x.dtype.name}), "
                                 f"not {bk}", s.span)
