@@ -607,11 +607,11 @@ class _Printer:
         register makes ptxas serialize the kernel's wgmmas (C7514)."""
         mt, regs, row, col = self.fragment_index(acc)
         self.pair_stores.add(dst.dtype.name)
+        if acc.transposed:
+            return self.transposed_pairs(acc, dst, regs, row, col, ind)
         pair_t, pack = PAIR_TYPES[dst.dtype.name]
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
         first = fold(s.src.starts[1]).value if s.src.starts else 0
-        if acc.transposed:
-            return self.transposed_pairs(acc, dst, regs, row, col, ind)
         body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};",
                 f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"]
         if not first and dst.shape == acc.shape:

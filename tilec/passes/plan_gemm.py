@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..arch import get as get_arch
 from ..errors import SemanticError
-from ..ir import effects
+from ..ir import effects, im2col
 from ..ir import nodes as ir
 from ..ir.exprs import map_body
 
@@ -224,8 +224,7 @@ def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
     chunk, one TMA load: plan-tma); else 128."""
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
-        if v is not None:
-            c = k.param(v.tensor).shape[-1]
-            if isinstance(c, ir.Int) and c.value < kdepth and kdepth % c.value == 0 and c.value * esize in (32, 64):
-                return c.value * esize
+        c = im2col.tap_channels(k.param(v.tensor), kdepth) if v is not None else None
+        if c is not None and c * esize in (32, 64):
+            return c * esize
     return 128

@@ -83,13 +83,14 @@ def _tap_chunked_tiles(k):
         if not (isinstance(s, ir.TmaLoad) and s.view):
             continue
         buf, x = k.buffer(s.buffer), k.param(k.view(s.view).tensor)
-        c, (bm, bk) = x.shape[-1], buf.shape
-        if buf.layout != "row" or not isinstance(c, ir.Int) or c.value >= bk or bk % c.value:
+        bm, bk = buf.shape
+        c = im2col.tap_channels(x, bk)
+        if buf.layout != "row" or c is None:
             continue
         esize = x.dtype.size
-        if (c.value * esize) % 16 or (bm * c.value * esize) % 128:
+        if (c * esize) % 16 or (bm * c * esize) % 128:
             continue        # TMA cannot: the launch check names the rule (and the fallback runs)
-        chunked[buf.name] = c.value
+        chunked[buf.name] = c
     if not chunked:
         return k
     return replace(k, buffers=tuple(replace(b, layout="cols", chunk=chunked[b.name]) if b.name in chunked else b
@@ -133,9 +134,9 @@ def _plan_im2col(k, s, maps):
     n, origins = im2col.row(v, x, m0)
     swizzle, width = "none", bk
     if buf.swizzle:                 # a gemm operand: one swizzled chunk per pixel row, or per tap (plan-gemm)
-        c = x.shape[-1]
-        if isinstance(c, ir.Int) and c.value * esize == buf.swizzle and bk % c.value == 0:
-            width = c.value         # a K tile of several filter taps: one load of a chunk each
+        c = im2col.tap_channels(x, bk)
+        if c is not None and c * esize == buf.swizzle:
+            width = c               # a K tile of several filter taps: one load of a chunk each
         elif bk * esize != buf.swizzle:
             raise SemanticError(f"an im2col tile read by gemm must be one swizzled chunk of 32, 64 or 128 bytes "
                                 f"({', '.join(str(w // esize) for w in (32, 64, 128))} channels of {x.dtype.name}), "
