@@ -205,7 +205,8 @@ GEMM_RAGGED = (4095, 4097, 4096)
 GEMM_RAGGED_LD = 4104
 # M, N, K of few-row gemms (LLM decode and small batches against a layer's weights):
 # fewer output tiles than SMs, where gemm.tile's stream-K splits the K steps
-GEMM_SMALL = [(m, n, k) for m in (16, 64, 256) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))]
+GEMM_SMALL = [(1, 4096, 4096), (8, 4096, 4096)] + \
+    [(m, n, k) for m in (16, 64, 256) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))]
 
 _KERNELS = {}       # what shipped() compiled, kept for the whole process (every --runs run)
 
@@ -447,7 +448,9 @@ def bench_autotune(rows):
             cold = time.perf_counter() - t
             err = rel_err(c, a @ b)
             assert err < 1e-2, f"tuned gemm f16 {n}: relative error {err}"
-            space = f"{len(getattr(k, '_candidates', ()))} candidates ({'the file' if own_tune else 'GEMM_TUNE'})"
+            tried = sum(line.startswith("  BM=") or line.startswith("  BN=") for line in k.tune_report().splitlines())
+            space = f"{tried} of {len(getattr(k, '_candidates', ()))} candidates tried " \
+                f"({'the file' if own_tune else 'GEMM_TUNE'})"
             rows.append((f"autotune gemm f16 {n}^3 cold (compile + timing)", "-", cold, 0, "s", None,
                          f"{space}: {chosen(k)}"))
             _CACHE.clear()

@@ -116,7 +116,7 @@ def test_gemm_on_ampere_is_refused_at_its_line():
     with pytest.raises(SemanticError) as e:
         tilec.compile(str(ROOT / "examples" / "gemm.tile"), arch="sm_80")
     assert str(e.value) == (
-        f"{ROOT / 'examples' / 'gemm.tile'}:14:9: error: gemm needs Hopper's warpgroup MMA (wgmma.mma_async), "
+        f"{ROOT / 'examples' / 'gemm.tile'}:17:9: error: gemm needs Hopper's warpgroup MMA (wgmma.mma_async), "
         "which only sm_90a has; sm_80 (Ampere) has none: compile this kernel for sm_90a\n"
         "        gemm(a, b, acc);               // acc += a @ b on tensor cores\n"
         "        ^~~~~~~~~~~~~~~~")
@@ -251,7 +251,7 @@ def test_cli_refuses_gemm_and_unknown_architectures():
     p = tilec_cli("check", "examples/gemm.tile", "--arch", "sm_89")
     assert p.returncode == 1
     assert p.stderr == (
-        "examples/gemm.tile:14:9: error: gemm needs Hopper's warpgroup MMA (wgmma.mma_async), which only sm_90a "
+        "examples/gemm.tile:17:9: error: gemm needs Hopper's warpgroup MMA (wgmma.mma_async), which only sm_90a "
         "has; sm_89 (Ada) has none: compile this kernel for sm_90a\n"
         "        gemm(a, b, acc);               // acc += a @ b on tensor cores\n"
         "        ^~~~~~~~~~~~~~~~\n")

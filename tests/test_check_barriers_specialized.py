@@ -22,7 +22,7 @@ def specialized_ir(name, consts=None):
     text = (ROOT / f"examples/{name}.tile").read_text()
     text = re.sub(r"stages = STAGES(, producer = PRODUCER)?\)", "stages = STAGES, producer = 1)", text)
     assert "producer = 1" in text
-    text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("tune "))
+    text = re.sub(r"^ *tune [^;]*;[^\n]*\n", "", text, flags=re.M)
     k = lower(Source(f"{name}.tile", text), consts).stages["insert-barriers"]
     assert any(isinstance(s, ir.Specialized) for s in k.body)
     return k

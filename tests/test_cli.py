@@ -123,33 +123,37 @@ class _Refused:
 
 def test_check_groups_the_candidates_one_error_refuses():
     """`tilec check` lists a tune space's refused candidates: one line for those of one
-    error that are every combination of the other consts with a few fixed, else one per
+    error that are every candidate it tried with a few consts fixed, else one per
     candidate, grouped by error in the order of each error's first candidate."""
+    from tilec.autotune import candidates
     from tilec.cli import _refusals
-    space = {"BM": (128, 192), "BN": (128, 256), "P": (0, 1), "SK": (0, 1)}
+    tried = candidates({"BM": (128, 192), "BN": (128, 256), "P": (0, 1), "SK": (0, 1)})
     sk = [({"BM": m, "BN": n, "P": 0, "SK": 1}, _Refused("t:5:1: error: sk needs p")) for m in (128, 192)
           for n in (128, 256)]
     regs = [({"BM": 192, "BN": 256, "P": p, "SK": k}, _Refused("t:9:1: error: registers")) for p, k in
             ((0, 0), (1, 0), (1, 1))]
-    assert _refusals(space, [sk[0], regs[0], *sk[1:], *regs[1:]]) == [
+    assert _refusals(tried, [sk[0], regs[0], *sk[1:], *regs[1:]]) == [
         "4 candidates with P=0 SK=1 refused: t:5:1: error: sk needs p",
         "candidate BM=192 BN=256 P=0 SK=0 refused: t:9:1: error: registers",
         "candidate BM=192 BN=256 P=1 SK=0 refused: t:9:1: error: registers",
         "candidate BM=192 BN=256 P=1 SK=1 refused: t:9:1: error: registers"]
-    # not every combination: a line each
-    assert _refusals(space, sk[:3]) == [f"candidate BM={c['BM']} BN={c['BN']} P=0 SK=1 refused: t:5:1: error: "
+    # not every candidate tried with those values: a line each
+    assert _refusals(tried, sk[:3]) == [f"candidate BM={c['BM']} BN={c['BN']} P=0 SK=1 refused: t:5:1: error: "
                                         "sk needs p" for c, _ in sk[:3]]
     # every candidate refused by one error: nothing fixed, a line each
     every = [({"BM": m}, _Refused("t:1:1: error: e")) for m in (128, 192)]
-    assert _refusals({"BM": (128, 192)}, every) == ["candidate BM=128 refused: t:1:1: error: e",
-                                                    "candidate BM=192 refused: t:1:1: error: e"]
+    assert _refusals(candidates({"BM": (128, 192)}), every) == ["candidate BM=128 refused: t:1:1: error: e",
+                                                                "candidate BM=192 refused: t:1:1: error: e"]
+    # a where condition left P=0 SK=1 out: the three of BM=192 BN=256 are every one tried there
+    kept = [c for c in tried if not (c["P"] == 0 and c["SK"] == 1)]
+    assert _refusals(kept, regs) == ["3 candidates with BM=192 BN=256 refused: t:9:1: error: registers"]
 
 
 def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     bad = tmp_path / "g.tile"
     bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 2 * max(BM, 64);", "threads 96;"))
     err = fails("check", str(bad))
-    assert err.startswith(f"{bad}:14:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
+    assert err.startswith(f"{bad}:17:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 
 
 def test_check_parse_error(tmp_path):

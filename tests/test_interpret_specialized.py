@@ -25,7 +25,7 @@ PERSISTENT = (ROOT / "examples/gemm_persistent.tile").read_text()
 def with_producer(src):
     """The source with its pipelined loop on a producer warpgroup (and no tune line)."""
     out = re.sub(r"stages = STAGES(, producer = PRODUCER)?\)", "stages = STAGES, producer = 1)",
-                 re.sub(r"^ *tune .*\n", "", src, flags=re.M))
+                 re.sub(r"^ *tune [^;]*;[^\n]*\n", "", src, flags=re.M))
     assert "producer = 1" in out
     return out
 

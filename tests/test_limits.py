@@ -20,7 +20,7 @@ def error(text, **consts):
 
 def test_a_shared_tile_larger_than_shared_memory():
     msg = error(GEMM, BK=2**31)
-    assert msg.startswith("t.tile:7:5: error: shared tile 'a' is 549755813888 bytes; a Hopper block has at most "
+    assert msg.startswith("t.tile:10:5: error: shared tile 'a' is 549755813888 bytes; a Hopper block has at most "
                           "232448 bytes of shared memory")
 
 

@@ -827,6 +827,91 @@ kernel k(A: f32[M, N], B: f32[M, N]) {
 t.tile:3:10: error: only consts can be tuned, and 'A' is a parameter
     tune A in (64, 128);
          ^""", id="tune-parameter"),
+
+    # ------------------------------------------------------------ tune ... where (docs/language.md §3)
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where BM <= M && bx == 0;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:43: error: the tune condition reads 'bx', a block index: it may read consts, shape symbols and integer scalar parameters
+    tune BM in (64, 128) where BM <= M && bx == 0;
+                                          ^~""", id="tune-where-block-index"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N], alpha: f32, rows: i32) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where BM <= rows && alpha > 0;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:46: error: the tune condition reads 'alpha', a f32 scalar: it may read consts, shape symbols and integer scalar parameters
+    tune BM in (64, 128) where BM <= rows && alpha > 0;
+                                             ^~~~~""", id="tune-where-float-scalar"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where A <= M;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:32: error: the tune condition reads 'A', a tensor: it may read consts, shape symbols and integer scalar parameters
+    tune BM in (64, 128) where A <= M;
+                               ^""", id="tune-where-tensor"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where exp(M) > BM;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:32: error: the tune condition calls 'exp': it may call min, max, cdiv and abs
+    tune BM in (64, 128) where exp(M) > BM;
+                               ^~~~~~""", id="tune-where-call"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where BM <= K;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:38: error: unknown name 'K'
+    tune BM in (64, 128) where BM <= K;
+                                     ^""", id="tune-where-unknown-name"),
+
+    pytest.param(ParseError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) where;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:31: error: unexpected ';'; expected an expression
+    tune BM in (64, 128) where;
+                              ^""", id="tune-where-empty"),
+
+    pytest.param(ParseError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const BM = 64, BN = 128;
+    tune BM in (64, 128) BM <= M;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+}
+""", """\
+t.tile:3:26: error: unexpected 'BM'; expected one of ',', ';', 'where'
+    tune BM in (64, 128) BM <= M;
+                         ^~""", id="tune-where-missing-keyword"),
 ]
 
 

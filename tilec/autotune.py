@@ -118,7 +118,8 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_]*"          # the grammar's NAME and INT
 _INT = re.compile(r"[0-9]+")
 _TUNE_WORD = re.compile(r"(?<![A-Za-z0-9_])tune(?![A-Za-z0-9_])")
 _VALUES = r"\(\s*[0-9]+(?:\s*,\s*[0-9]+)*\s*\)"
-_TUNE_STMT = re.compile(rf"tune\s+({_NAME}\s+in\s*{_VALUES}(?:\s*,\s*{_NAME}\s+in\s*{_VALUES})*)\s*;")
+_TUNE_STMT = re.compile(rf"tune\s+({_NAME}\s+in\s*{_VALUES}(?:\s*,\s*{_NAME}\s+in\s*{_VALUES})*)"
+                        r"(?:\s*(?<![A-Za-z0-9_])where(?![A-Za-z0-9_])([^;]*))?\s*;")
 _TUNE_ITEM = re.compile(rf"({_NAME})\s+in\s*\(([^)]*)\)")
 _CONST_STMT = re.compile(r"(?<![A-Za-z0-9_])const(?![A-Za-z0-9_])([^;]*);")
 _CONST_ITEM = re.compile(rf"\s*({_NAME})\s*=(.*)", re.S)
@@ -146,9 +147,10 @@ def _const_texts(text: str):
 
 
 def statement(source):
-    """The program's tune statement as (space, default): space the tuned consts
-    and their values as written, ((name, (value, ...)), ...), and default
-    {name: declared value}; None when there is none. A regular expression over
+    """The program's tune statement as (space, default, where): space the tuned
+    consts and their values as written, ((name, (value, ...)), ...), default
+    {name: declared value}, and where the text of its `where` condition (its
+    whitespace collapsed) or None; None when there is no statement. A regular expression over
     the text; the parser (tilec.frontend, which raises the statement's errors)
     when the text has `tune` anywhere else, or a rule of the statement does not
     hold."""
@@ -165,7 +167,8 @@ def statement(source):
         if len(set(names)) == len(names) and all(
                 _INT.fullmatch(consts.get(name, "")) and len(set(values)) == len(values) and int(consts[name]) in values
                 for name, values in space):
-            return space, {name: int(consts[name]) for name in names}
+            where = None if m.group(2) is None else " ".join(m.group(2).split())
+            return space, {name: int(consts[name]) for name in names}, where
     return _statement_by_parser(source)
 
 
@@ -175,7 +178,79 @@ def _statement_by_parser(source):
     if not k.tune:
         return None
     declared = {c[0]: c[1] for c in k.consts}
-    return k.tune, {name: declared[name].value for name, _ in k.tune}
+    return k.tune, {name: declared[name].value for name, _ in k.tune}, \
+        None if k.tune_where is None else k.tune_where.text
+
+
+# ---- a tune statement's `where` condition
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?!\s*\()")
+
+
+def condition_names(where: str) -> set:
+    """The names a `where` condition reads (its text; calls are not names)."""
+    return set(_WORD.findall(where)) - {"true", "false"}
+
+
+def _consts_of(source) -> tuple:
+    """The program's const names, without the parser where the text allows."""
+    consts = _const_texts(_COMMENT.sub(" ", source.text))
+    if consts is None:
+        from .frontend import parse
+        return tuple(c[0] for c in parse(source).consts)
+    return tuple(consts)
+
+
+class Condition:
+    """A tune condition (a tune statement's `where`, or tilec.compile's where=;
+    its text) over the candidates of a program compiled with `consts`:
+    `meets(cfg, names)` folds the program's consts (cfg and `consts` override
+    the declared values) and the given names' values (a tune's key values) into
+    it: True or False, or None where it reads a value not given. Parses the
+    program on first use (a tune compiles, or reads compiled candidates,
+    anyway), or at once with `check` (where=: its errors are tilec.compile's)."""
+
+    def __init__(self, source, consts: dict, text: str, check: bool = False):
+        self.source, self.consts, self.text = source, dict(consts), " ".join(text.split())
+        self._parsed = None
+        if check:
+            self._parse()
+
+    def _parse(self):
+        if self._parsed is None:
+            from .frontend import parse, parse_condition
+            k = parse(self.source)
+            self._parsed = (tuple((c[0], c[1]) for c in k.consts), parse_condition(self.text, k))
+        return self._parsed
+
+    def meets(self, cfg: dict, names: dict):
+        from .ir import nodes as ir
+        from .ir.exprs import fold, substitute
+        decls, cond = self._parse()
+        given = {**self.consts, **cfg}
+        values = {}
+        for name, e in decls:
+            values[name] = ir.Int(given[name]) if name in given else fold(substitute(e, values))
+        values.update((n, ir.Int(v)) for n, v in names.items())
+        return _decide(fold(substitute(cond, values)))
+
+
+def _decide(e):
+    """A folded condition's truth: True, False, or None where it depends on a
+    name left in it (`&&` / `||` / `!` decided by the parts that are known)."""
+    from .ir import nodes as ir
+    if isinstance(e, ir.Int):
+        return bool(e.value)
+    if isinstance(e, ir.BinOp) and e.op in ("&&", "||"):
+        a, b = _decide(e.lhs), _decide(e.rhs)
+        short = e.op == "||"               # the value that decides either way: true for ||, false for &&
+        if a is short or b is short:
+            return short
+        return None if a is None or b is None else not short
+    if isinstance(e, ir.UnaryOp) and e.op == "!":
+        v = _decide(e.operand)
+        return None if v is None else not v
+    return None
 
 
 def shape_symbols(source) -> tuple:
@@ -471,7 +546,7 @@ class TunedKernel:
     the attributes read through here are its."""
 
     def __init__(self, source, consts: dict, tune: dict, key: tuple, arch: str, fallback: bool, debug: bool,
-                 default: dict | None = None):
+                 default: dict | None = None, where: str | None = None, check_where: bool = False):
         self.source = source
         self.arch = arch
         self._consts = dict(consts)
@@ -479,6 +554,15 @@ class TunedKernel:
         self._first_cfg = None if default is None else dict(default)
         self._candidates = candidates(self._tune, self._first_cfg)
         self._key = tuple(key)
+        self._where = None if where is None else Condition(source, consts, where, check_where)
+        if where is not None:
+            outside = sorted(condition_names(where) - set(_consts_of(source)) - set(self._key))
+            if outside:
+                self._where._parse()          # a name that is no shape symbol or scalar: the parser's error
+                raise TilecError(f"the tune condition `{where}` reads {', '.join(outside)}, not in the key "
+                                 f"({', '.join(self._key) or 'none'}): a choice made for one value would be reused "
+                                 f"for another. Add {'it' if len(outside) == 1 else 'them'} to key=, or leave key= "
+                                 "out (every shape symbol)")
         self._fallback_allowed, self.debug = fallback, debug
         self._read_key = key_reader(signature(source), self._key)
         self._chosen: dict = {}          # key values -> (Kernel, consts)
@@ -517,6 +601,8 @@ class TunedKernel:
     def _disk_key(self, kv, args) -> str:
         space = _space(self._tune) if self._first_cfg is None else \
             (_space(self._tune), "first", tuple(self._first_cfg.items()))
+        if self._where is not None:
+            space = (space, "where", self._where.text)
         return cache.key("autotune", __version__, self._program_key(), space, self._key, kv,
                          _device_name(args), nvrtc.identity())
 
@@ -576,15 +662,27 @@ class TunedKernel:
         self._reports[kv] = report
         return k, cfg, True
 
+    def _meeting(self, kv) -> tuple:
+        """The candidates the tune statement's `where` condition keeps for key values
+        kv, and the report's line on the others (None without a condition). Where
+        it keeps none (consts given to tilec.compile can do that), all of them."""
+        if self._where is None:
+            return self._candidates, None
+        names = _describe(dict(zip(self._key, kv)))
+        cands = [cfg for cfg in self._candidates if self._where.meets(cfg, dict(zip(self._key, kv)))]
+        left = len(self._candidates) - len(cands)
+        if not cands:
+            return self._candidates, f"the tune condition `{self._where.text}` is false for every candidate at " \
+                f"{names}: all were tried"
+        return cands, (f"{left} other candidate{'s' if left > 1 else ''}: not tried, the tune condition "
+                       f"`{self._where.text}` is false for them at {names}" if left else None)
+
     def _tune_now(self, kv, args, stream):
-        n = len(self._candidates)
+        self._refuse_tuned_and_given(self._tune)      # it would refuse every candidate
+        cands, pruned = self._meeting(kv)
+        n = len(cands)
         progress = _Progress(self._name(), 2 * n)
-        try:
-            self._refuse_tuned_and_given(self._tune)      # it would refuse every candidate
-        except TilecError:
-            progress.finish("no candidate compiles")
-            raise
-        compiled, refused = compile_candidates(self.source, [{**self._consts, **cfg} for cfg in self._candidates],
+        compiled, refused = compile_candidates(self.source, [{**self._consts, **cfg} for cfg in cands],
                                                self.arch, self._fallback_allowed, self.debug,
                                                lambda i: progress.step("compiling"))
         if not compiled:
@@ -618,16 +716,19 @@ class TunedKernel:
         winner = compiled[best]
         _run(winner, args, stream)
         report = []
-        for i, cfg in enumerate(self._candidates):
+        for i, cfg in enumerate(cands):
             if i in times:
                 mark = (f" ({dropped[i]} round{'s' if dropped[i] > 1 else ''})" if i in dropped else "") + \
                     (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
                 report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
             else:
                 report.append(f"{_describe(cfg)}: refused: {refused[i]}")
-        progress.finish(f"{_describe(self._candidates[best])} ({times[best] * 1e3:.4f} ms; "
-                        f"{len(times)} timed, {len(refused)} refused)")
-        return winner, self._candidates[best], report
+        if pruned is not None:
+            report.append(pruned)
+        left = len(self._candidates) - n
+        progress.finish(f"{_describe(cands[best])} ({times[best] * 1e3:.4f} ms; "
+                        f"{len(times)} timed, {len(refused)} refused{f', {left} not tried' if left else ''})")
+        return winner, cands[best], report
 
     @staticmethod
     def _runoff(compiled, times, args, stream, saved) -> list:
@@ -706,42 +807,46 @@ def _key_tuple(key) -> tuple:
     return () if key is None else (key,) if isinstance(key, str) else tuple(key)
 
 
-def tuned(source, consts, tune, key, arch, fallback, debug) -> TunedKernel:
-    """tilec.compile's tune= path: one TunedKernel per program, space and key
-    (cached), keyed by `key` (default: every shape symbol of the header, as a
-    tune statement is: a choice made for one shape is not another's)."""
+def tuned(source, consts, tune, key, arch, fallback, debug, where=None) -> TunedKernel:
+    """tilec.compile's tune= path: one TunedKernel per program, space, key and
+    where= condition (cached), keyed by `key` (default: every shape symbol of the
+    header, as a tune statement is: a choice made for one shape is not another's)."""
     key = shape_symbols(source) if key is None else _key_tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     candidates(tune)
-    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key)
-    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug))
+    pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
+                       tune_where=where)
+    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug,
+                                                       where=where, check_where=True))
 
 
 def statement_space(source, consts) -> tuple:
     """The program's tune statement less the consts given in `consts`: (space
-    {name: values}, its declared values {name: value}); ({}, {}) when there is
-    no statement or every tuned const is given."""
+    {name: values}, its declared values {name: value}, its `where` condition's
+    text or None); ({}, {}, None) when there is no statement or every tuned
+    const is given."""
     found = statement(source)
     if found is None:
-        return {}, {}
-    space, declared = found
+        return {}, {}, None
+    space, declared, where = found
     tune = {name: values for name, values in space if name not in consts}
-    return tune, {name: declared[name] for name in tune}
+    return tune, {name: declared[name] for name in tune}, where if tune else None
 
 
-def from_statement(source, consts, key, arch, fallback, debug):
+def from_statement(source, consts, key, arch, fallback, debug, where=None):
     """tilec.compile of a program with a tune statement (and no tune=): a
     TunedKernel over the statement's space less the consts given in `consts`,
     its declared values first, keyed by `key` (default: every shape symbol of
-    the header); None when the program has no tune statement or every tuned
-    const is given."""
-    tune, first = statement_space(source, consts)
+    the header), filtered by its `where` condition (or `where`, given); None
+    when the program has no tune statement or every tuned const is given."""
+    tune, first, own = statement_space(source, consts)
     if not tune:
         return None
     key = shape_symbols(source) if key is None else _key_tuple(key)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
-                       tune_first=tuple(first.items()))
-    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first))
+                       tune_first=tuple(first.items()), tune_where=where)
+    return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first,
+                                                       own if where is None else where, where is not None))
 
 
 def first_interpreted(source, consts, tune, key, fallback, arch):

@@ -54,39 +54,45 @@ def _cmd_emit(args):
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import candidates, compile_candidates, statement_space
+    from .autotune import Condition, candidates, compile_candidates, statement_space
     from .compiler import load_source
     from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
     source = load_source(args.file)
-    space, first = statement_space(source, consts)
+    space, first, where = statement_space(source, consts)
     k = compile_kernel(source, arch=arch, tune=False, **consts, **first)    # as the first candidate
     if not space:
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
     cands = candidates(space, first)
+    excluded = ""
+    if where is not None:        # the candidates its where condition excludes for every shape are not tried
+        condition, total = Condition(source, consts, where), len(cands)
+        cands = cands[:1] + [cfg for cfg in cands[1:] if condition.meets(cfg, {}) is not False]
+        excluded = f"; {total - len(cands)} more excluded by the tune condition for every shape" \
+            if len(cands) < total else ""
     _, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True, env_debug())
     refused = [(cands[1 + i], errors[i]) for i in sorted(errors)]
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
-          f"{len(cands) - len(refused)} of {len(cands)} candidates compile)")
-    for line in _refusals(space, refused):
+          f"{len(cands) - len(refused)} of {len(cands)} candidates compile{excluded})")
+    for line in _refusals(cands, refused):
         print(f"{args.file}: {line}")
 
 
-def _refusals(space: dict, refused: list) -> list:
+def _refusals(tried: list, refused: list) -> list:
     """A line per refused candidate, "candidate BM=192 ... refused: <error>",
     grouped by error (in the order of each error's first candidate); the
-    candidates of one error that are every combination of the other consts'
-    values with a few consts fixed are one line instead:
-    "16 candidates with PERSISTENT=0 STREAM_K=1 refused: <error>"."""
+    candidates of one error that are every candidate tried with a few consts
+    fixed are one line instead: "16 candidates with PERSISTENT=0 STREAM_K=1
+    refused: <error>"."""
     by_error = {}
     for cfg, e in refused:
         by_error.setdefault(e.render().splitlines()[0], []).append(cfg)
     lines = []
     for error, cfgs in by_error.items():
         fixed = {n: v for n, v in cfgs[0].items() if all(c[n] == v for c in cfgs)}
-        combos = math.prod(len(space[n]) for n in cfgs[0] if n not in fixed)
-        if len(cfgs) > 1 and fixed and combos == len(cfgs):     # distinct candidates: the whole product
+        alike = sum(all(c[n] == v for n, v in fixed.items()) for c in tried)
+        if len(cfgs) > 1 and fixed and alike == len(cfgs):     # every candidate tried with those values
             what = " ".join(f"{n}={v}" for n, v in fixed.items())
             lines.append(f"{len(cfgs)} candidates with {what} refused: {error}")
         else:

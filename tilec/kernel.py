@@ -233,7 +233,7 @@ def env_debug() -> bool:
 
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
-            backend: str | None = None, tune=None, key=None, **consts) -> Kernel:
+            backend: str | None = None, tune=None, key=None, where=None, **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
@@ -256,11 +256,18 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     given here; a plain Kernel if none is left), its declared values first,
     keyed by every shape symbol of its header unless `key` is given; tune= given
     replaces the statement's space (the same default key), and tune=False ignores the statement (a
-    Kernel of the declared consts, which backend="interpret" always runs)."""
+    Kernel of the declared consts, which backend="interpret" always runs).
+    where: a tune condition, as after a tune statement's `where` (docs/language.md
+    §3): on a new key, only the candidates for which it holds are compiled and
+    timed; it replaces the statement's own (where="1": none)."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
     explicit = tune is not None and tune is not False
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        raise TilecError(f"where= takes a tune condition's text, e.g. \"BM <= M\", got {where!r}")
+    if where is not None and tune is False:
+        raise TilecError("where= goes with tuning, and tune=False tunes nothing")
     if backend == "interpret":
         from .runtime.interpret import interpret
         if explicit:
@@ -276,12 +283,14 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         debug = env_debug()
     if explicit:
         from .autotune import tuned
-        return tuned(source, consts, tune, key, arch, fallback, debug)
+        return tuned(source, consts, tune, key, arch, fallback, debug, where)
     if tune is None and "tune" in source.text:     # the program's tune statement (read without the parser)
         from .autotune import from_statement
-        k = from_statement(source, consts, key, arch, fallback, debug)
+        k = from_statement(source, consts, key, arch, fallback, debug, where)
         if k is not None:
             return k
+    if where is not None:
+        raise TilecError("where= goes with tuning: give tune= (or compile a program with a tune statement)")
     return cached(program_key(source, consts, arch=arch, fallback=fallback, debug=debug),
                   lambda: Kernel(source, consts, arch, fallback, debug=debug))
 

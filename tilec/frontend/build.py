@@ -1,11 +1,14 @@
 """Parse tree -> IR. One method per grammar rule; every node gets its span."""
 from __future__ import annotations
 
+import re
+
 from lark import Token, Transformer, v_args
 from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
+from ..ir.exprs import INT_CALLS, walk_expr
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -127,7 +130,12 @@ class _Builder(Transformer):
         return (str(name), tuple((int(v), self._tok_span(v)) for v in values), self._tok_span(name))
 
     def tune_stmt(self, meta, ch):
-        return _Decl("tune", list(ch), self._span(meta))
+        *items, where = ch
+        return _Decl("tune", (items, where), self._span(meta))
+
+    def tune_where(self, meta, ch):
+        text = re.sub(r"//[^\n]*", " ", self.source.text[meta.start_pos:meta.end_pos][len("where"):])
+        return ir.TuneWhere(ch[0], " ".join(text.split()), span=self._span(meta))
 
     def let_stmt(self, meta, ch):
         return _Decl("let", (str(ch[0]), ch[1], self._tok_span(ch[0])), self._span(meta))
@@ -345,9 +353,12 @@ class _Builder(Transformer):
             raise SemanticError(f"kernel '{name}' has no threads declaration", self._tok_span(name),
                                 note="add e.g. `threads 128;`")
         space = self._tune_space(tune[0], tune[1], consts, seen, params) if tune is not None else ()
+        where = tune[0].value[1] if tune is not None else None
+        if where is not None:
+            check_tune_condition(where.cond, seen, params)
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
                          grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space,
-                         persistent=grid[2], stream_k=grid[3], group=grid[4])
+                         tune_where=where, persistent=grid[2], stream_k=grid[3], group=grid[4])
 
     def _tune_space(self, decl, before, consts, seen, params):
         """`tune NAME in (INT, ...), ...;`: ((name, (value, ...)), ...) as written.
@@ -359,7 +370,7 @@ class _Builder(Transformer):
                 if isinstance(d, ir.Var):
                     kinds.setdefault(d.name, "shape symbol")
         space = []
-        for cname, values, nspan in decl.value:
+        for cname, values, nspan in decl.value[0]:
             if any(cname == n for n, _ in space):
                 raise SemanticError(f"'{cname}' is tuned twice", nspan)
             if cname not in before:
@@ -426,6 +437,43 @@ class _Builder(Transformer):
 
     def start(self, meta, ch):
         return ch[0]
+
+
+def check_tune_condition(cond, declared: dict, params):
+    """A tune condition (`tune ... where COND;`, or tilec.compile's where=): an
+    integer expression of consts, shape symbols and integer scalar parameters
+    (the values a tune knows before it compiles a candidate), calling only min,
+    max, cdiv and abs. `declared`: the kernel's names and what each is
+    ("parameter", "const", "let", "block index", "tile")."""
+    symbols = {d.name for p in params for d in getattr(p, "shape", ()) if isinstance(d, ir.Var)}
+    scalars = {p.name: p for p in params if isinstance(p, ir.ScalarParam)}
+    allowed = "it may read consts, shape symbols and integer scalar parameters"
+    for x in walk_expr(cond):
+        if isinstance(x, ir.Var):
+            kind = declared.get(x.name) or ("shape symbol" if x.name in symbols else None)
+            if kind is None:
+                raise SemanticError(f"unknown name '{x.name}'", x.span)
+            if kind == "parameter" and x.name in scalars and not scalars[x.name].dtype.is_float:
+                continue
+            if kind not in ("const", "shape symbol"):
+                what = f"a {scalars[x.name].dtype.name} scalar" if x.name in scalars else \
+                    "a tensor" if kind == "parameter" else f"a {kind}"
+                raise SemanticError(f"the tune condition reads '{x.name}', {what}: {allowed}", x.span)
+        elif isinstance(x, ir.Call) and (x.func not in INT_CALLS or x.func == "select"):
+            raise SemanticError(f"the tune condition calls '{x.func}': it may call min, max, cdiv and abs", x.span)
+        elif isinstance(x, (ir.Float, ir.Cast, ir.Subscript, ir.TupleExpr, ir.Slice)):
+            raise SemanticError(f"the tune condition is an integer expression ({allowed}), not "
+                                f"'{print_expr(x)}'", x.span)
+
+
+def declared_names(k: ir.Kernel) -> dict:
+    """A parsed kernel's names and what each is, as the builder declared them."""
+    names = {p.name: "parameter" for p in k.params}
+    names.update((c[0], "const") for c in k.consts)
+    names.update((name, "let") for name, _ in k.lets)
+    names.update((g, "block index") for g in k.grid_vars)
+    names.update((b.name, "tile") for b in k.buffers)
+    return names
 
 
 def build_ir(tree, source: Source) -> ir.Kernel:

@@ -29,7 +29,8 @@ _STMT_START = {"CONST", "TUNE", "LET", "REQUIRE", "GRID", "THREADS", "SHARED", "
 @functools.lru_cache(maxsize=1)
 def parser() -> lark.Lark:
     grammar = (resource("grammar") / "tilec.lark").read_text()
-    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True,
+                     start=["start", "expr"])     # expr: tilec.compile's where= condition
 
 
 def _describe_terminal(name: str) -> str:
@@ -71,9 +72,9 @@ def _describe_token(tok) -> str:
     return f"'{tok}'"
 
 
-def parse_tree(source: Source) -> lark.Tree:
+def parse_tree(source: Source, start: str = "start") -> lark.Tree:
     try:
-        return parser().parse(source.text)
+        return parser().parse(source.text, start=start)
     except lark.exceptions.UnexpectedToken as e:
         tok = e.token
         if tok.type == "$END":

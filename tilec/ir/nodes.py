@@ -208,6 +208,15 @@ class Require:
 
 
 @dataclass(frozen=True)
+class TuneWhere:
+    """`tune ... where COND;`: which candidates a tune compiles and times for a
+    call's key values. `text` is COND as written, its whitespace collapsed."""
+    cond: Expr
+    text: str
+    span: Optional[Span] = SPAN
+
+
+@dataclass(frozen=True)
 class Im2colView:
     """`let Xc = im2col(X, kernel = ..., stride = ..., pad = ..., dilation = ...)`:
     the [N * OH * OW, KH * KW * C] implicit-GEMM matrix of channels-last X.
@@ -622,6 +631,7 @@ class Kernel:
     views: tuple = ()           # Im2colView
     span: Optional[Span] = SPAN
     tune: tuple = ()            # the tune statement: ((const name, (value, ...)), ...) as written
+    tune_where: Optional[TuneWhere] = None   # its `where` condition (the tune evaluates it)
     persistent: object = 0      # grid (...) = (...), persistent = 1: the launch keeps only the blocks
                                 # the GPU holds at once, each looping over the tiles (make-persistent);
                                 # an Expr until fold-consts, then 0 or 1

@@ -30,8 +30,8 @@ def expr(e, prec: int = 0) -> str:
         return repr(e.value)
     if isinstance(e, ir.Var):
         return e.name
-    if isinstance(e, ir.BinOp):
-        return binary(e, prec, _PREC, expr)
+    if isinstance(e, ir.BinOp):        # comparisons do not chain in the language: (a == b) == c
+        return binary(e, prec, _PREC, expr, chains=_PREC[e.op] != _PREC["=="])
     if isinstance(e, ir.UnaryOp):
         return f"{e.op}{expr(e.operand, 6)}"
     if isinstance(e, ir.Call):
@@ -198,7 +198,9 @@ def kernel(k: ir.Kernel) -> str:
     for c in k.consts:
         out.append(f"  const {c[0]} = {_const_value(c[1])}")
     if k.tune:
-        out.append("  tune " + ", ".join(f"{name} in ({', '.join(map(str, values))})" for name, values in k.tune))
+        where = "" if k.tune_where is None else f" where {expr(k.tune_where.cond)}"
+        out.append("  tune " + ", ".join(f"{name} in ({', '.join(map(str, values))})" for name, values in k.tune)
+                   + where)
     for name, value in k.lets:
         out.append(f"  let {name} = {expr(value)}")
     for r in k.requires:
