@@ -531,6 +531,10 @@ def test_a_where_condition_reads_only_the_key_and_consts(env):
             "be reused for another. Add it to key=, or leave key= out (every shape symbol)")):
         tuned_from_statement(ACC_WHERE, key="N")
     assert tuned_from_statement(ACC_WHERE, key=("N", "M"))._key == ("N", "M")
+    # the default key: every shape symbol, then the scalars the condition reads
+    reads_rows = (ROOT / "tests/filecheck/tune_where.tile").read_text()
+    assert "rows >= 0" in reads_rows and tuned_from_statement(reads_rows)._key == ("M", "N", "rows")
+    assert tuned_from_statement(reads_rows.replace("rows >= 0", "rows >= 0 || M > 1"))._key == ("M", "N", "rows")
 
 
 def test_a_where_argument_filters_tune_and_replaces_the_statement_s(env):
@@ -736,7 +740,7 @@ def test_statement_reader_agrees_with_the_parser():
     assert autotune.statement(programs["conv2d"]) == (
         (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
          ("PERSISTENT", (0, 1))),
-        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0}, None)
+        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0}, "BN <= 64 || F > BN / 2")
     assert autotune.statement(programs["layout"])[0] == (("BN", (64, 128, 256)), ("BM", (32,)))
     assert autotune.statement(programs["where"])[2] == "(BM <= M && WIDE * 2 <= max(N, 128))"
 

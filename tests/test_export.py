@@ -331,7 +331,7 @@ CHECK:      const TiledMap tmap_Wt_rule = {
 CHECK:      const TiledMap tmap_Y_rule = {
 CHECK:        if (Wt_shape[0] != 9 * C)
 CHECK:        if (Y_shape[1] != F)
-CHECK:        // {{.*}}examples/conv2d.tile:9: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
+CHECK:        // {{.*}}examples/conv2d.tile:10: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
 CHECK-NEXT:   const long long grid[3] = {cdiv(F, 128), cdiv(N * H * W, 128), 1};
 CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
 CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Wt, tmap_Wt_rule, Wt, Wt_shape, Wt_strides, why);

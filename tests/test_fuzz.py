@@ -126,3 +126,7 @@ def test_printed_expressions_parse_back_to_the_same_ir(e):
     text = show(e)
     source = Source("expr", text)
     assert bare(build_ir(parse_tree(source, start="expr"), source)) == bare(e), text
+    # the names the tuner reads from a condition's text, without the parser (its key check)
+    from tilec.autotune import condition_names
+    from tilec.ir.exprs import free_names
+    assert condition_names(text) == free_names(e), text

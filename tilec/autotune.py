@@ -184,12 +184,19 @@ def _statement_by_parser(source):
 
 # ---- a tune statement's `where` condition
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?!\s*\()")
+_WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z_][A-Za-z0-9_]*(?![A-Za-z0-9_]|\s*\()")
 
 
 def condition_names(where: str) -> set:
     """The names a `where` condition reads (its text; calls are not names)."""
     return set(_WORD.findall(where)) - {"true", "false"}
+
+
+def default_key(source, where: str | None) -> tuple:
+    """A tune's key when key= is not given: every shape symbol of the header, then
+    the scalar parameters its condition reads (in argument order)."""
+    read = condition_names(where) if where is not None else set()
+    return shape_symbols(source) + tuple(name for name, dims in signature(source) if dims is None and name in read)
 
 
 def _consts_of(source) -> tuple:
@@ -811,7 +818,7 @@ def tuned(source, consts, tune, key, arch, fallback, debug, where=None) -> Tuned
     """tilec.compile's tune= path: one TunedKernel per program, space, key and
     where= condition (cached), keyed by `key` (default: every shape symbol of the
     header, as a tune statement is: a choice made for one shape is not another's)."""
-    key = shape_symbols(source) if key is None else _key_tuple(key)
+    key = default_key(source, where) if key is None else _key_tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     candidates(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
@@ -842,7 +849,7 @@ def from_statement(source, consts, key, arch, fallback, debug, where=None):
     tune, first, own = statement_space(source, consts)
     if not tune:
         return None
-    key = shape_symbols(source) if key is None else _key_tuple(key)
+    key = default_key(source, own if where is None else where) if key is None else _key_tuple(key)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
                        tune_first=tuple(first.items()), tune_where=where)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first,
