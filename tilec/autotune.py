@@ -676,7 +676,7 @@ class TunedKernel:
         if self._where is None:
             return self._candidates, None
         names = _describe(dict(zip(self._key, kv)))
-        cands = [cfg for cfg in self._candidates if self._where.meets(cfg, dict(zip(self._key, kv)))]
+        cands = [cfg for cfg in self._candidates if self._where.meets(cfg, dict(zip(self._key, kv))) is not False]
         left = len(self._candidates) - len(cands)
         if not cands:
             return self._candidates, f"the tune condition `{self._where.text}` is false for every candidate at " \
