@@ -734,9 +734,10 @@ def test_statement_reader_agrees_with_the_parser():
         assert autotune.shape_symbols(src) == tuple(symbols), name
     assert autotune.statement(programs["gemm"]) == (
         (("BM", (8, 16, 64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 8)), ("PRODUCER", (0, 1)),
-         ("PERSISTENT", (0, 1)), ("STREAM_K", (0, 1))),
-        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0, "STREAM_K": 0},
-        "STREAM_K <= PERSISTENT && (BM >= 64 || M <= 4 * BM) && (BM <= 64 || M > 64)")
+         ("PERSISTENT", (0, 1)), ("STREAM_K", (0, 1)), ("BK", (64, 128))),
+        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0, "STREAM_K": 0, "BK": 64},
+        "STREAM_K <= PERSISTENT && (BM >= 64 || M <= 4 * BM) && (BM <= 64 || M > 64) && (BK == 64 || BM < 64 && "
+        "BN <= 128)")
     assert autotune.statement(programs["conv2d"]) == (
         (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
          ("PERSISTENT", (0, 1))),
@@ -802,26 +803,30 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 216 of 270 candidates compile; 90 more excluded by the tune condition for every "
+                        r"tune: 276 of 342 candidates compile; 378 more excluded by the tune condition for every "
                         r"shape\)", lines[0]), lines[0]
-    # the 90 with STREAM_K=1 PERSISTENT=0 (`where STREAM_K <= PERSISTENT`) are not compiled: the compiler would
-    # refuse them (stream_k = 1 needs persistent = 1)
+    # the 180 with STREAM_K=1 PERSISTENT=0 (`where STREAM_K <= PERSISTENT`) are not compiled: the compiler would
+    # refuse them (stream_k = 1 needs persistent = 1); nor 128-deep K steps but for 8- and 16-row tiles of 64 or
+    # 128 columns
     assert not any("STREAM_K=1" in line and "PERSISTENT=0" in line for line in lines)
+    assert all(re.search(r"BM=(8|16) BN=(64|128) .*BK=128", line) for line in lines if "BK=128" in line)
     registers = ("examples/gemm.tile:17:9: error: gemm: the accumulator fragments take 128 registers per "
                  "thread (128 for 'acc') and a wgmma needs about 26 more, over the 128 a thread of a "
                  "384-thread block beside a producer warpgroup can have: use fewer columns per warpgroup "
                  "(a smaller N tile) or fewer threads")
     assert [line for line in lines if line.endswith(registers)] == [
-        f"examples/gemm.tile: 9 candidates with BM=192 BN=256 PRODUCER=1 refused: {registers}"]
+        f"examples/gemm.tile: 9 candidates with BM=192 BN=256 PRODUCER=1 BK=64 refused: {registers}"]
     # the rest: 8-stage rings that do not fit (one line, or one per group of candidates), each naming
     # the bytes its tiles need; only 8x64, 8x128, 16x64, 16x128, 64x64, 64x128 and 128x64 tiles fit 8 stages
+    # 64 deep, and 8x64 and 16x64 128 deep
     smem = [line for line in lines[1:] if not line.endswith(registers)]
     named = re.compile(r"examples/gemm\.tile: (?:candidate|\d+ candidates with) BM=(\d+) BN=(\d+) STAGES=8 .*refused: "
                        r"examples/gemm\.tile:1[01]:5: error: shared tiles need (\d+) bytes; a Hopper block has at "
                        r"most 232448 bytes of shared memory")
     tiles = {(int(m.group(1)), int(m.group(2))) for m in map(named.fullmatch, smem) if m}
     assert all(named.fullmatch(line) for line in smem), smem
-    assert tiles == {(8, 256), (16, 256), (64, 256), (128, 128), (128, 256), (192, 64), (192, 128), (192, 256)}
+    assert tiles == {(8, 128), (8, 256), (16, 128), (16, 256), (64, 256), (128, 128), (128, 256), (192, 64), (192, 128),
+                     (192, 256)}
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
@@ -852,8 +857,8 @@ def test_check_fails_when_the_declared_default_fails(tmp_path):
 def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
     assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (8, 16, 64, 128, 192), BN in (64, 128, 256), STAGES in (3, 4, 8), PRODUCER in (0, 1), " \
-        "PERSISTENT in (0, 1), STREAM_K in (0, 1) where STREAM_K <= PERSISTENT && (BM >= 64 || M <= 4 * BM) && " \
-        "(BM <= 64 || M > 64)\n" \
+        "PERSISTENT in (0, 1), STREAM_K in (0, 1), BK in (64, 128) where STREAM_K <= PERSISTENT && " \
+        "(BM >= 64 || M <= 4 * BM) && (BM <= 64 || M > 64) && (BK == 64 || BM < 64 && BN <= 128)\n" \
         "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text
     cuda = tilec_cli("emit", "examples/gemm.tile", "--emit", "cuda").stdout
@@ -872,7 +877,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 360 candidates, 162 of which its `where` condition
+    """examples/gemm.tile as shipped: 720 candidates, 162 of which its `where` condition
     keeps at 4096 rows (64-192 rows a tile, stream-K only on a persistent grid; 9
     refused for registers, 33 for shared memory), keyed by M, K, N; then warm starts
     from the disk cache, compile and first call."""
@@ -899,10 +904,11 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     c.check()
     report = k.tune_report()
     assert report.count(" ms") == 120 and report.count("refused") == 42, report
-    assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0 STREAM_K=0: ")
-    assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 STREAM_K=0: refused: " in report
+    assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0 STREAM_K=0 BK=64: ")
+    assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 STREAM_K=0 BK=64: refused: " in report
+    assert "BK=128" not in report
     assert "PERSISTENT=0 STREAM_K=1" not in report and "BM=16 " not in report and "BM=8 " not in report
-    assert report.splitlines()[-1].startswith("  198 other candidates: not tried, the tune condition `STREAM_K <= ")
+    assert report.splitlines()[-1].startswith("  558 other candidates: not tried, the tune condition `STREAM_K <= ")
     assert set(k.best_config) == {"BM", "BN", "STAGES", "PRODUCER", "PERSISTENT", "STREAM_K"}
     warm = []
     for _ in range(3):                         # a fresh process, as far as the caches go
@@ -919,7 +925,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
         assert torch.equal(c2.view, c.view)
         c2.check()
     with capsys.disabled():
-        print(f"\nautotune gemm.tile's tune statement, 162 of 360 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
+        print(f"\nautotune gemm.tile's tune statement, 162 of 720 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
               f"timing), warm from disk {min(warm) * 1e3:.2f} ms (compile + first call, best of 3); chosen "
               f"{k.best_config}\n{report}")
     assert cold < 30
@@ -927,8 +933,13 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
 
 
 def shipped_candidates(path):
-    space, declared, _ = autotune.statement(load_source(path))
-    return autotune.candidates(dict(space), {name: declared[name] for name, _ in space})
+    """The candidates of the file's tune statement that its `where` condition, if any, does not
+    exclude for every shape (what `tilec check` compiles; any of them may be picked)."""
+    source = load_source(path)
+    space, declared, where = autotune.statement(source)
+    cands = autotune.candidates(dict(space), {name: declared[name] for name, _ in space})
+    condition = None if where is None else autotune.Condition(source, {}, where)
+    return [c for c in cands if condition is None or condition.meets(c, {}) is not False]
 
 
 @pytest.mark.gpu
@@ -959,15 +970,14 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
         err = ((c.view.float() - want).norm() / want.norm()).item()
         assert torch.isfinite(c.view.float()).all() and err < 2e-3, (cfg, err)
         c.check()
-    stream_k = [c for c in refused if c["STREAM_K"] == 1 and c["PERSISTENT"] == 0]
-    registers = [c for c in refused if c not in stream_k and (c["BM"], c["BN"], c["PRODUCER"]) == (192, 256, 1)]
-    assert len(stream_k) == 90 and registers == [
-        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "STREAM_K": sk}
+    registers = [c for c in refused if (c["BM"], c["BN"], c["PRODUCER"]) == (192, 256, 1)]
+    assert registers == [
+        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "STREAM_K": sk, "BK": 64}
         for s in (3, 4, 8) for p, sk in ((0, 0), (1, 0), (1, 1))]
-    smem = [c for c in refused if c not in stream_k and c not in registers]   # 8 stages of 192-256 KiB or more
-    assert len(smem) == 45 and all(c["STAGES"] == 8 and (c["BM"], c["BN"]) not in
-                                   ((8, 64), (8, 128), (16, 64), (16, 128), (64, 64), (64, 128), (128, 64))
-                                   for c in smem)
+    smem = [c for c in refused if c not in registers]   # 8 stages of 192-256 KiB or more
+    fit = ((8, 64, 64), (8, 128, 64), (16, 64, 64), (16, 128, 64), (64, 64, 64), (64, 128, 64), (128, 64, 64),
+           (8, 64, 128), (16, 64, 128))
+    assert len(smem) == 57 and all(c["STAGES"] == 8 and (c["BM"], c["BN"], c["BK"]) not in fit for c in smem)
 
 
 @pytest.mark.gpu

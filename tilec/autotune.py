@@ -150,10 +150,10 @@ def statement(source):
     """The program's tune statement as (space, default, where): space the tuned
     consts and their values as written, ((name, (value, ...)), ...), default
     {name: declared value}, and where the text of its `where` condition (its
-    whitespace collapsed) or None; None when there is no statement. A regular expression over
-    the text; the parser (tilec.frontend, which raises the statement's errors)
-    when the text has `tune` anywhere else, or a rule of the statement does not
-    hold."""
+    whitespace collapsed) or None; None when there is no statement. A regular
+    expression over the text; the parser (tilec.frontend, which raises the
+    statement's errors) when the text has `tune` anywhere else, or a rule of the
+    statement does not hold."""
     text = _COMMENT.sub(" ", source.text)
     words = [w.start() for w in _TUNE_WORD.finditer(text)] if "tune" in text else []
     if not words:
