@@ -2,8 +2,9 @@
 docs/language.md §3), or `tilec.compile(src, tune={"BN": (128, 256), ...}, key=("M", "N", "K"))`.
 
 The first call with new key values (the named shape symbols and scalars, read
-from the call's arguments the way the host wrapper binds them) compiles every
-candidate of the tune space (the cartesian product, in order; those the
+from the call's arguments the way the host wrapper binds them) compiles the
+candidates of the tune space (the cartesian product, in order, less those its
+`where` condition, if any, rejects at these key values: Condition; those the
 compiler refuses are skipped with their messages), times them on the call's
 own arguments with CUDA events (in rounds, every candidate once a round; those
 far behind the fastest after the first rounds are timed no more (PRUNE), the closest
