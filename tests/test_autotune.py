@@ -736,7 +736,7 @@ def test_statement_reader_agrees_with_the_parser():
         (("BM", (8, 16, 64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 6, 8)), ("PRODUCER", (0, 1)),
          ("PERSISTENT", (0, 1)), ("STREAM_K", (0, 1)), ("BK", (64, 128))),
         {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 1, "PERSISTENT": 0, "STREAM_K": 0, "BK": 64},
-        "STREAM_K <= PERSISTENT && (BM >= 64 || M <= 4 * BM) && (BM <= 64 || M > 64) && (BK == 64 && STAGES != 6 || "
+        "STREAM_K <= PERSISTENT && (BM >= 64 || M <= 4 * BM) && (BM != 64 || M > 32) && (BM <= 64 || M > 64) && (BK == 64 && STAGES != 6 || "
         "BK == 128 && BM <= 64 && BN <= 128 && M <= 1024)")
     assert autotune.statement(programs["conv2d"]) == (
         (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
@@ -859,7 +859,7 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
     ir_text = tilec_cli("emit", "examples/gemm.tile", "--emit", "ir").stdout
     assert "  const PERSISTENT = 0\n  const STREAM_K = 0\n  const GROUP = 8\n  tune BM in (8, 16, 64, 128, 192), BN in (64, 128, 256), STAGES in (3, 4, 6, 8), PRODUCER in (0, 1), " \
         "PERSISTENT in (0, 1), STREAM_K in (0, 1), BK in (64, 128) where STREAM_K <= PERSISTENT && " \
-        "(BM >= 64 || M <= 4 * BM) && (BM <= 64 || M > 64) && (BK == 64 && STAGES != 6 || BK == 128 && BM <= 64 " \
+        "(BM >= 64 || M <= 4 * BM) && (BM != 64 || M > 32) && (BM <= 64 || M > 64) && (BK == 64 && STAGES != 6 || BK == 128 && BM <= 64 " \
         "&& BN <= 128 && M <= 1024)\n" \
         "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text

@@ -1,11 +1,11 @@
 """Where a cold tune of examples/gemm.tile goes, phase by phase: a fresh disk cache,
 cleared process caches and compile workers started cold (as bench.py's autotune
-rows), on an f16 gemm of each --n, with each worker count of --workers. Phases:
+rows), on an f16 gemm of each --n (N for N^3, or MxNxK), with each worker count of --workers. Phases:
 compile (compile_candidates: workers, then the Kernels in this process), warm-up
 (each candidate's first launch: module load, tensor maps), rounds (the timed
 rounds, the run-off's included), run-off, and the rest (tilec.compile, saving the outputs, the winner's run).
 
-    python benchmarks/probes/tune_split.py --workers 8 --n 4096,8192 --reps 3"""
+    python benchmarks/probes/tune_split.py --workers 8 --n 4096,8192,16x4096x4096 --reps 3"""
 import argparse
 import os
 import statistics
@@ -49,9 +49,10 @@ def main():
     autotune._rounds = timed("rounds", autotune._rounds)
     autotune._run = timed("warm-up", autotune._run)         # the warm-up launches (and the winner's run)
     autotune.TunedKernel._runoff = staticmethod(timed("run-off", autotune.TunedKernel._runoff))
-    for n in [int(x) for x in args.n.split(",")]:
-        a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-        b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    for shape in args.n.split(","):
+        m, n, kk = (int(x) for x in shape.split("x")) if "x" in shape else (int(shape),) * 3
+        a = torch.randn(m, kk, device="cuda", dtype=torch.float16)
+        b = torch.randn(kk, n, device="cuda", dtype=torch.float16)
         ref = a @ b
         for w in [int(x) for x in args.workers.split(",")]:
             os.environ["TILEC_COMPILE_WORKERS"] = str(w)
@@ -69,7 +70,8 @@ def main():
                     rest = whole - sum(v for p, v in spent.items() if p != "run-off")  # run-off: in rounds
                     runs.append({"whole": whole, **spent, "rest": rest, "pick": gemm_config_name(k.best_config)})
             cols = ("whole",) + PHASES + ("rest",)
-            print(f"{n}^3, {w} workers, {len(k._candidates)} candidates: " + ", ".join(
+            tried = sum(line.startswith("  BM=") for line in k.tune_report().splitlines())
+            print(f"{m}x{n}x{kk}, {w} workers, {tried} of {len(k._candidates)} candidates: " + ", ".join(
                 f"{c} {statistics.median(r.get(c, 0.0) for r in runs):.2f} s" for c in cols) +
                 f"  (whole per run: {[round(r['whole'], 2) for r in runs]}; picks: {[r['pick'] for r in runs]})",
                 flush=True)
