@@ -938,10 +938,7 @@ def shipped_candidates(path):
     """The candidates of the file's tune statement that its `where` condition, if any, does not
     exclude for every shape (what `tilec check` compiles; any of them may be picked)."""
     source = load_source(path)
-    space, declared, where = autotune.statement(source)
-    cands = autotune.candidates(dict(space), {name: declared[name] for name, _ in space})
-    condition = None if where is None else autotune.Condition(source, {}, where)
-    return [c for c in cands if condition is None or condition.meets(c, {}) is not False]
+    return autotune.any_shape_candidates(source, {}, *autotune.statement_space(source, {}))
 
 
 @pytest.mark.gpu

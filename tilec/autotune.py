@@ -232,6 +232,7 @@ class Condition:
         return self._parsed
 
     def meets(self, cfg: dict, names: dict):
+        """Whether the condition holds for candidate `cfg` at the given names' values."""
         from .ir import nodes as ir
         from .ir.exprs import fold, substitute
         decls, cond = self._parse()
@@ -265,10 +266,7 @@ def shape_symbols(source) -> tuple:
     """The shape symbols of the kernel header, in order of first appearance:
     the bare names in tensor shapes that are neither consts nor parameters (a
     tune statement's default key). Without the parser, as `signature`."""
-    consts = _const_texts(_COMMENT.sub(" ", source.text))
-    if consts is None:
-        from .frontend import parse
-        consts = {c[0] for c in parse(source).consts}
+    consts = set(_consts_of(source))
     sig = signature(source)
     params = {name for name, _ in sig}
     out = []
@@ -676,14 +674,14 @@ class TunedKernel:
         it keeps none (consts given to tilec.compile can do that), all of them."""
         if self._where is None:
             return self._candidates, None
-        names = _describe(dict(zip(self._key, kv)))
-        cands = [cfg for cfg in self._candidates if self._where.meets(cfg, dict(zip(self._key, kv))) is not False]
+        names = dict(zip(self._key, kv))
+        cands = [cfg for cfg in self._candidates if self._where.meets(cfg, names) is not False]
         left = len(self._candidates) - len(cands)
         if not cands:
             return self._candidates, f"the tune condition `{self._where.text}` is false for every candidate at " \
-                f"{names}: all were tried"
+                f"{_describe(names)}: all were tried"
         return cands, (f"{left} other candidate{'s' if left > 1 else ''}: not tried, the tune condition "
-                       f"`{self._where.text}` is false for them at {names}" if left else None)
+                       f"`{self._where.text}` is false for them at {_describe(names)}" if left else None)
 
     def _tune_now(self, kv, args, stream):
         self._refuse_tuned_and_given(self._tune)      # it would refuse every candidate
@@ -839,6 +837,18 @@ def statement_space(source, consts) -> tuple:
     space, declared, where = found
     tune = {name: values for name, values in space if name not in consts}
     return tune, {name: declared[name] for name in tune}, where if tune else None
+
+
+def any_shape_candidates(source, consts, space: dict, first: dict, where: str | None) -> list:
+    """The candidates of a tune statement's space, its declared values first (kept
+    whatever the condition says), less those its `where` condition excludes for
+    every shape (decided from the consts alone): what `tilec check` compiles, and
+    any of which a tune may pick."""
+    cands = candidates(space, first)
+    if where is None:
+        return cands
+    condition = Condition(source, consts, where)
+    return cands[:1] + [cfg for cfg in cands[1:] if condition.meets(cfg, {}) is not False]
 
 
 def from_statement(source, consts, key, arch, fallback, debug, where=None):

@@ -54,7 +54,7 @@ def _cmd_emit(args):
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import Condition, candidates, compile_candidates, statement_space
+    from .autotune import any_shape_candidates, compile_candidates, statement_space
     from .compiler import load_source
     from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
@@ -64,13 +64,9 @@ def _cmd_check(args):
     if not space:
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
-    cands = candidates(space, first)
-    excluded = ""
-    if where is not None:        # the candidates its where condition excludes for every shape are not tried
-        condition, total = Condition(source, consts, where), len(cands)
-        cands = cands[:1] + [cfg for cfg in cands[1:] if condition.meets(cfg, {}) is not False]
-        excluded = f"; {total - len(cands)} more excluded by the tune condition for every shape" \
-            if len(cands) < total else ""
+    cands = any_shape_candidates(source, consts, space, first, where)
+    total = math.prod(len(values) for values in space.values())
+    excluded = f"; {total - len(cands)} more excluded by the tune condition for every shape" if len(cands) < total else ""
     _, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True, env_debug())
     refused = [(cands[1 + i], errors[i]) for i in sorted(errors)]
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
