@@ -238,7 +238,7 @@ def test_the_key_reader_fast_and_slow_paths():
     """A tuned kernel reads its key on every call: `.shape[d]` of each tensor read
     once when the values are ints, else through _shape (a __cuda_array_interface__
     object, numpy ints); the same values either way, and clean errors."""
-    sig = [("A", ["M", "K"]), ("alpha", None), ("B", ["K", None])]
+    sig = (("A", ("M", "K")), ("alpha", None), ("B", ("K", None)))
     read = autotune.key_reader(sig, ("M", "alpha", "K"))
     a, b = np.zeros((3, 5)), np.zeros((5, 7))
     assert read((a, 2, b)) == (3, 2, 5) and read((a, 1.5, b)) == (3, 1.5, 5)
@@ -403,8 +403,8 @@ def test_signature_without_the_parser_matches_the_parser():
     from tilec.ir import nodes as ir
     for path in sorted((ROOT / "examples").glob("*.tile")):
         src = load_source(str(path))
-        want = [(p.name, [d.name if isinstance(d, ir.Var) else None for d in p.shape]
-                 if isinstance(p, ir.TensorParam) else None) for p in parse(src).params]
+        want = tuple((p.name, tuple(d.name if isinstance(d, ir.Var) else None for d in p.shape)
+                      if isinstance(p, ir.TensorParam) else None) for p in parse(src).params)
         assert autotune.signature(src) == want, path
 
 
@@ -682,6 +682,7 @@ def test_statement_choice_is_read_from_disk(env):
     assert env.timed == [] and env.nvrtc == 0
     assert env.compiled == [DECLARED, FASTEST]            # the default (tilec.compile) and the winner
     assert k.best_config == FASTEST
+    assert "_candidates" not in vars(k)                   # a warm start does not build the space's candidates
 
 
 def test_a_default_the_compiler_refuses_is_the_program_s_error(env):

@@ -34,6 +34,7 @@ tilec.compile leave its space. tilec.compile reads the statement, like the
 header (`signature`), with regular expressions: a warm start builds no parser."""
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -55,9 +56,8 @@ def enabled() -> bool:
     return os.environ.get("TILEC_AUTOTUNE", "1") not in ("0", "", "off", "false")
 
 
-def candidates(tune: dict, first: dict | None = None) -> list:
-    """The tune space's cartesian product, in order: a list of {name: value}.
-    `first` (a tune statement's declared values) is moved to the front."""
+def check_space(tune) -> tuple:
+    """tune= checked: (names, (values, ...) of each), or a TilecError."""
     if not isinstance(tune, dict) or not tune:
         raise TilecError("tune= takes a non-empty dict {const name: (value, ...)}")
     names, values = [], []
@@ -66,6 +66,13 @@ def candidates(tune: dict, first: dict | None = None) -> list:
             raise TilecError(f"tune[{name!r}]: a non-empty tuple of values, got {vals!r}")
         names.append(name)
         values.append(tuple(vals))
+    return names, values
+
+
+def candidates(tune: dict, first: dict | None = None) -> list:
+    """The tune space's cartesian product, in order: a list of {name: value}.
+    `first` (a tune statement's declared values) is moved to the front."""
+    names, values = check_space(tune)
     out = [dict(zip(names, combo)) for combo in itertools.product(*values)]
     if first is not None:
         out.remove(first)
@@ -88,29 +95,42 @@ _HEAD = re.compile(r"\bkernel\s+\w+\s*\(([^)]*)\)")
 _PARAM = re.compile(r"\s*(\w+)\s*:\s*\w+\s*(?:\[([^\]]*)\])?\s*(?:,|$)")
 
 
-def signature(source) -> list:
-    """[(param name, [dim names or None] for a tensor, None for a scalar), ...]
+def signature(source) -> tuple:
+    """((param name, (dim names or None) for a tensor, None for a scalar), ...)
     in argument order. A regular expression over the header; the parser
     (tilec.frontend) when the header is anything it does not read exactly."""
-    text = _COMMENT.sub(" ", source.text)
-    m = _HEAD.search(text)
-    if m:
-        params, pos, body = [], 0, m.group(1)
-        while pos < len(body) and body[pos:].strip():
-            p = _PARAM.match(body, pos)
-            if p is None:
-                break
-            dims = None if p.group(2) is None else \
-                [d.strip() if d.strip().isidentifier() else None for d in p.group(2).split(",")]
-            params.append((p.group(1), dims))
-            pos = p.end()
-        else:
-            return params
+    sig = _header_signature(source.text)
+    if sig is not None:
+        return sig
     from .frontend import parse
     from .ir import nodes as ir
     k = parse(source)
-    return [(p.name, [d.name if isinstance(d, ir.Var) else None for d in p.shape]
-             if isinstance(p, ir.TensorParam) else None) for p in k.params]
+    return tuple((p.name, tuple(d.name if isinstance(d, ir.Var) else None for d in p.shape)
+                  if isinstance(p, ir.TensorParam) else None) for p in k.params)
+
+
+# A warm start reads a program's header, tune statement and const names from its text
+# several times over: each reader's regular expressions run once per text (_TEXT_CACHE).
+_TEXT_CACHE = functools.lru_cache(maxsize=64)
+
+
+@_TEXT_CACHE
+def _header_signature(text: str):
+    """signature() by the regular expressions, or None where the parser must read it."""
+    text = _COMMENT.sub(" ", text)
+    m = _HEAD.search(text)
+    if not m:
+        return None
+    params, pos, body = [], 0, m.group(1)
+    while pos < len(body) and body[pos:].strip():
+        p = _PARAM.match(body, pos)
+        if p is None:
+            return None
+        dims = None if p.group(2) is None else \
+            tuple(d.strip() if d.strip().isidentifier() else None for d in p.group(2).split(","))
+        params.append((p.group(1), dims))
+        pos = p.end()
+    return tuple(params)
 
 
 # ---- the tune statement, without the parser (a warm start must not build it either)
@@ -155,7 +175,23 @@ def statement(source):
     expression over the text; the parser (tilec.frontend, which raises the
     statement's errors) when the text has `tune` anywhere else, or a rule of the
     statement does not hold."""
-    text = _COMMENT.sub(" ", source.text)
+    found = _statement_text(source.text)
+    if found is _BY_PARSER:
+        return _statement_by_parser(source)
+    if found is None:
+        return None
+    space, default, where = found
+    return space, dict(default), where
+
+
+_BY_PARSER = object()
+
+
+@_TEXT_CACHE
+def _statement_text(text: str):
+    """statement() by the regular expressions: its answer (default as a tuple of
+    items), None, or _BY_PARSER."""
+    text = _COMMENT.sub(" ", text)
     words = [w.start() for w in _TUNE_WORD.finditer(text)] if "tune" in text else []
     if not words:
         return None
@@ -169,8 +205,8 @@ def statement(source):
                 _INT.fullmatch(consts.get(name, "")) and len(set(values)) == len(values) and int(consts[name]) in values
                 for name, values in space):
             where = None if m.group(2) is None else " ".join(m.group(2).split())
-            return space, {name: int(consts[name]) for name in names}, where
-    return _statement_by_parser(source)
+            return space, tuple((name, int(consts[name])) for name in names), where
+    return _BY_PARSER
 
 
 def _statement_by_parser(source):
@@ -202,11 +238,17 @@ def default_key(source, where: str | None) -> tuple:
 
 def _consts_of(source) -> tuple:
     """The program's const names, without the parser where the text allows."""
-    consts = _const_texts(_COMMENT.sub(" ", source.text))
-    if consts is None:
+    names = _const_names(source.text)
+    if names is None:
         from .frontend import parse
         return tuple(c[0] for c in parse(source).consts)
-    return tuple(consts)
+    return names
+
+
+@_TEXT_CACHE
+def _const_names(text: str):
+    consts = _const_texts(_COMMENT.sub(" ", text))
+    return None if consts is None else tuple(consts)
 
 
 class Condition:
@@ -286,7 +328,8 @@ def _shape(obj):
     return tuple(int(s) for s in shape)
 
 
-def key_reader(sig: list, key: tuple):
+@functools.lru_cache(maxsize=64)
+def key_reader(sig: tuple, key: tuple):
     """A function args -> the key values: for a shape symbol, the dim of the
     first tensor that declares it (as the host wrapper binds it); for a scalar,
     its value. It runs on every call of a tuned kernel, so it is written out
@@ -558,7 +601,7 @@ class TunedKernel:
         self._consts = dict(consts)
         self._tune = {k: tuple(v) for k, v in tune.items()}
         self._first_cfg = None if default is None else dict(default)
-        self._candidates = candidates(self._tune, self._first_cfg)
+        check_space(self._tune)
         self._key = tuple(key)
         self._where = None if where is None else Condition(source, consts, where, check_where)
         if where is not None:
@@ -578,6 +621,12 @@ class TunedKernel:
         self.best_config = None
         self._last_key = None
         self.default = None if default is None else self._compile(self._first_cfg)
+
+    @functools.cached_property
+    def _candidates(self) -> list:
+        """The space's candidates, declared values first: built when a key is first
+        tuned (960 of gemm.tile's take a millisecond, and a warm start needs none)."""
+        return candidates(self._tune, self._first_cfg)
 
     # ---- calling
     def __call__(self, *args, stream=None):
@@ -819,7 +868,7 @@ def tuned(source, consts, tune, key, arch, fallback, debug, where=None) -> Tuned
     header, as a tune statement is: a choice made for one shape is not another's)."""
     key = default_key(source, where) if key is None else _key_tuple(key)
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
-    candidates(tune)
+    check_space(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
                        tune_where=where)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug,
