@@ -130,3 +130,29 @@ def test_printed_expressions_parse_back_to_the_same_ir(e):
     from tilec.autotune import condition_names
     from tilec.ir.exprs import free_names
     assert condition_names(text) == free_names(e), text
+
+
+@seed(20261126)
+@SETTINGS
+@given(_exprs(), st.fixed_dictionaries({n: st.integers(-99, 99) for n in ("A", "B", "M", "BM")}))
+def test_a_condition_evaluated_as_integers_is_what_folding_gives(e, values):
+    """The tuner decides a `where` condition for each candidate at a key's values by
+    plain integer arithmetic (autotune._evaluator), not by folding the IR: both
+    give the same value, or the evaluator a division by zero where folding
+    raises its error."""
+    from tilec import autotune
+    from tilec.errors import SemanticError
+    from tilec.ir import nodes as ir
+    from tilec.ir.exprs import fold, substitute
+    try:
+        want = fold(substitute(e, {n: ir.Int(v) for n, v in values.items()}))
+    except SemanticError:
+        want = None
+    try:
+        got = autotune._evaluator(e)(values)
+    except ZeroDivisionError:
+        got = None
+    if want is None:
+        assert got is None, (e, values)
+    else:
+        assert isinstance(want, ir.Int) and got == want.value, (e, values)

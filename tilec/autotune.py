@@ -270,20 +270,72 @@ class Condition:
         if self._parsed is None:
             from .frontend import parse, parse_condition
             k = parse(self.source)
-            self._parsed = (tuple((c[0], c[1]) for c in k.consts), parse_condition(self.text, k))
+            decls, cond = tuple((c[0], c[1]) for c in k.consts), parse_condition(self.text, k)
+            try:
+                fast = tuple((name, _evaluator_or_none(e)) for name, e in decls), _evaluator(cond)
+            except _NotInteger:
+                fast = None
+            self._parsed = (decls, cond, fast)
         return self._parsed
 
     def meets(self, cfg: dict, names: dict):
         """Whether the condition holds for candidate `cfg` at the given names' values."""
+        decls, cond, fast = self._parse()
+        given = {**self.consts, **cfg}
+        if fast is not None:            # every value known (a tune's key values): plain integer arithmetic
+            try:
+                env = {}
+                for name, value in fast[0]:
+                    if name in given:
+                        env[name] = given[name]
+                    elif value is not None:         # (a const of no integer arithmetic is left out)
+                        env[name] = value(env)
+                env.update(names)
+                return bool(fast[1](env))
+            except (KeyError, ZeroDivisionError):
+                pass                    # a name not given, or a division by zero: folded, as below
         from .ir import nodes as ir
         from .ir.exprs import fold, substitute
-        decls, cond = self._parse()
-        given = {**self.consts, **cfg}
         values = {}
         for name, e in decls:
             values[name] = ir.Int(given[name]) if name in given else fold(substitute(e, values))
         values.update((n, ir.Int(v)) for n, v in names.items())
         return _decide(fold(substitute(cond, values)))
+
+
+class _NotInteger(Exception):
+    pass
+
+
+def _evaluator(e):
+    """Integer expression `e` as a function {name: int} -> int, with fold's semantics
+    (ir.exprs.INT_BINOPS, INT_CALLS); KeyError for a name not in the dict,
+    _NotInteger (when built) for anything that is no integer arithmetic."""
+    from .ir import nodes as ir
+    from .ir.exprs import INT_BINOPS, INT_CALLS
+    if isinstance(e, ir.Int):
+        value = e.value
+        return lambda env: value
+    if isinstance(e, ir.Var):
+        name = e.name
+        return lambda env: env[name]
+    if isinstance(e, ir.BinOp) and e.op in INT_BINOPS:
+        op, lhs, rhs = INT_BINOPS[e.op], _evaluator(e.lhs), _evaluator(e.rhs)
+        return lambda env: op(lhs(env), rhs(env))
+    if isinstance(e, ir.UnaryOp) and e.op in ("-", "!"):
+        operand = _evaluator(e.operand)
+        return (lambda env: -operand(env)) if e.op == "-" else (lambda env: int(not operand(env)))
+    if isinstance(e, ir.Call) and e.func in INT_CALLS and len(e.args) == INT_CALLS[e.func][0] and not e.kwargs:
+        f, args = INT_CALLS[e.func][1], tuple(_evaluator(a) for a in e.args)
+        return lambda env: f(*(a(env) for a in args))
+    raise _NotInteger
+
+
+def _evaluator_or_none(e):
+    try:
+        return _evaluator(e)
+    except _NotInteger:
+        return None
 
 
 def _decide(e):
@@ -625,7 +677,7 @@ class TunedKernel:
     @functools.cached_property
     def _candidates(self) -> list:
         """The space's candidates, declared values first: built when a key is first
-        tuned (960 of gemm.tile's take a millisecond, and a warm start needs none)."""
+        tuned (gemm.tile's 1920 take 1-2 ms, and a warm start needs none)."""
         return candidates(self._tune, self._first_cfg)
 
     # ---- calling
