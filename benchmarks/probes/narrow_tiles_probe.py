@@ -1,0 +1,37 @@
+"""Few-row gemms with narrower tiles: gemm.tile as shipped against the same space with
+32-column tiles (64 rows; wgmma n32) and 32-row tiles (acc^T, for M <= 128). With N = 4096
+and 64-column tiles a 64-row gemm has 64 output tiles for 132 SMs; 32 columns make 128 tiles
+of half the B bytes each (A is read by twice as many blocks). Each space tuned cold, then the
+picks and cuBLAS in alternating rounds (common.tuned_picks_vs_cublas), outputs guarded.
+
+    python benchmarks/probes/narrow_tiles_probe.py [f16|bf16] [--shapes MxNxK,...] [--report] [--cold-l2] [--spaces 'shipped,halves']
+"""
+import os, sys
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import tuned_picks_vs_cublas
+
+DT = "bf16" if "bf16" in sys.argv else "f16"
+SHIPPED = open("examples/gemm.tile").read().replace("f16", DT)
+OLD_BM, OLD_BN = "BM in (8, 16, 64, 128, 192)", "BN in (64, 128, 256)"
+assert SHIPPED.count(OLD_BM) == 1 and SHIPPED.count(OLD_BN) == 1 and SHIPPED.count("where STREAM_K <= PERSISTENT") == 1
+# 32 columns only with 64-row tiles (acc^T tiles need N a multiple of 64), and only for M <= 1024
+NARROW_N = SHIPPED.replace(OLD_BN, "BN in (32, 64, 128, 256)").replace(
+    "where STREAM_K <= PERSISTENT", "where STREAM_K <= PERSISTENT && (BN != 32 || BM == 64 && M <= 1024)")
+NARROW_M = SHIPPED.replace(OLD_BM, "BM in (8, 16, 32, 64, 128, 192)")
+# the 32-row tiles that placed in the first run's reports (64 x 4096 x 4096 and x 14336): 128-deep steps, over 32 rows
+NARROW_M_128 = NARROW_M.replace("where STREAM_K <= PERSISTENT",
+                                "where STREAM_K <= PERSISTENT && (BM != 32 || M > 32 && BK == 128)")
+# tiles half as tall as M (rounded up to 8 rows): two tiles of rows for 33-128 rows, 128 blocks at N = 4096
+HALVES = SHIPPED.replace(OLD_BM, "BM in (8, 16, 24, 32, 40, 48, 56, 64, 128, 192)").replace(
+    "where STREAM_K <= PERSISTENT",
+    "where STREAM_K <= PERSISTENT && (BM <= 16 || BM % 64 == 0 || BK == 128 && M > 2 * BM - 16 && M <= 2 * BM)")
+SPACES = {"shipped": SHIPPED, "BN 32": NARROW_N, "BM 32": NARROW_M, "BM 32 BK 128": NARROW_M_128, "halves": HALVES}
+if "--spaces" in sys.argv:
+    chosen = sys.argv[sys.argv.index("--spaces") + 1].split(",")
+    SPACES = {name: SPACES[name] for name in chosen}
+SHAPES = [(64, 4096, 4096), (32, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096), (64, 4096, 14336)]
+for i, arg in enumerate(sys.argv):
+    if arg == "--shapes":
+        SHAPES = [tuple(int(x) for x in s.split("x")) for s in sys.argv[i + 1].split(",")]
+
+tuned_picks_vs_cublas(SPACES, SHAPES, DT, n=7, report="--report" in sys.argv, cold_l2="--cold-l2" in sys.argv)
