@@ -12,6 +12,20 @@ import bench  # noqa: E402
 from tilec import kernel as tilec_kernel  # noqa: E402
 
 
+def timed_into(spent: dict, phase: str, fn):
+    """`fn` wrapped to add the seconds each call takes to spent[phase] (a probe's phase
+    times: patch a tilec function with it)."""
+    import time
+
+    def wrapper(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - t
+    return wrapper
+
+
 def time_one(fn, before=None):
     """One call of `fn`, in ms (bench.time_one); `before()` queued ahead of its GPU spin,
     outside its events."""

@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 
-from common import bench, checked_gemm, gemm_config_name  # (common puts benchmarks/ on sys.path)
+from common import bench, checked_gemm, gemm_config_name, timed_into  # (common puts benchmarks/ on sys.path)
 
 PHASES = ("compile", "warm-up", "rounds", "run-off")
 
@@ -36,19 +36,10 @@ def main():
     if args.one_cut:
         autotune.PRUNE = ((3, 1.25),)
     spent = {}
-
-    def timed(phase, fn):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - t
-        return wrapper
-    autotune.compile_candidates = timed("compile", autotune.compile_candidates)
-    autotune._rounds = timed("rounds", autotune._rounds)
-    autotune._run = timed("warm-up", autotune._run)         # the warm-up launches (and the winner's run)
-    autotune.TunedKernel._runoff = staticmethod(timed("run-off", autotune.TunedKernel._runoff))
+    autotune.compile_candidates = timed_into(spent, "compile", autotune.compile_candidates)
+    autotune._rounds = timed_into(spent, "rounds", autotune._rounds)
+    autotune._run = timed_into(spent, "warm-up", autotune._run)         # the warm-up launches (and the winner's run)
+    autotune.TunedKernel._runoff = staticmethod(timed_into(spent, "run-off", autotune.TunedKernel._runoff))
     for shape in args.n.split(","):
         m, n, kk = (int(x) for x in shape.split("x")) if "x" in shape else (int(shape),) * 3
         a = torch.randn(m, kk, device="cuda", dtype=torch.float16)

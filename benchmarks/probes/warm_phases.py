@@ -11,12 +11,13 @@ collections).
 """
 import gc, os, sys, tempfile, time
 os.environ["TILEC_CACHE_DIR"] = tempfile.mkdtemp()
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import tilec
 from tilec import autotune
-from tilec.kernel import _CACHE, Kernel
+from tilec.kernel import _CACHE
 from tilec.runtime import driver
+from common import timed_into
 
 n = int(sys.argv[sys.argv.index("--n") + 1]) if "--n" in sys.argv else 4096
 reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 30
@@ -31,17 +32,8 @@ if "--freeze" in sys.argv:
 print(f"gc tracked objects {len(gc.get_objects())}, frozen {gc.get_freeze_count()}", flush=True)
 
 phases = {}
-def timed(obj, name, label):
-    f = getattr(obj, name)
-    def wrapper(*args, **kw):
-        t0 = time.perf_counter()
-        try:
-            return f(*args, **kw)
-        finally:
-            phases[label] = phases.get(label, 0.0) + time.perf_counter() - t0
-    setattr(obj, name, wrapper)
-timed(autotune.TunedKernel, "_choose", "choose")
-timed(driver, "LoadedKernel", "module load")
+autotune.TunedKernel._choose = timed_into(phases, "choose", autotune.TunedKernel._choose)
+driver.LoadedKernel = timed_into(phases, "module load", driver.LoadedKernel)
 collections = []
 gc_start = {}
 def on_gc(phase, info):
