@@ -205,7 +205,7 @@ GEMM_RAGGED = (4095, 4097, 4096)
 GEMM_RAGGED_LD = 4104
 # M, N, K of few-row gemms (LLM decode and small batches against a layer's weights):
 # fewer output tiles than SMs, where gemm.tile's stream-K splits the K steps
-GEMM_SMALL = [(1, 4096, 4096), (8, 4096, 4096), (96, 4096, 4096)] + \
+GEMM_SMALL = [(1, 4096, 4096), (8, 4096, 4096), (96, 4096, 4096), (160, 4096, 4096)] + \
     [(m, n, k) for m in (16, 64, 256) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))] + [(128, 4096, 4096)]
 
 _KERNELS = {}       # what shipped() compiled, kept for the whole process (every --runs run)

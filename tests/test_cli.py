@@ -151,7 +151,9 @@ def test_check_groups_the_candidates_one_error_refuses():
 
 def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     bad = tmp_path / "g.tile"
-    bad.write_text((ROOT / "examples/gemm.tile").read_text().replace("threads 2 * max(BM, 64);", "threads 96;"))
+    text = (ROOT / "examples/gemm.tile").read_text()
+    assert text.count("threads 128 * max(1, BM / 64 * (BM % 64 == 0));") == 1
+    bad.write_text(text.replace("threads 128 * max(1, BM / 64 * (BM % 64 == 0));", "threads 96;"))
     err = fails("check", str(bad))
     assert err.startswith(f"{bad}:17:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 

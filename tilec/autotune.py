@@ -677,7 +677,7 @@ class TunedKernel:
     @functools.cached_property
     def _candidates(self) -> list:
         """The space's candidates, declared values first: built when a key is first
-        tuned (gemm.tile's 1920 take 1-2 ms, and a warm start needs none)."""
+        tuned (gemm.tile's 3264 take 2-3 ms, and a warm start needs none)."""
         return candidates(self._tune, self._first_cfg)
 
     # ---- calling

@@ -12,20 +12,29 @@ from common import tuned_picks_vs_cublas
 
 DT = "bf16" if "bf16" in sys.argv else "f16"
 SHIPPED = open("examples/gemm.tile").read().replace("f16", DT)
+SPACES = {"shipped": SHIPPED}
 OLD_BM, OLD_BN = "BM in (8, 16, 64, 128, 192)", "BN in (64, 128, 256)"
-assert SHIPPED.count(OLD_BM) == 1 and SHIPPED.count(OLD_BN) == 1 and SHIPPED.count("where STREAM_K <= PERSISTENT") == 1
-# 32 columns only with 64-row tiles (acc^T tiles need N a multiple of 64), and only for M <= 1024
-NARROW_N = SHIPPED.replace(OLD_BN, "BN in (32, 64, 128, 256)").replace(
-    "where STREAM_K <= PERSISTENT", "where STREAM_K <= PERSISTENT && (BN != 32 || BM == 64 && M <= 1024)")
-NARROW_M = SHIPPED.replace(OLD_BM, "BM in (8, 16, 32, 64, 128, 192)")
-# the 32-row tiles that placed in the first run's reports (64 x 4096 x 4096 and x 14336): 128-deep steps, over 32 rows
-NARROW_M_128 = NARROW_M.replace("where STREAM_K <= PERSISTENT",
-                                "where STREAM_K <= PERSISTENT && (BM != 32 || M > 32 && BK == 128)")
-# tiles half as tall as M (rounded up to 8 rows): two tiles of rows for 33-128 rows, 128 blocks at N = 4096
-HALVES = SHIPPED.replace(OLD_BM, "BM in (8, 16, 24, 32, 40, 48, 56, 64, 128, 192)").replace(
-    "where STREAM_K <= PERSISTENT",
-    "where STREAM_K <= PERSISTENT && (BM <= 16 || BM % 64 == 0 || BK == 128 && M > 2 * BM - 16 && M <= 2 * BM)")
-SPACES = {"shipped": SHIPPED, "BN 32": NARROW_N, "BM 32": NARROW_M, "BM 32 BK 128": NARROW_M_128, "halves": HALVES}
+if OLD_BM in SHIPPED:                     # gemm.tile before session 19 shipped `halves`
+    # 32 columns only with 64-row tiles (acc^T tiles need N a multiple of 64), and only for M <= 1024
+    SPACES["BN 32"] = SHIPPED.replace(OLD_BN, "BN in (32, 64, 128, 256)").replace(
+        "where STREAM_K <= PERSISTENT", "where STREAM_K <= PERSISTENT && (BN != 32 || BM == 64 && M <= 1024)")
+    SPACES["BM 32"] = SHIPPED.replace(OLD_BM, "BM in (8, 16, 32, 64, 128, 192)")
+    # the 32-row tiles that placed in the first run's reports (64 x 4096 x 4096 and x 14336): 128 deep, over 32 rows
+    SPACES["BM 32 BK 128"] = SPACES["BM 32"].replace(
+        "where STREAM_K <= PERSISTENT", "where STREAM_K <= PERSISTENT && (BM != 32 || M > 32 && BK == 128)")
+    # tiles half as tall as M (rounded up to 8 rows): two tiles of rows for 33-128 rows, 128 blocks at N = 4096
+    SPACES["halves"] = SHIPPED.replace(OLD_BM, "BM in (8, 16, 24, 32, 40, 48, 56, 64, 128, 192)").replace(
+        "where STREAM_K <= PERSISTENT",
+        "where STREAM_K <= PERSISTENT && (BM <= 16 || BM % 64 == 0 || BK == 128 && M > 2 * BM - 16 && M <= 2 * BM)")
+elif "BM in (8, 16, 24, 32, 40, 48, 56, 64, 128, 192)" in SHIPPED:   # c31f2d9: the same for 129-240 rows, 72-120 rows (acc^T on one
+    HALF_BM = "BM in (8, 16, 24, 32, 40, 48, 56, 64, 128, 192)"    # warpgroup: `threads` gives 128 threads to a
+    HALF_RULE = "M > 2 * BM - 16 && M <= 2 * BM && BK == 128 && PRODUCER == 1 && STAGES >= 4"  # tile of rows no
+    THREADS = "threads 2 * max(BM, 64);"                                                     # multiple of 64), 64 deep
+    assert SHIPPED.count(HALF_BM) == 1 and SHIPPED.count(HALF_RULE) == 1 and SHIPPED.count(THREADS) == 1
+    SPACES["halves to 240 rows"] = SHIPPED.replace(
+        HALF_BM, "BM in (8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 192)").replace(
+        HALF_RULE, "M > 2 * BM - 16 && M <= 2 * BM && (BK == 128 || BM > 64) && PRODUCER == 1 && STAGES >= 4").replace(
+        THREADS, "threads 128 * max(1, BM / 64 * (BM % 64 == 0));")
 if "--spaces" in sys.argv:
     chosen = sys.argv[sys.argv.index("--spaces") + 1].split(",")
     SPACES = {name: SPACES[name] for name in chosen}

@@ -42,7 +42,7 @@ SHIPPED = open("examples/gemm.tile").read().replace("f16", DT)
 SPACES = {"shipped": SHIPPED, "swapped": SWAPPED.replace("f16", DT)}
 if "--bm" in sys.argv:      # gemm.tile with these BM (below 64: plan-gemm swaps the operands)
     bms = sys.argv[sys.argv.index("--bm") + 1]
-    assert "threads 2 * max(BM, 64);" in SHIPPED      # one warpgroup per 64 rows, one for fewer
+    assert "threads 128 * max(1, BM / 64 * (BM % 64 == 0));" in SHIPPED    # one warpgroup per 64 rows, one for acc^T
     SPACES[f"BM in ({bms})"], n = re.subn(r"tune BM in \([^)]*\)", f"tune BM in ({bms})", SHIPPED)
     assert n == 1
 SHAPES = [(m, n, k) for m in (8, 16, 32, 64) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))] + \
