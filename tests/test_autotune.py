@@ -989,6 +989,32 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bm", [24, 40, 56, 72, 96, 120])
+def test_gpu_half_tiles_in_bf16_at_the_shapes_that_try_them(bm):
+    """gemm.tile's tiles of rows no multiple of 64 (acc^T), in bf16, at a ragged M that
+    tries them (two tiles of rows, the second short) and ragged N and K: each 64-column
+    candidate of that height the where condition keeps there (4 stages; plain,
+    persistent and stream-K) is right and writes only its output view."""
+    import torch
+    from guard import guarded
+    m, n, k = 2 * bm - 5, 1000, 2056
+    source = Source("gemm_bf16.tile", (ROOT / "examples/gemm.tile").read_text().replace("f16", "bf16"))
+    kernel = tilec.compile(source, arch="sm_90a")
+    cands = [c for c in kernel._meeting((m, k, n))[0] if c["BM"] == bm and c["BN"] == 64 and c["STAGES"] == 4]
+    assert len(cands) == 3, cands
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    want = a.float() @ b.float()
+    for cfg in cands:
+        c = guarded((m, n), "bf16", fill=float("nan"))
+        tilec.compile(source, tune=False, fallback=False, **cfg)(a, b, c.view)
+        torch.cuda.synchronize()
+        err = ((c.view.float() - want).norm() / want.norm()).item()
+        assert torch.isfinite(c.view.float()).all() and err < 1e-2, (cfg, err)
+        c.check()
+
+
+@pytest.mark.gpu
 def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution(monkeypatch, tmp_path):
     import torch
     import torch.nn.functional as F
