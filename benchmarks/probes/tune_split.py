@@ -1,7 +1,7 @@
 """Where a cold tune of examples/gemm.tile goes, phase by phase: a fresh disk cache,
 cleared process caches and compile workers started cold (as bench.py's autotune
 rows), on an f16 gemm of each --n (N for N^3, or MxNxK), with each worker count of --workers. Phases:
-compile (compile_candidates: workers, then the Kernels in this process), warm-up
+compile (compile_candidates: workers, then the Kernels in this process; workers: the compile workers' part), warm-up
 (each candidate's first launch: module load, tensor maps), rounds (the timed
 rounds, the run-off's included), run-off, and the rest (tilec.compile, saving the outputs, the winner's run).
 
@@ -13,7 +13,7 @@ import time
 
 from common import bench, checked_gemm, gemm_config_name, timed_into  # (common puts benchmarks/ on sys.path)
 
-PHASES = ("compile", "warm-up", "rounds", "run-off")
+PHASES = ("compile", "workers", "warm-up", "rounds", "run-off")   # workers: inside compile; run-off: in rounds
 
 
 def main():
@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--one-cut", action="store_true", help="only the cut after 3 rounds (as before "
                     "session 17's cut after the first round)")
     ap.add_argument("--report", action="store_true", help="the last tune's report of each size")
+    ap.add_argument("--each", action="store_true", help="every run's phases, not only their medians")
     args = ap.parse_args()
     import torch
     import tilec
@@ -37,6 +38,7 @@ def main():
         autotune.PRUNE = ((3, 1.25),)
     spent = {}
     autotune.compile_candidates = timed_into(spent, "compile", autotune.compile_candidates)
+    autotune.build_in_workers = timed_into(spent, "workers", autotune.build_in_workers)
     autotune._rounds = timed_into(spent, "rounds", autotune._rounds)
     autotune._run = timed_into(spent, "warm-up", autotune._run)         # the warm-up launches (and the winner's run)
     autotune.TunedKernel._runoff = staticmethod(timed_into(spent, "run-off", autotune.TunedKernel._runoff))
@@ -58,7 +60,7 @@ def main():
                     checked_gemm(k, a, b, ref, "tune")
                     torch.cuda.synchronize()
                     whole = time.perf_counter() - t
-                    rest = whole - sum(v for p, v in spent.items() if p != "run-off")  # run-off: in rounds
+                    rest = whole - sum(v for p, v in spent.items() if p not in ("run-off", "workers"))
                     runs.append({"whole": whole, **spent, "rest": rest, "pick": gemm_config_name(k.best_config)})
             cols = ("whole",) + PHASES + ("rest",)
             tried = sum(line.startswith("  BM=") for line in k.tune_report().splitlines())
@@ -66,6 +68,9 @@ def main():
                 f"{c} {statistics.median(r.get(c, 0.0) for r in runs):.2f} s" for c in cols) +
                 f"  (whole per run: {[round(r['whole'], 2) for r in runs]}; picks: {[r['pick'] for r in runs]})",
                 flush=True)
+            if args.each:
+                for r in runs:
+                    print("  " + ", ".join(f"{c} {r.get(c, 0.0):.2f} s" for c in cols), flush=True)
             if args.report:
                 print(k.tune_report(), flush=True)
 
