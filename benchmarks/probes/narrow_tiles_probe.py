@@ -1,8 +1,12 @@
-"""Few-row gemms with narrower tiles: gemm.tile as shipped against the same space with
-32-column tiles (64 rows; wgmma n32) and 32-row tiles (acc^T, for M <= 128). With N = 4096
-and 64-column tiles a 64-row gemm has 64 output tiles for 132 SMs; 32 columns make 128 tiles
-of half the B bytes each (A is read by twice as many blocks). Each space tuned cold, then the
-picks and cuBLAS in alternating rounds (common.tuned_picks_vs_cublas), outputs guarded.
+"""Few-row gemms with narrower tiles than gemm.tile's, each space tuned cold, then the picks
+and cuBLAS in alternating rounds (common.tuned_picks_vs_cublas), outputs guarded. With N = 4096
+and 64-column tiles a 64-row gemm has 64 output tiles for 132 SMs. Spaces (session 19), by
+the gemm.tile they start from:
+- before c31f2d9: `BN 32` (32-column tiles for 64-row tiles: 128 tiles of half the B bytes),
+  `BM 32` (32-row tiles, acc^T, for M <= 128), `BM 32 BK 128` (the same, 128 deep, over 32
+  rows) and `halves` (tiles of 24-56 rows where they are half of M: shipped in c31f2d9);
+- c31f2d9: `halves to 240 rows` (tiles of 72-120 rows too: shipped in b241b7f);
+- since: `shipped` only.
 
     python benchmarks/probes/narrow_tiles_probe.py [f16|bf16] [--shapes MxNxK,...] [--report] [--cold-l2] [--spaces 'shipped,halves']
 """
