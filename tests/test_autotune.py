@@ -493,6 +493,23 @@ ACC_WHERE = ACC.replace("    const BM = 32, BN = 64;\n",
 WHERE_TEXT = "(BM == 16) == (M <= 48) && TALL * BN <= 8192"
 
 
+def test_gemm_tile_tries_a_bounded_space_that_fits_at_every_shape():
+    """gemm.tile's `where` condition, at row counts across its bands (1 to 8192, the
+    edges of each band included): every shape tries at most 228 candidates (a cold
+    tune's cost: 204 at 1-32 rows, 222-228 at 33-240, 162 at 4096), and at least 100
+    whose rings fit beside the epilogue (<= 200 KiB) and are not the 192x256 tile
+    beside a producer (refused for registers), so no shape is left with only
+    candidates the compiler refuses."""
+    k = tilec.compile(GEMM_PATH, arch="sm_90a")
+    rows = set(range(1, 257, 3)) | {8, 16, 32, 33, 64, 65, 112, 113, 128, 129, 240, 241, 256, 1024, 1025, 4096, 8192}
+    for m in sorted(rows):
+        kept = k._meeting((m, 4096, 4096))[0]
+        fit = [c for c in kept if c["STAGES"] * (c["BM"] + c["BN"]) * c["BK"] * 2 <= 200 * 1024 and
+               (c["BM"], c["BN"], c["PRODUCER"]) != (192, 256, 1)]
+        assert len(kept) <= 228 and len(fit) >= 100, (m, len(kept), len(fit))
+    assert len(k._meeting((4096, 4096, 4096))[0]) == 162
+
+
 def test_a_where_condition_leaves_out_candidates_per_key(env):
     k = tuned_from_statement(ACC_WHERE)
     assert env.compiled == [{"BM": 32, "BN": 64}]          # the declared candidate, whatever the condition
