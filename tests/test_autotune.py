@@ -493,6 +493,11 @@ ACC_WHERE = ACC.replace("    const BM = 32, BN = 64;\n",
 WHERE_TEXT = "(BM == 16) == (M <= 48) && TALL * BN <= 8192"
 
 
+def ring_bytes(cfg) -> int:
+    """The shared memory of a gemm.tile candidate's ring of f16 stages (a and b tiles)."""
+    return cfg["STAGES"] * (cfg["BM"] + cfg["BN"]) * cfg["BK"] * 2
+
+
 def test_gemm_tile_tries_a_bounded_space_that_fits_at_every_shape():
     """gemm.tile's `where` condition, at row counts across its bands (1 to 8192, the
     edges of each band included): every shape tries at most 228 candidates (a cold
@@ -504,8 +509,7 @@ def test_gemm_tile_tries_a_bounded_space_that_fits_at_every_shape():
     rows = set(range(1, 257, 3)) | {8, 16, 32, 33, 64, 65, 112, 113, 128, 129, 240, 241, 256, 1024, 1025, 4096, 8192}
     for m in sorted(rows):
         kept = k._meeting((m, 4096, 4096))[0]
-        fit = [c for c in kept if c["STAGES"] * (c["BM"] + c["BN"]) * c["BK"] * 2 <= 200 * 1024 and
-               (c["BM"], c["BN"], c["PRODUCER"]) != (192, 256, 1)]
+        fit = [c for c in kept if ring_bytes(c) <= 200 * 1024 and (c["BM"], c["BN"], c["PRODUCER"]) != (192, 256, 1)]
         assert len(kept) <= 228 and len(fit) >= 100, (m, len(kept), len(fit))
     assert len(k._meeting((4096, 4096, 4096))[0]) == 162
 
@@ -1002,7 +1006,7 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
     # the rest: rings of 6 or 8 stages that do not fit beside the epilogue's staging tile (tilec check lists them)
     smem = [dict(c) for c, e in refused.items() if "a Hopper block has at most 232448 bytes of shared memory" in e]
     assert len(registers) + len(smem) == len(refused) and len(smem) == 125
-    assert all(c["STAGES"] in (6, 8) and c["STAGES"] * (c["BM"] + c["BN"]) * c["BK"] * 2 > 200 * 1024 for c in smem)
+    assert all(c["STAGES"] in (6, 8) and ring_bytes(c) > 200 * 1024 for c in smem)
 
 
 @pytest.mark.gpu
