@@ -40,10 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SLEEP_CYCLES = 300_000
 
 
-def time_one(fn) -> float:
-    """One call of `fn`, in seconds: CUDA events around it, queued behind a GPU spin."""
+def time_one(fn, before=None) -> float:
+    """One call of `fn`, in seconds: CUDA events around it, queued behind a GPU spin
+    (and behind `before()`, untimed, where given)."""
     import torch
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if before is not None:
+        before()
     torch.cuda._sleep(SLEEP_CYCLES)
     s.record()
     fn()
@@ -52,22 +55,23 @@ def time_one(fn) -> float:
     return s.elapsed_time(e) * 1e-3
 
 
-def time_gpu(fn, reps=30, warmup=5):
+def time_gpu(fn, reps=30, warmup=5, before=None):
     import torch
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    return statistics.median([time_one(fn) for _ in range(reps)])
+    return statistics.median([time_one(fn, before) for _ in range(reps)])
 
 
-def compare(mine, peer, rounds=7, reps=10):
+def compare(mine, peer, rounds=7, reps=10, before=None):
     """Times tilec and its peer in alternating rounds (peer, tilec, peer, ...), so
     that clock and temperature drift hit both alike. Returns the median times and
-    the median, lowest and highest of the per-round ratios peer time / tilec time."""
+    the median, lowest and highest of the per-round ratios peer time / tilec time.
+    `before()`: queued ahead of each timed call, untimed (flush_l2)."""
     t_mine, t_peer, ratios = [], [], []
     for _ in range(rounds):
-        tp = time_gpu(peer, reps=reps, warmup=2)
-        tm = time_gpu(mine, reps=reps, warmup=2)
+        tp = time_gpu(peer, reps=reps, warmup=2, before=before)
+        tm = time_gpu(mine, reps=reps, warmup=2, before=before)
         t_peer.append(tp)
         t_mine.append(tm)
         ratios.append(tp / tm)
@@ -208,6 +212,11 @@ GEMM_RAGGED_LD = 4104
 GEMM_SMALL = [(1, 4096, 4096), (8, 4096, 4096), (96, 4096, 4096), (160, 4096, 4096)] + \
     [(m, n, k) for m in (16, 64, 256) for n, k in ((4096, 4096), (4096, 14336), (14336, 4096))] + [(128, 4096, 4096)]
 
+# M, N, K of a decode step's gemms with the weights read from DRAM (the L2 flushed before every
+# timed call, tilec's and cuBLAS's alike), gemm.tile tuned with tune_l2="cold"
+GEMM_DECODE = [(1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (16, 4096, 14336),
+               (16, 14336, 4096)]
+
 _KERNELS = {}       # what shipped() compiled, kept for the whole process (every --runs run)
 
 
@@ -306,16 +315,28 @@ def bench_gemm_small(rows):
         attempt(rows, f"gemm f16 {m}x{n}x{k}", _gemm_small, rows, m, n, k)
 
 
-def _gemm_small(rows, m, n, kk):
+def bench_gemm_decode(rows):
+    """gemm.tile as shipped, tuned with tune_l2="cold", f16, on GEMM_DECODE against
+    torch.matmul, with the L2 flushed before each timed call of either (a model's
+    decode step: each layer's weights come from DRAM; no target in issue 13)."""
     import torch
-    name, k = f"gemm f16 {m}x{n}x{kk}", tuned_gemm("f16")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    k = shipped(GEMM, tune_l2="cold")
+    for m, n, kk in GEMM_DECODE:
+        attempt(rows, f"gemm f16 {m}x{n}x{kk} from DRAM", _gemm_small, rows, m, n, kk, k, flush.zero_)
+
+
+def _gemm_small(rows, m, n, kk, k=None, before=None):
+    import torch
+    name = f"gemm f16 {m}x{n}x{kk}" + (" from DRAM" if before is not None else "")
+    k = tuned_gemm("f16") if k is None else k
     a = torch.randn(m, kk, device="cuda").half()
     b = torch.randn(kk, n, device="cuda").half()
     c = torch.empty(m, n, device="cuda", dtype=torch.float16)
     k(a, b, c)                                   # tunes on the first call with this shape
     err = rel_err(c, a @ b)
     assert err < 1e-2, f"{name}: relative error {err}"
-    t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c))
+    t_tilec, t_torch, ratio = compare(lambda: k(a, b, c), lambda: torch.matmul(a, b, out=c), before=before)
     flops = 2 * m * n * kk
     rows.append((name, "torch.matmul", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
 
@@ -660,7 +681,7 @@ def bench_compile(rows):
 
 
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
-           bench_gemm_small, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
+           bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d, bench_host)
 
 
 def merge(runs) -> dict:

@@ -70,7 +70,7 @@ class Env:
         monkeypatch.setattr(autotune, "_device_name", lambda args: "Fake GPU")
         monkeypatch.setattr(autotune, "_run", interpret_run)
 
-        def fake_time(kernel, args, stream):
+        def fake_time(kernel, args, stream, flush=None):
             cfg = {k: kernel.consts[k] for k in SPACE}
             self.timed.append(cfg)
             interpret_run(kernel, args)          # writes the outputs, as a real timing run does
@@ -392,6 +392,49 @@ def test_bad_tune_and_key_arguments():
         tilec.compile(ACC, tune={}, arch="sm_90a")
 
 
+def test_tune_l2_cold_flushes_before_every_timed_launch_and_is_a_choice_of_its_own(env, monkeypatch):
+    """tune_l2="cold": every timed launch (rounds and run-off) gets the flush buffer,
+    the report says so, and its choice is kept apart from the default's, in memory
+    and on disk: a cold tune after a warm one of the same key tunes again."""
+    flushes = []
+    fake_time = autotune._time
+
+    def recording(kernel, args, stream, flush=None):
+        flushes.append(flush)
+        return fake_time(kernel, args, stream, flush)
+    monkeypatch.setattr(autotune, "_time", recording)
+    monkeypatch.setattr(autotune, "_l2_flush_buffer", lambda args: "the flush buffer")
+    x, y = arrays()
+    warm = tuned()
+    warm(x, y, 1.0)
+    assert set(flushes) == {None} and "tune_l2" not in warm.tune_report()
+    flushes.clear()
+    env.reset_counts()
+    cold = tilec.compile(ACC, tune=SPACE, key=("M", "N"), arch="sm_90a", tune_l2="cold")
+    assert cold is not warm and cold is tilec.compile(ACC, tune=SPACE, key=("M", "N"), arch="sm_90a",
+                                                       tune_l2="cold")
+    cold(x, y, 1.0)
+    assert len(env.timed) == 4 and flushes == ["the flush buffer"] * 4
+    assert cold.tune_report().startswith("autotune acc key {'M': 40, 'N': 100} (tune_l2=\"cold\": the L2 flushed "
+                                         "before each timed launch):")
+    assert "tune_l2=cold" in repr(cold) and "tune_l2" not in repr(warm)
+    env.clear()
+    env.reset_counts()
+    tilec.compile(ACC, tune=SPACE, key=("M", "N"), arch="sm_90a", tune_l2="cold")(x, y, 1.0)
+    assert env.timed == []          # read from the disk, as its own choice
+
+
+def test_tune_l2_is_warm_or_cold_and_goes_with_tuning():
+    with pytest.raises(tilec.TilecError, match=r"tune_l2= is \"warm\" .* or \"cold\" .*, got 'hot'"):
+        tilec.compile(ACC, tune=SPACE, arch="sm_90a", tune_l2="hot")
+    with pytest.raises(tilec.TilecError, match="tune_l2='cold' goes with tuning, and tune=False tunes nothing"):
+        tilec.compile(ACC, tune=False, arch="sm_90a", tune_l2="cold")
+    with pytest.raises(tilec.TilecError, match=r"tune_l2='cold' goes with tuning: give tune= \(or compile a "
+                       r"program with a tune statement\)"):
+        tilec.compile(ACC, arch="sm_90a", tune_l2="cold")
+    assert isinstance(tilec.compile(ACC, arch="sm_90a", tune_l2="warm"), tilec.Kernel)
+
+
 def test_a_const_both_tuned_and_given_is_refused(env):
     k = tilec.compile(ACC, tune=SPACE, key=("M",), arch="sm_90a", BM=16)
     with pytest.raises(tilec.TilecError, match="BM both tuned and given"):
@@ -416,7 +459,7 @@ def test_readme_snippet(env, monkeypatch):
     monkeypatch.chdir(ROOT)
     times = {}
 
-    def fake_time(kernel, args, stream):
+    def fake_time(kernel, args, stream, flush=None):
         cfg = (kernel.consts["BN"], kernel.consts["STAGES"])
         times[cfg] = 1e-3 / (cfg[0] + cfg[1])
         return times[cfg]
@@ -1090,6 +1133,28 @@ def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
     torch.cuda.synchronize()
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
     assert k.tune_report().count("refused") == 2
+
+
+@pytest.mark.gpu
+def test_gpu_a_cold_l2_tune_restores_the_output_and_writes_nothing_outside_it(monkeypatch, tmp_path):
+    """Y += alpha * X tuned with tune_l2="cold" (a 256 MB buffer written before each timed
+    launch): Y, a view inside a guarded buffer, equals one untuned call's, its margin intact."""
+    import torch
+    from guard import guarded
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+    x = torch.randn(1000, 1000, device="cuda")
+    g = guarded((1000, 1000), "f32")
+    y = g.view
+    y.copy_(torch.randn(1000, 1000, device="cuda"))
+    want = y + 0.5 * x
+    k = tilec.compile(ACC, tune={"BM": (16, 32), "BN": (64, 128)}, key=("M", "N"), tune_l2="cold")
+    k(x, y, 0.5)
+    torch.cuda.synchronize()
+    assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+    g.check()
+    assert "tune_l2=\"cold\"" in k.tune_report() and k.tune_report().count(" ms") == 4
 
 
 @pytest.mark.parametrize("scale, dropped", [(1.0, True), (0.01, False)], ids=["1ms", "10us"])

@@ -12,6 +12,9 @@ few timed again in a run-off), restores the tensors the kernel writes, runs
 the fastest once for the real result and remembers the choice: in memory and
 in the disk cache beside the cubins, keyed by the program and its consts, the
 architecture, the tune space, the key values, the GPU's name and tilec's build.
+With tune_l2="cold" a buffer four times the L2 is written before each timed
+launch (the inputs come from DRAM, as a decode step's weights do), and the
+choice is one of its own.
 A warm start reads the choice and compiles (or loads) only the winner.
 
 Candidates not compiled yet are built by compile workers, python processes
@@ -532,19 +535,22 @@ PRUNE_FROM = 50e-6          # where the fastest takes PRUNE_FROM s or more (belo
                             # little and the noise of one launch is larger)
 
 
-def _time(kernel, args, stream) -> float:
+def _time(kernel, args, stream, flush=None) -> float:
     """The time of one launch on the GPU, CUDA events on the launch stream, the
     launch alone and queued behind a short GPU spin, so that the events time the
     kernel and not the host's launch path (a few us per call, which varies more
     than candidates close in speed differ): as benchmarks/bench.py and Triton's
-    do_bench time kernels."""
+    do_bench time kernels. `flush` (tune_l2="cold"): a buffer written before the
+    spin, so that the launch finds none of its inputs in L2."""
     import torch
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     s = torch.cuda.current_stream(device) if stream is None else torch.cuda.ExternalStream(stream, device=device)
     spin = getattr(torch.cuda, "_sleep", None)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if spin is not None:
-        with torch.cuda.stream(s):
+    with torch.cuda.stream(s):
+        if flush is not None:
+            flush.zero_()
+        if spin is not None:
             spin(SPIN_CYCLES)
     a.record(s)
     kernel(*args, stream=stream)
@@ -553,17 +559,29 @@ def _time(kernel, args, stream) -> float:
     return a.elapsed_time(b) * 1e-3
 
 
-def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1, first=0) -> dict:
+L2_FLUSH_FACTOR = 4         # tune_l2="cold": the buffer written before each timed launch, this many times
+                            # the GPU's L2 (256 MB on the H100's 50 MB, as Triton's do_bench writes)
+
+
+def _l2_flush_buffer(args):
+    """A CUDA buffer on the arguments' device L2_FLUSH_FACTOR times its L2 (at least 64 MB)."""
+    import torch
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (50 << 20)
+    return torch.empty(max(L2_FLUSH_FACTOR * l2, 64 << 20), dtype=torch.uint8, device=device)
+
+
+def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1, first=0, flush=None) -> dict:
     """{candidate: its launch times}: `rounds` rounds of `burst` launches of each
     candidate in `order` (every other round in reverse, counting from round
     `first`), the last `keep` of each burst timed, so that the GPU's clock and
     temperature drift over the tuning hits every candidate alike; the tensors
-    the kernels write restored after each round."""
+    the kernels write restored after each round; `flush`: as _time's."""
     samples = {i: [] for i in order}
     try:
         for r in range(first, first + rounds):
             for i in (order if r % 2 == 0 else order[::-1]):
-                times = [_time(compiled[i], args, stream) for _ in range(burst)]
+                times = [_time(compiled[i], args, stream, flush) for _ in range(burst)]
                 samples[i] += times[burst - keep:]
             _restore_all(args, saved)
     finally:
@@ -583,14 +601,15 @@ def _slow(samples, above) -> set:
     return {i for i, m in medians.items() if m > fastest * above}
 
 
-def _timed_rounds(compiled, ready, args, stream, saved):
+def _timed_rounds(compiled, ready, args, stream, saved, flush=None):
     """({candidate: its launch times}, {candidate: the rounds it had, if cut}):
     TIMING_ROUNDS rounds of the candidates `ready`, less those cut by PRUNE."""
     samples, cut, live, done = {i: [] for i in ready}, {}, list(ready), 0
     for upto, above in tuple(PRUNE) + ((TIMING_ROUNDS, None),):
         upto = min(upto, TIMING_ROUNDS)
         if upto > done:
-            for i, more in _rounds(compiled, live, upto - done, args, stream, saved, first=done).items():
+            for i, more in _rounds(compiled, live, upto - done, args, stream, saved, first=done,
+                                   flush=flush).items():
                 samples[i] += more
             done = upto
         if above is not None and done < TIMING_ROUNDS:
@@ -647,8 +666,10 @@ class TunedKernel:
     the attributes read through here are its."""
 
     def __init__(self, source, consts: dict, tune: dict, key: tuple, arch: str, fallback: bool, debug: bool,
-                 default: dict | None = None, where: str | None = None, check_where: bool = False):
+                 default: dict | None = None, where: str | None = None, check_where: bool = False,
+                 tune_l2: str = "warm"):
         self.source = source
+        self.tune_l2 = tune_l2
         self.arch = arch
         self._consts = dict(consts)
         self._tune = {k: tuple(v) for k, v in tune.items()}
@@ -710,6 +731,8 @@ class TunedKernel:
             (_space(self._tune), "first", tuple(self._first_cfg.items()))
         if self._where is not None:
             space = (space, "where", self._where.text)
+        if self.tune_l2 != "warm":
+            space = (space, "tune_l2", self.tune_l2)
         return cache.key("autotune", __version__, self._program_key(), space, self._key, kv,
                          _device_name(args), nvrtc.identity())
 
@@ -813,9 +836,11 @@ class TunedKernel:
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        samples, dropped = _timed_rounds(compiled, ready, args, stream, saved)
+        flush = _l2_flush_buffer(args) if self.tune_l2 == "cold" else None
+        samples, dropped = _timed_rounds(compiled, ready, args, stream, saved, flush)
         times = {i: statistics.median(t) for i, t in samples.items()}
-        finalists = self._runoff(compiled, times, args, stream, saved)
+        finalists = self._runoff(compiled, times, args, stream, saved, flush)
+        del flush
         best = min(finalists or times, key=lambda i: (times[i], i))
         for i in compiled:
             if i != best:
@@ -838,7 +863,7 @@ class TunedKernel:
         return winner, cands[best], report
 
     @staticmethod
-    def _runoff(compiled, times, args, stream, saved) -> list:
+    def _runoff(compiled, times, args, stream, saved, flush=None) -> list:
         """The finalists (the candidates within RUNOFF_WITHIN of the fastest, at most
         RUNOFF_MAX), timed again in bursts: their times become the medians of those
         (`times` updated). Empty when fewer than two are that close.
@@ -853,7 +878,7 @@ class TunedKernel:
         if len(close) < 2:
             return []
         for i, more in _rounds(compiled, close, RUNOFF_ROUNDS, args, stream, saved, RUNOFF_BURST,
-                               RUNOFF_KEEP).items():
+                               RUNOFF_KEEP, flush=flush).items():
             times[i] = statistics.median(more)
         return close
 
@@ -869,7 +894,8 @@ class TunedKernel:
         lines = self._reports.get(kv)
         if lines is None:
             return "not tuned yet for this key\n"
-        head = f"autotune {self._name()} key {dict(zip(self._key, kv))}:"
+        head = f"autotune {self._name()} key {dict(zip(self._key, kv))}" + \
+            (" (tune_l2=\"cold\": the L2 flushed before each timed launch)" if self.tune_l2 == "cold" else "") + ":"
         return "\n".join([head] + ["  " + line.replace("\n", "\n      ") for line in lines]) + "\n"
 
     def __getattr__(self, name):
@@ -888,7 +914,8 @@ class TunedKernel:
     def __repr__(self):
         space = ", ".join(f"{k}={v}" for k, v in self._tune.items())
         first = "" if self._first_cfg is None else f" default {_describe(self._first_cfg)}"
-        return f"<tilec.TunedKernel {self._name()} tune {space}{first} key {self._key} for {self.arch}>"
+        cold = " tune_l2=cold" if self.tune_l2 == "cold" else ""
+        return f"<tilec.TunedKernel {self._name()} tune {space}{first} key {self._key}{cold} for {self.arch}>"
 
 
 def _save(a):
@@ -914,7 +941,7 @@ def _key_tuple(key) -> tuple:
     return () if key is None else (key,) if isinstance(key, str) else tuple(key)
 
 
-def tuned(source, consts, tune, key, arch, fallback, debug, where=None) -> TunedKernel:
+def tuned(source, consts, tune, key, arch, fallback, debug, where=None, tune_l2="warm") -> TunedKernel:
     """tilec.compile's tune= path: one TunedKernel per program, space, key and
     where= condition (cached), keyed by `key` (default: every shape symbol of the
     header, as a tune statement is: a choice made for one shape is not another's)."""
@@ -922,9 +949,9 @@ def tuned(source, consts, tune, key, arch, fallback, debug, where=None) -> Tuned
     tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
     check_space(tune)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
-                       tune_where=where)
+                       tune_where=where, tune_l2=tune_l2)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug,
-                                                       where=where, check_where=True))
+                                                       where=where, check_where=True, tune_l2=tune_l2))
 
 
 def statement_space(source, consts) -> tuple:
@@ -952,7 +979,7 @@ def any_shape_candidates(source, consts, space: dict, first: dict, where: str | 
     return cands[:1] + [cfg for cfg in cands[1:] if condition.meets(cfg, {}) is not False]
 
 
-def from_statement(source, consts, key, arch, fallback, debug, where=None):
+def from_statement(source, consts, key, arch, fallback, debug, where=None, tune_l2="warm"):
     """tilec.compile of a program with a tune statement (and no tune=): a
     TunedKernel over the statement's space less the consts given in `consts`,
     its declared values first, keyed by `key` (default: every shape symbol of
@@ -963,9 +990,9 @@ def from_statement(source, consts, key, arch, fallback, debug, where=None):
         return None
     key = default_key(source, own if where is None else where) if key is None else _key_tuple(key)
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
-                       tune_first=tuple(first.items()), tune_where=where)
+                       tune_first=tuple(first.items()), tune_where=where, tune_l2=tune_l2)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug, first,
-                                                       own if where is None else where, where is not None))
+                                                       own if where is None else where, where is not None, tune_l2))
 
 
 def first_interpreted(source, consts, tune, key, fallback, arch):

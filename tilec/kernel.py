@@ -233,7 +233,8 @@ def env_debug() -> bool:
 
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
-            backend: str | None = None, tune=None, key=None, where=None, **consts) -> Kernel:
+            backend: str | None = None, tune=None, key=None, where=None, tune_l2: str = "warm",
+            **consts) -> Kernel:
     """Compile a .tile program (a path or the text) with optional const overrides.
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
@@ -259,7 +260,12 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     Kernel of the declared consts, which backend="interpret" always runs).
     where: a tune condition, as after a tune statement's `where` (docs/language.md
     §3): on a new key, only the candidates for which it holds are compiled and
-    timed; it replaces the statement's own (where="1": none)."""
+    timed; it replaces the statement's own (where="1": none).
+    tune_l2: "warm" (default): candidates are timed back to back, so the inputs a
+    launch reads are in L2 from the launch before, as in repeated calls of one
+    kernel; "cold": the L2 is flushed before each timed launch, so the inputs come
+    from DRAM, as a model's weights do when each layer reads its own once (a
+    decode step's few-row gemms pick differently)."""
     source = load_source(src)
     if backend is None:
         backend = "interpret" if os.environ.get("TILEC_INTERPRET", "0") not in ("0", "") else "cuda"
@@ -268,6 +274,11 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         raise TilecError(f"where= takes a tune condition's text, e.g. \"BM <= M\", got {where!r}")
     if where is not None and tune is False:
         raise TilecError("where= goes with tuning, and tune=False tunes nothing")
+    if tune_l2 not in ("warm", "cold"):
+        raise TilecError(f"tune_l2= is \"warm\" (inputs in L2 from the launch before) or \"cold\" (the L2 "
+                         f"flushed before each timed launch), got {tune_l2!r}")
+    if tune_l2 != "warm" and tune is False:
+        raise TilecError(f"tune_l2={tune_l2!r} goes with tuning, and tune=False tunes nothing")
     if backend == "interpret":
         from .runtime.interpret import interpret
         if explicit:
@@ -283,14 +294,15 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         debug = env_debug()
     if explicit:
         from .autotune import tuned
-        return tuned(source, consts, tune, key, arch, fallback, debug, where)
+        return tuned(source, consts, tune, key, arch, fallback, debug, where, tune_l2)
     if tune is None and "tune" in source.text:     # the program's tune statement (read without the parser)
         from .autotune import from_statement
-        k = from_statement(source, consts, key, arch, fallback, debug, where)
+        k = from_statement(source, consts, key, arch, fallback, debug, where, tune_l2)
         if k is not None:
             return k
-    if where is not None:
-        raise TilecError("where= goes with tuning: give tune= (or compile a program with a tune statement)")
+    for given, name in ((where is not None, "where="), (tune_l2 != "warm", f"tune_l2={tune_l2!r}")):
+        if given:
+            raise TilecError(f"{name} goes with tuning: give tune= (or compile a program with a tune statement)")
     return cached(program_key(source, consts, arch=arch, fallback=fallback, debug=debug),
                   lambda: Kernel(source, consts, arch, fallback, debug=debug))
 
