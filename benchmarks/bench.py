@@ -27,6 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# Where a CUDA driver is loaded, NVRTC keeps what ptxas made in the CUDA compute cache
+# (~/.nv/ComputeCache, keyed by the PTX): a "cold" compile or tune after an earlier one of the
+# same kernels, in any process, would read it (session 20, H100 machine: 0.02 s for a gemm.tile
+# candidate that took 0.7-1.05 s the first time; gemm.tile's "cold" tune at 4096^3 4-5 s with it,
+# 11-13 s without, 8 workers). Off for this process and the compile workers it starts, so that
+# the cold rows are cold (CUDA_CACHE_DISABLE=0 in the environment measures with it).
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
+
 import tilec  # noqa: E402
 from tilec.kernel import _CACHE  # noqa: E402
 
@@ -223,7 +231,8 @@ _KERNELS = {}       # what shipped() compiled, kept for the whole process (every
 @contextlib.contextmanager
 def fresh_disk_cache():
     """TILEC_CACHE_DIR pointed at a new, empty directory (and the process caches
-    cleared) for the duration; the old setting and empty process caches after."""
+    cleared) for the duration; the old setting and empty process caches after.
+    (NVRTC's own cache, the CUDA compute cache, is off: CUDA_CACHE_DISABLE above.)"""
     from tilec import autotune
     saved = os.environ.get("TILEC_CACHE_DIR")
     try:

@@ -152,3 +152,15 @@ def test_concurrent_tunes_get_workers_of_their_own(monkeypatch):
                 assert r[0] == "ok" and all(r[1]["consts"][k] == v for k, v in cfg.items())
     assert sum(r is not None for rs in out for r in rs) >= 4      # one of them had workers at least
     assert workers._LEASED == [0] and len(workers._IDLE) <= 3
+
+
+def test_default_worker_count_is_the_usable_cpus_up_to_16(monkeypatch):
+    """One worker per CPU the process may use (its affinity, not the machine's count), at most
+    16; TILEC_COMPILE_WORKERS overrides."""
+    monkeypatch.delenv("TILEC_COMPILE_WORKERS", raising=False)
+    for cpus, want in ((4, 4), (16, 16), (64, 16)):
+        monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        monkeypatch.setattr(workers.os, "cpu_count", lambda: 128)
+        assert workers.max_workers() == want
+    monkeypatch.setenv("TILEC_COMPILE_WORKERS", "3")
+    assert workers.max_workers() == 3
