@@ -1157,6 +1157,28 @@ def test_gpu_a_cold_l2_tune_restores_the_output_and_writes_nothing_outside_it(mo
     assert "tune_l2=\"cold\"" in k.tune_report() and k.tune_report().count(" ms") == 4
 
 
+@pytest.mark.gpu
+def test_gpu_a_cold_l2_tune_without_room_for_its_buffer_says_so(monkeypatch, tmp_path):
+    """No GPU memory for the flush buffer: a TilecError naming tune_l2 and what to do, not
+    torch's out-of-memory error from inside the tuner."""
+    import torch
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+    real_empty = torch.empty
+
+    def no_room(*size, dtype=None, device=None, **kw):
+        if dtype is torch.uint8 and size and size[0] >= 64 << 20:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return real_empty(*size, dtype=dtype, device=device, **kw)
+    monkeypatch.setattr(torch, "empty", no_room)
+    x = torch.randn(256, 256, device="cuda")
+    y = torch.zeros(256, 256, device="cuda")
+    k = tilec.compile(ACC, tune={"BM": (16, 32)}, key=("M", "N"), tune_l2="cold")
+    with pytest.raises(tilec.TilecError, match=r"tune_l2=\"cold\" writes a \d+ MB buffer .* no room for it"):
+        k(x, y, 0.5)
+
+
 @pytest.mark.parametrize("scale, dropped", [(1.0, True), (0.01, False)], ids=["1ms", "10us"])
 def test_slow_candidates_are_timed_no_more_after_the_first_rounds(env, monkeypatch, scale, dropped):
     """PRUNE's cuts: after 1 round the candidates over 2 times the fastest's median are

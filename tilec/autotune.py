@@ -568,7 +568,13 @@ def _l2_flush_buffer(args):
     import torch
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (50 << 20)
-    return torch.empty(max(L2_FLUSH_FACTOR * l2, 64 << 20), dtype=torch.uint8, device=device)
+    size = max(L2_FLUSH_FACTOR * l2, 64 << 20)
+    try:
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    except torch.cuda.OutOfMemoryError as e:
+        raise TilecError(f"tune_l2=\"cold\" writes a {size >> 20} MB buffer before each timed launch, and "
+                         f"{device} has no room for it: free GPU memory before the first call with these "
+                         "shapes, or tune with the default tune_l2=\"warm\"") from e
 
 
 def _rounds(compiled, order, rounds, args, stream, saved, burst=1, keep=1, first=0, flush=None) -> dict:
@@ -819,6 +825,11 @@ class TunedKernel:
             progress.finish("no candidate compiles")
             raise refused[min(refused)]
         progress.total = n + len(compiled)
+        try:
+            flush = _l2_flush_buffer(args) if self.tune_l2 == "cold" else None
+        except TilecError:
+            progress.finish("no room for the L2 flush buffer")
+            raise
         writes = _written_args(signature(self.source), compiled.values())
         saved = {i: _save(args[i]) for i in writes}
         ready = []
@@ -836,7 +847,6 @@ class TunedKernel:
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
-        flush = _l2_flush_buffer(args) if self.tune_l2 == "cold" else None
         samples, dropped = _timed_rounds(compiled, ready, args, stream, saved, flush)
         times = {i: statistics.median(t) for i, t in samples.items()}
         finalists = self._runoff(compiled, times, args, stream, saved, flush)
