@@ -560,7 +560,7 @@ def _time(kernel, args, stream, flush=None) -> float:
 
 
 L2_FLUSH_FACTOR = 4         # tune_l2="cold": the buffer written before each timed launch, this many times
-                            # the GPU's L2 (256 MB on the H100's 50 MB, as Triton's do_bench writes)
+                            # the GPU's L2 (200 MiB on the H100's 50 MiB; Triton's do_bench writes 256 MB)
 
 
 def _l2_flush_buffer(args):

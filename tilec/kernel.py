@@ -234,8 +234,10 @@ def env_debug() -> bool:
 
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
             backend: str | None = None, tune=None, key=None, where=None, tune_l2: str = "warm",
-            **consts) -> Kernel:
-    """Compile a .tile program (a path or the text) with optional const overrides.
+            **consts):
+    """Compile a .tile program (a path or the text) with optional const overrides:
+    a Kernel, a tilec.autotune.TunedKernel where it tunes, or an interpreted
+    kernel with backend="interpret".
 
     fallback: when an argument breaks a TMA rule at launch, run the kernel's
     thread-copy variant (with a TmaFallbackWarning) instead of raising LaunchError.
@@ -248,7 +250,8 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     Before sm_90 there is no TMA: copies are thread copies, and `gemm` (wgmma)
     is sm_90a only.
     tune: {const: (values, ...), ...}, key: names of shape symbols / scalars
-    (default: every shape symbol of the header; () tunes once for all shapes):
+    (default: every shape symbol of the header, then the scalars a `where`
+    condition reads; () tunes once for all shapes):
     an autotuned kernel (tilec.autotune.TunedKernel): the first
     call with new key values compiles every candidate, times them on its
     arguments and keeps the fastest (cached in memory and on disk). With
