@@ -20,5 +20,6 @@ t1 = time.perf_counter()
 nvrtc.compile_cuda(src, "gemm", "sm_90a")
 t2 = time.perf_counter()
 print(f"tag {sys.argv[1:]}: import + lowering {t1 - t0:.2f} s, NVRTC {t2 - t1:.2f} s (NVRTC {nvrtc.version()}, "
-      f"CUDA_CACHE_DISABLE={os.environ.get('CUDA_CACHE_DISABLE')}, CUDA_CACHE_PATH={os.environ.get('CUDA_CACHE_PATH')})",
+      f"CUDA_CACHE_DISABLE={os.environ.get('CUDA_CACHE_DISABLE')}, "
+      f"CUDA_CACHE_PATH={os.environ.get('CUDA_CACHE_PATH')})",
       flush=True)
