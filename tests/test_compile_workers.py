@@ -154,11 +154,11 @@ def test_concurrent_tunes_get_workers_of_their_own(monkeypatch):
     assert workers._LEASED == [0] and len(workers._IDLE) <= 3
 
 
-def test_default_worker_count_is_the_usable_cpus_up_to_16(monkeypatch):
+def test_default_worker_count_is_the_usable_cpus_up_to_32(monkeypatch):
     """One worker per CPU the process may use (its affinity, not the machine's count), at most
-    16; TILEC_COMPILE_WORKERS overrides."""
+    32; TILEC_COMPILE_WORKERS overrides."""
     monkeypatch.delenv("TILEC_COMPILE_WORKERS", raising=False)
-    for cpus, want in ((4, 4), (16, 16), (64, 16)):
+    for cpus, want in ((4, 4), (16, 16), (32, 32), (64, 32)):
         monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
         monkeypatch.setattr(workers.os, "cpu_count", lambda: 128)
         assert workers.max_workers() == want

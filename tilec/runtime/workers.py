@@ -16,7 +16,7 @@ a program the compiler refuses (("error", repr) for anything else); the caller
 compiles that candidate again in its own process for the error itself
 (refusals come early, in lowering).
 TILEC_COMPILE_WORKERS sets how many workers at most (default: the CPUs this
-process may use, at most MAX_DEFAULT = 16); 0 or 1 builds in the calling process, as does a worker that fails
+process may use, at most MAX_DEFAULT = 32); 0 or 1 builds in the calling process, as does a worker that fails
 to start or dies (the job it had goes back to the caller)."""
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def max_workers() -> int:
     return min(usable_cpus(), MAX_DEFAULT)
 
 
-MAX_DEFAULT = 16        # a cold tune's compile is NVRTC's ptxas, one core per worker: gemm.tile's 162 candidates
-                        # at 4096^3 took 12.9 s with 8 workers and 8.7 s with 16 on the H100 machine's 16 cores
-                        # (session 20, the CUDA compute cache off)
+MAX_DEFAULT = 32        # a cold tune's compile is NVRTC's ptxas, one core per worker: gemm.tile's 162 candidates
+                        # at 4096^3 took 12.9 s with 8 workers and 8.7 s with 16 on a 16-core machine, 9.0 s
+                        # with 16 and 7.3 s with 32 on a 32-core one (session 20, the CUDA compute cache off)
 
 
 def usable_cpus() -> int:
