@@ -28,13 +28,15 @@ def main():
     tuned = {"warm-tuned": tilec.compile(src), "cold-tuned": tilec.compile(src, tune_l2="cold")}
     for M, N, K in SHAPES:
         a, b, ref, fns = gemm_case(M, N, K)
+        picks = []
         for name, k in tuned.items():
             s, best = tune_cold(k, a, b, ref)
             print(f"{M}x{N}x{K} {name}: tuned in {s:.2f} s, pick {gemm_config_name(best)}", flush=True)
             label = f"{name} {gemm_config_name(best)}"
-            if any(gemm_config_name(best) in f for f in fns):
+            if best in picks:
                 print(f"  {M}x{N}x{K} {label}: the same pick", flush=True)
                 continue
+            picks.append(best)
             pick = tilec.compile(src, tune=False, **best)
             fns[label] = checked_gemm(pick, a, b, ref, name)[0]
         for label, timing in (("L2 warm", rounds), ("L2 flushed", rounds_cold_l2)):
