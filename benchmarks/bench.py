@@ -325,15 +325,21 @@ def bench_gemm_small(rows):
         attempt(rows, f"gemm f16 {m}x{n}x{k}", _gemm_small, rows, m, n, k)
 
 
+def l2_flush():
+    """A call that writes 256 MB on the GPU (as Triton's do_bench does), queued ahead of a
+    timed call so that none of the last call's tensors are left in the L2 (50 MB)."""
+    import torch
+    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
+
+
 def bench_gemm_decode(rows):
     """gemm.tile as shipped, tuned with tune_l2="cold", f16, on GEMM_DECODE against
     torch.matmul, with the L2 flushed before each timed call of either (a model's
     decode step: each layer's weights come from DRAM; no target in issue 13)."""
-    import torch
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush()
     k = shipped(GEMM, tune_l2="cold")
     for m, n, kk in GEMM_DECODE:
-        attempt(rows, f"gemm f16 {m}x{n}x{kk} from DRAM", _gemm_small, rows, m, n, kk, k, flush.zero_)
+        attempt(rows, f"gemm f16 {m}x{n}x{kk} from DRAM", _gemm_small, rows, m, n, kk, k, flush)
 
 
 def _gemm_small(rows, m, n, kk, k=None, before=None):

@@ -52,9 +52,7 @@ def rounds(fns, n=9, reps=5, before=None):
 def rounds_cold_l2(fns, n=9, reps=5):
     """rounds() with 256 MB written before each call's GPU spin (outside its events): the L2
     (50 MB) holds nothing of the last call's tensors, so they come from DRAM."""
-    import torch
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    return rounds(fns, n, reps, before=flush.zero_)
+    return rounds(fns, n, reps, before=bench.l2_flush())
 
 
 def rewrite_cuda():
