@@ -226,7 +226,7 @@ def test_check_prints_a_path_limit_warning_at_the_kernel_line(tmp_path):
     (exit 0), and the warning reads like the compiler's errors: file:line:col: warning:."""
     from test_check_barriers import _many_branches
     f = tmp_path / "many.tile"
-    f.write_text(_many_branches(12))
+    f.write_text(_many_branches(4))
     for _ in range(2):                      # compiled, then from the disk cache
         p = tilec("check", str(f))
         assert p.returncode == 0, p.stderr

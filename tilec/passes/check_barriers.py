@@ -191,6 +191,33 @@ class _State:
                       [set(w) for w in self.wgmma], dict(self.released))
 
 
+def _fingerprint(st) -> tuple:
+    """All of a path's state, hashable: paths whose states are equal run alike from
+    here on (the same statements, the same checks), so one of them stands for all."""
+    return (frozenset((n, b.armed, b.expect, b.loaded, frozenset(b.tiles), b.completed,
+                       frozenset(b.seen.items()), b.counted) for n, b in st.bars.items()),
+            frozenset(st.phase.items()), frozenset(st.unwaited.items()),
+            frozenset((t, frozenset(c)) for t, c in st.visible.items()),
+            frozenset(st.touched), frozenset(st.written), frozenset(st.fenced),
+            tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted), frozenset(st.env.items()),
+            tuple(frozenset(w) for w in st.wgmma), frozenset(st.released.items()))
+
+
+def _distinct(states) -> list:
+    """`states` without repeats (in order): a store tail or an unknown `if` in a loop forks
+    every trip, and the two arms mostly end in the same state, so without this a loop nest
+    of 27 trips runs 2^27 paths (past MAX_PATHS, unchecked) where a handful differ."""
+    if len(states) < 2:
+        return states
+    seen, out = set(), []
+    for st in states:
+        key = _fingerprint(st)
+        if key not in seen:
+            seen.add(key)
+            out.append(st)
+    return out
+
+
 def _storing(st) -> set:
     """The tiles TMA stores may still be reading."""
     return set(st.uncommitted).union(*st.groups)
@@ -363,7 +390,7 @@ class _Checker:
             nxt = []
             for st in states:
                 nxt += self.stmt(s, st, classes)
-            states = nxt
+            states = _distinct(nxt)
             self.paths = max(self.paths, len(states))
             if len(states) > MAX_PATHS:
                 states = states[:MAX_PATHS]
