@@ -853,7 +853,8 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
             lines.append(f"param {ctypes.c_longlong.from_buffer_copy(value).value}")
         else:
             raw = bytes(value) + bytes(8 - ctypes.sizeof(value))
-            lines.append(f"param {struct.unpack('<Q', raw)[0]:#x}")
+            word = struct.unpack('<Q', raw)[0]
+            lines.append(f"param {word:#x}" if word else "param 0")     # C's %#llx prints 0 bare
     return "launch", ran.cubin, lines
 
 
@@ -926,7 +927,7 @@ BAD = {
                                   t(0x7f0000200000, (181, 128))], 1, "require NP == N * OH * OW failed"),
     "grid": ("copy2d", [t(0x7f0000000000, (65535 * 64 + 1, 4)), t(0x7f0000100000, (65535 * 64 + 1, 4))], 1,
              "grid [1, 65536, 1] is over CUDA's limits (2^31-1, 65535, 65535)"),
-    "empty tensor": ("gemm", [t(0, (300, 0)), t(0, (0, 196)), t(0x7f0000200000, (300, 196), (200, 1))], 1,
+    "empty tensor": ("gemm", [t(0, (300, 0)), t(0, (0, 196)), t(0x7f0000200000, (300, 196), (200, 1))], 2,
                      "argument A: it is empty (shape [300, 0]); a TMA tensor map cannot describe an empty tensor"),
     "row stride": ("copy2d", [t(0x7f0000000000, (100, 1000), (1001, 1)), t(0x7f0000100000, (100, 1000))], 2,
                    "argument A: row stride 4004 bytes is not a multiple of 16 (TMA requires 16-byte aligned "

@@ -217,3 +217,20 @@ def test_a_local_beside_the_accumulator(bm, ot, mnk):
     err = ((c.view.float() - want).norm() / want.norm()).item()
     assert torch.isfinite(c.view.float()).all() and err < (2e-3 if ot == "f16" else 1e-5), f"relative error {err:.2e}"
     c.check()
+
+
+def test_gpu_an_empty_k_writes_zeros_through_the_thread_copy_variant():
+    """K = 0: A and B are empty, which no tensor map describes; the call runs the
+    thread-copy variant and C (a guarded view) is zeros, nothing around it written."""
+    import warnings
+    import torch
+    k = tilec.compile(str(ROOT / "examples" / "gemm.tile"), BM=128, BN=128, STAGES=3)
+    a = torch.empty(300, 0, device="cuda", dtype=torch.float16)
+    b = torch.empty(0, 196, device="cuda", dtype=torch.float16)
+    c = guarded((300, 196), "f16", fill=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+        k(a, b, c.view)
+    torch.cuda.synchronize()
+    assert not c.view.any()
+    c.check()

@@ -35,3 +35,22 @@ def test_the_interpreter_runs_the_kernels_own_host_wrapper():
     interpreted = tilec.compile(src, backend="interpret")
     assert interpreted.host_source.splitlines()[1:] == \
         tilec.compile(src, arch="sm_90a").host_source.splitlines()[1:]
+
+
+def test_an_empty_operand_runs_the_thread_copy_variant():
+    """K = 0 leaves A and B empty (no tensor map can describe them) while C is not:
+    C = A @ B is zeros, so the call runs the thread-copy variant, as for any other TMA
+    rule (it raised a LaunchError before), into C's guarded view; fallback=False says the rule."""
+    from guard import guarded
+    from tilec.runtime.tensormap import TmaRuleError
+    k = tilec.compile("examples/gemm.tile", backend="interpret", BM=64, BN=64, STAGES=3)
+    c = guarded((70, 50), "f16", like="numpy")
+    c.view[...] = 5
+    a, b = np.zeros((70, 0), np.float16), np.zeros((0, 50), np.float16)
+    with pytest.warns(tilec.TmaFallbackWarning, match=r"argument A: it is empty \(shape \[70, 0\]\)"):
+        k(a, b, c.view)
+    assert not c.view.any()
+    c.check()
+    strict = tilec.compile("examples/gemm.tile", backend="interpret", fallback=False, BM=64, BN=64, STAGES=3)
+    with pytest.raises(TmaRuleError, match="a TMA tensor map cannot describe an empty tensor"):
+        strict(a, b, c.view)

@@ -300,8 +300,10 @@ class Call:
 
     @staticmethod
     def _not_empty(arg):
+        """A TMA rule like the others (the thread-copy variant runs instead): a gemm's
+        K = 0 leaves A and B empty while C is not, and C must still be written."""
         if 0 in arg.shape:
-            raise LaunchError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
+            raise TmaRuleError(f"argument {arg.name}: it is empty (shape {list(arg.shape)}); "
                               "a TMA tensor map cannot describe an empty tensor")
 
     def debug_record(self):
