@@ -61,6 +61,7 @@ class _Printer:
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
         self.uses_stream_k = False
+        self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
 
     # ---------------------------------------------------------- expressions
@@ -89,6 +90,7 @@ class _Printer:
                 return f"tl_{e.func}({args})"
             return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
         if isinstance(e, ir.Cast):
+            self.cast_to.add(e.dtype.name)
             return convert(e.dtype, self.expr(e.value, 0, double))
         if isinstance(e, ir.Subscript):
             b = self.k.buffer(e.name)
@@ -857,7 +859,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     def add(macro, *args):
         need.append({"macro": macro, "args": args})
 
-    dtypes = {b.dtype.name for b in k.buffers} | {p.dtype.name for p in k.params}
+    dtypes = {b.dtype.name for b in k.buffers} | {p.dtype.name for p in k.params} | (pr.cast_to if pr else set())
     for name, macro in (("f16", "f16"), ("bf16", "bf16")):
         if name in dtypes:
             add(macro)
