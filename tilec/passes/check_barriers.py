@@ -326,6 +326,7 @@ class _Checker:
         self.let_names = {s.name for s in ir.walk_stmts(k.body) if isinstance(s, ir.Let)}
         self._lets = {}             # an env key -> the lets it reads
         self._inert = {}            # id(loop) -> whether its trips change nothing checked
+        self._forks_after = {}      # id(block) -> (the block, forks_after's answer)
 
     def lets(self, key) -> frozenset:
         """The lets whose values the env key `key` (an expression's text) reads."""
@@ -384,13 +385,27 @@ class _Checker:
         tail = fill + (n - 2 * fill) % self.period      # the last trips: a ring's drain, its last phases
         return [*range(fill), *range(n - tail, n)]
 
+    def forks_after(self, body) -> list:
+        """Per statement of `body`: whether a statement after it may fork a path (a loop,
+        an `if`, a store tail, a warp-specialised block). Only then are equal paths merged
+        (`_distinct`) after it: merging costs a fingerprint per path, and paths that only
+        run on to the end of the block are cheaper to run than to compare."""
+        hit = self._forks_after.get(id(body))
+        if hit is None:
+            forking = [any(isinstance(x, (ir.For, ir.If, ir.StoreTail, ir.Specialized)) for x in ir.walk_stmts([s]))
+                       for s in body]
+            hit = [any(forking[i + 1:]) for i in range(len(body))]
+            self._forks_after[id(body)] = (body, hit)
+            return hit
+        return hit[1]
+
     # ---- running blocks over sets of states
     def run(self, body, states, classes):
-        for s in body:
+        for s, merge in zip(body, self.forks_after(body)):
             nxt = []
             for st in states:
                 nxt += self.stmt(s, st, classes)
-            states = _distinct(nxt)
+            states = _distinct(nxt) if merge else nxt
             self.paths = max(self.paths, len(states))
             if len(states) > MAX_PATHS:
                 states = states[:MAX_PATHS]
@@ -422,7 +437,7 @@ class _Checker:
                 for i in trips:
                     for c in cur:
                         c.env[s.var] = i
-                    cur = self.run(s.body, cur, classes)
+                    cur = _distinct(self.run(s.body, cur, classes))     # the next trip may fork them again
                 out += cur
             return out
         if isinstance(s, ir.StoreTail):
