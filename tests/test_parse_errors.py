@@ -1084,3 +1084,80 @@ kernel k(A: f32[M, N], alpha: f32) {
 t.tile:2:26: error: a grid size must be an integer expression
     grid (bx) = (cdiv(N, alpha));
                          ^~~~~"""
+
+
+# ---------------------------------------------------------------- expressions in a parallel body
+
+ELEMENTWISE = """\
+kernel k(A: f32[N], B: f32[N], n: i32) {{
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared s: f32[64];
+    copy(A[bx * 64], s);
+    parallel (i) in (64) {{
+        s[i] = {};
+    }}
+    copy(s, B[bx * 64]);
+}}
+"""
+
+
+def expr_error(expr):
+    """The error of a parallel body's `s[i] = expr;` (line 7, the expression at column 16)."""
+    return str(error_of(ELEMENTWISE.format(expr)))
+
+
+# Every built-in's argument count is checked at the call (once the interpreter
+# failed with an IndexError and codegen with a ValueError on select(c, a)).
+@pytest.mark.parametrize("call, message", [
+    ("select(s[i] > 0.0, 1.0)", "select takes 3 arguments (c, a, b), got 2"),
+    ("min(s[i])", "min takes 2 arguments (a, b), got 1"),
+    ("max(s[i], 1.0, 2.0)", "max takes 2 arguments (a, b), got 3"),
+    ("sqrt()", "sqrt takes 1 argument (x), got 0"),
+    ("cdiv(i)", "cdiv takes 2 arguments (a, b), got 1"),
+    ("exp(s[i], 2.0)", "exp takes 1 argument (x), got 2"),
+    ("abs(s[i], 1)", "abs takes 1 argument (x), got 2"),
+])
+def test_call_arity(call, message):
+    assert expr_error(call) == f"""\
+t.tile:7:16: error: {message}
+        s[i] = {call};
+               {"^" + "~" * (len(call) - 1)}"""
+
+
+def test_call_keyword_argument():
+    assert expr_error("min(s[i], 1.0, x = 2)") == """\
+t.tile:7:31: error: min has no argument 'x' (it takes 2 positional arguments: min(a, b))
+        s[i] = min(s[i], 1.0, x = 2);
+                              ^"""
+
+
+@pytest.mark.parametrize("cond, col, message", [
+    ("cdiv(M) > 0", 31, "cdiv takes 2 arguments (a, b), got 1"),
+    ("M > 0 && min(M, N, 3) > 0", 40, "min takes 2 arguments (a, b), got 3"),
+])
+def test_tune_condition_call_arity(cond, col, message):
+    err = error_of(f"""\
+kernel k(A: f32[M, N]) {{
+    const BM = 64;
+    tune BM in (32, 64) where {cond};
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    call = cond[col - 31:].split(" > ")[0]
+    assert str(err) == f"""\
+t.tile:3:{col}: error: {message}
+    tune BM in (32, 64) where {cond};
+{" " * (col - 1)}^{"~" * (len(call) - 1)}"""
+
+
+def test_where_argument_call_arity():
+    from tilec.frontend import parse, parse_condition
+    k = parse(Source("t.tile", COPY2D))
+    with pytest.raises(SemanticError) as info:
+        parse_condition("min(M, N, 3) > 0", k)
+    assert str(info.value) == """\
+where=:1:1: error: min takes 2 arguments (a, b), got 3
+min(M, N, 3) > 0
+^~~~~~~~~~~~"""

@@ -8,7 +8,7 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import INT_CALLS, walk_expr
+from ..ir.exprs import CALL_PARAMS, INT_CALLS, walk_expr
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -93,8 +93,20 @@ class _Builder(Transformer):
 
     def call(self, meta, ch):
         func, *args = ch
+        fname = str(func)
+        span = self._span(meta)
         pos, kws = self._split_args(args)
-        return ir.Call(str(func), pos, kws, span=self._span(meta))
+        if fname in CALL_PARAMS:
+            names = CALL_PARAMS[fname]
+            for a in args:
+                if isinstance(a, tuple) and a and a[0] == "kw":
+                    raise SemanticError(f"{fname} has no argument '{a[1]}' (it takes {len(names)} positional "
+                                        f"argument{'s' if len(names) > 1 else ''}: {fname}({', '.join(names)}))",
+                                        a[3])
+            if len(pos) != len(names):
+                raise SemanticError(f"{fname} takes {len(names)} argument{'s' if len(names) > 1 else ''} "
+                                    f"({', '.join(names)}), got {len(pos)}", span)
+        return ir.Call(fname, pos, kws, span=span)
 
     def cast(self, meta, ch):
         return ir.Cast(ir.DTYPES[str(ch[0])], ch[1], span=self._span(meta))

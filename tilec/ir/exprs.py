@@ -30,6 +30,14 @@ INT_CALLS = {
     "select": (3, lambda c, a, b: a if c else b),     # c ? a : b (make-persistent's stream-K schedule)
 }
 FLOAT_CALLS = {"exp", "log", "sqrt", "rsqrt"}
+# Every built-in a program may call in an expression, and its parameters: the
+# front end checks each call's argument count against this table
+# (im2col, a let's view, takes keywords and is checked by check-types).
+CALL_PARAMS = {
+    "min": ("a", "b"), "max": ("a", "b"), "cdiv": ("a", "b"), "abs": ("x",), "select": ("c", "a", "b"),
+    "exp": ("x",), "log": ("x",), "sqrt": ("x",), "rsqrt": ("x",),
+}
+assert all(len(CALL_PARAMS[f]) == n for f, (n, _) in INT_CALLS.items()) and FLOAT_CALLS <= set(CALL_PARAMS)
 
 
 def map_expr(e, fn):
