@@ -203,9 +203,18 @@ def test_bad_define(define, message, emit):
 
 
 def test_after_unknown_pass_lists_the_passes():
-    err = fails("emit", "examples/copy2d.tile", "--emit", "ir", "--after", "barriers")
-    assert err == f"error: no pass named 'barriers'; passes: {', '.join(PASS_NAMES)}\n"
+    err = fails("emit", "examples/copy2d.tile", "--emit", "ir", "--after", "barrier")
+    assert err == (f"error: no pass named 'barrier'; passes: {', '.join(PASS_NAMES)} (each also as after-<pass>; "
+                   "aliases: barriers = insert-barriers)\n")
     assert "plan-tma, check-smem, insert-barriers" in err
+
+
+@pytest.mark.parametrize("after", ["barriers", "after-barriers", "after-insert-barriers"])
+def test_after_accepts_the_after_form_and_the_alias(after):
+    """design.md §4's k.ir("after-barriers"): "after-<pass>" and the alias "barriers"
+    name insert-barriers, on the command line too."""
+    assert ok("emit", "examples/copy2d.tile", "--emit", "ir", "--after", after) == \
+        ok("emit", "examples/copy2d.tile", "--emit", "ir", "--after", "insert-barriers")
 
 
 @pytest.mark.parametrize("emit", ["cuda", "host", "ptx", "tma"])

@@ -47,6 +47,18 @@ def test_gemm_examples_use_wgmma(name):
     assert "mbarrier_arrive(&tl_empty1" in k.cuda_source
 
 
+def test_the_design_doc_s_interface_lines(monkeypatch):
+    """docs/design.md §4, as written (all but the call, which needs a GPU)."""
+    monkeypatch.chdir(ROOT)
+    k = tilec.compile("examples/gemm.tile", BM=64)     # path or source text
+    assert "__global__" in k.cuda_source and "def launch(" in k.host_source and ".entry gemm(" in k.ptx
+    ir = k.ir("after-barriers")    # the IR after a named pass (str); k.ir() lists passes
+    assert ir == k.ir("insert-barriers") == k.ir("barriers") and "mbarrier" in ir
+    assert "insert-barriers\n" in k.ir() and k.ir("after-plan-smem") == k.ir("plan-smem")
+    with pytest.raises(tilec.TilecError, match="no pass named 'after-nope'"):
+        k.ir("after-nope")
+
+
 # ---------------------------------------------------------------- generated variants
 
 SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4}

@@ -42,10 +42,11 @@ class Program:
     pass (`self._lowered`), its inspection, and the thread-copy variant."""
 
     def ir(self, after: str | None = None) -> str:
-        """The IR after the pass named `after`; with no name, the list of passes."""
+        """The IR after the pass named `after` (a pass, "after-<pass>", or an alias:
+        "after-barriers" is "insert-barriers"); with no name, the list of passes."""
         if after is None:
             return "\n".join(PASS_NAMES) + "\n"
-        return self._lowered.ir_text(after)
+        return self._lowered.ir_text(pass_name(after))     # a wrong name before lowering
 
     def tma_table(self) -> str:
         """`tilec emit --emit tma`: every TMA copy, its map, box and bytes."""
@@ -64,9 +65,27 @@ class Lowered:
         return self.stages[PASS_NAMES[-1]]
 
     def ir_text(self, after: str) -> str:
-        if after not in self.stages:
-            raise TilecError(f"no pass named '{after}'; passes: {', '.join(PASS_NAMES)}")
-        return print_kernel(self.stages[after])
+        return print_kernel(self.stages[pass_name(after)])
+
+
+# Short names of passes, for `k.ir("after-barriers")` (docs/design.md §4).
+PASS_ALIASES = {"barriers": "insert-barriers"}
+
+
+def pass_name(name: str) -> str:
+    """The pass that `name` names: a pass of PASS_NAMES ("insert-barriers"), the
+    same with "after-" in front ("after-insert-barriers"), or an alias of
+    PASS_ALIASES with or without it ("barriers", "after-barriers")."""
+    if not isinstance(name, str):
+        raise TilecError(f"a pass name is a str, got {name!r}; passes: {', '.join(PASS_NAMES)}")
+    for n in (name, name[len("after-"):] if name.startswith("after-") else None):
+        if n in PASS_NAMES:
+            return n
+        if n in PASS_ALIASES:
+            return PASS_ALIASES[n]
+    aliases = ", ".join(f"{a} = {p}" for a, p in PASS_ALIASES.items())
+    raise TilecError(f"no pass named '{name}'; passes: {', '.join(PASS_NAMES)} (each also as after-<pass>; "
+                     f"aliases: {aliases})")
 
 
 def lower(src, consts: dict | None = None, tma: bool = True, arch: str = DEFAULT_ARCH) -> Lowered:
