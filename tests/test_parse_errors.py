@@ -1161,3 +1161,53 @@ def test_where_argument_call_arity():
 where=:1:1: error: min takes 2 arguments (a, b), got 3
 min(M, N, 3) > 0
 ^~~~~~~~~~~~"""
+
+
+# Float indices and float cdiv arguments reached NVRTC ("expression must have
+# integral type", an error inside tl_cdiv); they are type errors at the float part.
+@pytest.mark.parametrize("expr, col, length, message", [
+    ("s[i / 2.0]", 22, 3, "a tile index must be an integer expression"),
+    ("s[n * 1.0]", 22, 3, "a tile index must be an integer expression"),
+    ("s[select(n > 0, 1, 2.0)]", 35, 3, "a tile index must be an integer expression"),
+    ("cdiv(s[i], 2)", 21, 4, "cdiv takes integer arguments"),
+    ("f32(cdiv(n, sqrt(f32(n))))", 28, 12, "cdiv takes integer arguments"),
+])
+def test_integer_operands(expr, col, length, message):
+    assert expr_error(expr) == f"""\
+t.tile:7:{col}: error: {message}
+        s[i] = {expr};
+{" " * (col - 1)}^{"~" * (length - 1)}
+note: convert a float to an integer with a cast, e.g. i32(x)"""
+
+
+@pytest.mark.parametrize("expr", ["s[i32(s[i] * 2.0)]", "s[i % 2] + s[-i + 63]", "f32(cdiv(n, 2))"])
+def test_integer_operands_accepted(expr):
+    lower(Source("t.tile", ELEMENTWISE.format(expr)))
+
+
+def test_float_index_of_an_assignment():
+    err = error_of(ELEMENTWISE.format("1.0").replace("s[i] = 1.0", "s[i * 0.5] = 1.0"))
+    assert str(err) == """\
+t.tile:7:15: error: a tile index must be an integer expression
+        s[i * 0.5] = 1.0;
+              ^~~
+note: convert a float to an integer with a cast, e.g. i32(x)"""
+
+
+def test_float_cdiv_in_an_if_outside_parallel():
+    err = error_of("""\
+kernel k(A: f32[N], B: f32[N], alpha: f32) {
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared s: f32[64];
+    if cdiv(alpha, 2) > 0 {
+        copy(A[bx * 64], s);
+        copy(s, B[bx * 64]);
+    }
+}
+""")
+    assert str(err) == """\
+t.tile:5:13: error: cdiv takes integer arguments
+    if cdiv(alpha, 2) > 0 {
+            ^~~~~
+note: convert a float to an integer with a cast, e.g. i32(x)"""

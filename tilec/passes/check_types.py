@@ -150,6 +150,9 @@ def _check_body(k, body, lanes):
         elif isinstance(s, ir.If):
             if lanes is None:
                 _no_elements(s.cond, "an if condition outside a parallel body")
+                for x in walk_expr(s.cond):
+                    if isinstance(x, ir.Call) and x.func == "cdiv":
+                        _int_args(k, x)
             else:
                 _check_value(k, s.cond, lanes)
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
@@ -207,36 +210,54 @@ def _tile(k, name, span, what):
     return b
 
 
-def _is_float(k, e) -> bool:
+def _float_part(k, e):
+    """The part of `e` that makes it a float value (`e` itself, or the operand
+    whose type it takes), or None when `e` is an integer expression."""
     if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
-        return True
+        return e
     if isinstance(e, ir.Cast):
-        return e.dtype.is_float
+        return e if e.dtype.is_float else None
     if isinstance(e, ir.Var) and e.kind == "scalar":
-        return k.param(e.name).dtype.is_float
+        return e if k.param(e.name).dtype.is_float else None
     if isinstance(e, ir.Subscript):
         b = k.buffer(e.name)
-        return b is not None and b.dtype.is_float
+        return e if b is not None and b.dtype.is_float else None
     if isinstance(e, ir.BinOp) and e.op in "+-*/%":
-        return _is_float(k, e.lhs) or _is_float(k, e.rhs)
+        return _float_part(k, e.lhs) or _float_part(k, e.rhs)
     if isinstance(e, ir.UnaryOp) and e.op == "-":
-        return _is_float(k, e.operand)
-    if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
-        return any(_is_float(k, a) for a in e.args)
-    if isinstance(e, ir.Call) and e.func == "select":
-        return any(_is_float(k, a) for a in e.args[1:])
-    return False
+        return _float_part(k, e.operand)
+    if isinstance(e, ir.Call) and e.func in ("min", "max", "abs", "select"):
+        args = e.args[1:] if e.func == "select" else e.args
+        return next((p for p in (_float_part(k, a) for a in args) if p is not None), None)
+    return None
+
+
+def _is_float(k, e) -> bool:
+    return _float_part(k, e) is not None
+
+
+_CAST_NOTE = "convert a float to an integer with a cast, e.g. i32(x)"
 
 
 def _check_value(k, e, lanes):
     for x in walk_expr(e):
         if isinstance(x, ir.BinOp) and x.op == "%" and (_is_float(k, x.lhs) or _is_float(k, x.rhs)):
             raise SemanticError("'%' takes integers; a float operand has no remainder here", x.span)
+        if isinstance(x, ir.Call) and x.func == "cdiv":
+            _int_args(k, x)
         if isinstance(x, ir.Subscript):
             _check_element(k, x, lanes)
         elif isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):
             raise SemanticError(f"'{x.name}' is a {_kind_word(x.kind)}; read one element as {x.name}[...]",
                                 x.span)
+
+
+def _int_args(k, call: ir.Call):
+    """cdiv divides integers (an integer ceiling); a float argument is an error at it."""
+    for a in call.args:
+        part = _float_part(k, a)
+        if part is not None:
+            raise SemanticError(f"{call.func} takes integer arguments", part.span, note=_CAST_NOTE)
 
 
 def _check_element(k, sub: ir.Subscript, lanes):
@@ -249,6 +270,10 @@ def _check_element(k, sub: ir.Subscript, lanes):
     if len(sub.indices) != len(b.shape):
         raise SemanticError(f"tile '{b.name}' has rank {len(b.shape)} but is indexed with "
                             f"{len(sub.indices)} indices", sub.span)
+    for i in sub.indices:
+        part = _float_part(k, i)
+        if part is not None:
+            raise SemanticError("a tile index must be an integer expression", part.span, note=_CAST_NOTE)
     if b.scope == "local":
         # A local tile lives in registers, element e in thread e % threads: only the
         # parallel loop's own index reaches it without moving data between threads.
