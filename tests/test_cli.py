@@ -179,7 +179,46 @@ def test_check_semantic_error_in_a_relative_path(tmp_path):
 
 def test_check_missing_file():
     err = fails("check", "examples/nope.tile")
-    assert err == "error: cannot read examples/nope.tile: No such file or directory\n"
+    assert err == "error: cannot read examples/nope.tile: no such file or directory\n"
+
+
+@pytest.mark.parametrize("name", ["mykernel.tl", "mykernel", "kernel.txt"])
+def test_file_is_a_path_whatever_its_name(tmp_path, name):
+    (tmp_path / name).write_text((ROOT / "examples" / "copy2d.tile").read_text())
+    p = tilec("check", name, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{name}: ok (kernel copy2d")
+    p = tilec("emit", name, "--emit", "ir", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith("kernel copy2d("), p.stderr
+
+
+@pytest.mark.parametrize("command", [["check"], ["emit"], ["emit", "--emit", "ir"], ["export", "-o", "out"],
+                                     ["demo"]])
+def test_a_directory_is_no_file(command, tmp_path):
+    p = tilec(*command[:1], "examples", *command[1:], cwd=ROOT)
+    assert (p.returncode, p.stdout, p.stderr) == (1, "", "error: cannot read examples: is a directory\n")
+
+
+def test_an_empty_file_is_an_empty_program():
+    assert fails("check", "/dev/null").startswith("/dev/null:1:1: error: unexpected end of input; expected 'kernel'")
+
+
+def test_export_into_a_file_or_nowhere_is_a_one_line_error(tmp_path):
+    (tmp_path / "app.cc").write_text("")
+    for out, message in [("app.cc", "error: cannot write into app.cc: it is not a directory (-o names the "
+                                     "directory to write the files into)\n"),
+                         ("app.cc/x", "error: cannot make the directory app.cc/x: not a directory\n"),
+                         ("/proc/nope", "error: cannot make the directory /proc/nope: no such file or directory\n")]:
+        p = tilec("export", str(ROOT / "examples" / "copy2d.tile"), "-o", out, cwd=tmp_path)
+        assert (p.returncode, p.stdout, p.stderr) == (1, "", message)
+    assert (tmp_path / "app.cc").read_text() == ""
+
+
+def test_an_unwritable_stdout_is_a_one_line_error():
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([*TILEC, "emit", "examples/copy2d.tile"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (1, "error: no space left on device\n")
 
 
 def test_check_with_define():

@@ -59,6 +59,23 @@ def test_the_design_doc_s_interface_lines(monkeypatch):
         k.ir("after-nope")
 
 
+@pytest.mark.parametrize("src", [None, b"kernel k() {}", 3, ["examples/copy2d.tile"]])
+def test_compile_takes_a_path_or_text_and_nothing_else(src):
+    with pytest.raises(TypeError, match=r"a tilec program is a path \(a str ending in '.tile', or an os.PathLike "
+                                        r"such as pathlib.Path\) or the program text \(a str\), got "
+                                        + type(src).__name__):
+        tilec.compile(src)
+
+
+def test_a_str_is_a_path_when_it_ends_in_tile_and_a_pathlike_whatever_its_name(tmp_path):
+    (tmp_path / "k.tl").write_text((EXAMPLES / "copy2d.tile").read_text())
+    assert tilec.compile(tmp_path / "k.tl", arch="sm_90a").name == "copy2d"      # os.PathLike: a path
+    with pytest.raises(tilec.TilecError, match="unexpected"):
+        tilec.compile(str(tmp_path / "k.tl"), arch="sm_90a")                     # a str not ending in .tile: text
+    with pytest.raises(tilec.TilecError, match="cannot read .*: is a directory"):
+        tilec.compile(tmp_path)
+
+
 # ---------------------------------------------------------------- generated variants
 
 SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4}

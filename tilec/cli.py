@@ -28,6 +28,12 @@ def _consts(pairs):
     return out
 
 
+def _source(args):
+    """FILE, which is always a path (whatever its name), read."""
+    from .compiler import read_source
+    return read_source(args.file)
+
+
 def _arch(args):
     """--arch, checked (tilec.arch.NAMES); without it the GPU's, sm_90a with none."""
     from .arch import get
@@ -41,12 +47,12 @@ def _cmd_emit(args):
     consts = _consts(args.define)
     arch = _arch(args)
     if args.emit == "ir":
-        lowered = lower(args.file, consts, arch=arch)
+        lowered = lower(_source(args), consts, arch=arch)
         text = lowered.ir_text(args.after or PASS_NAMES[-1])
     elif args.after:
         raise TilecError("--after goes with --emit ir")
     else:
-        k = compile_kernel(args.file, arch=arch, tune=False, **consts)     # a tune statement's declared consts
+        k = compile_kernel(_source(args), arch=arch, tune=False, **consts)     # a tune statement's declared consts
         text = {"cuda": k.cuda_source, "host": k.host_source, "ptx": k.ptx}.get(args.emit) or k.tma_table()
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
@@ -55,10 +61,9 @@ def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
     candidate too (those the compiler refuses are listed, not failures)."""
     from .autotune import any_shape_candidates, compile_candidates, statement_space
-    from .compiler import load_source
     from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
-    source = load_source(args.file)
+    source = _source(args)
     space, first, where = statement_space(source, consts)
     k = compile_kernel(source, arch=arch, tune=False, **consts, **first)    # as the first candidate
     if not space:
@@ -98,13 +103,13 @@ def _refusals(tried: list, refused: list) -> list:
 
 def _cmd_export(args):
     from .codegen.export import export
-    for path in export(args.file, args.output, arch=args.arch, fallback=args.fallback, **_consts(args.define)):
+    for path in export(_source(args), args.output, arch=args.arch, fallback=args.fallback, **_consts(args.define)):
         print(path)
 
 
 def _cmd_demo(args):
     from .demo import main as demo
-    demo(args.file)
+    demo(None if args.file is None else _source(args))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -151,11 +156,17 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             args.run(args)
+            sys.stdout.flush()          # a write error here, not at exit
     except TilecError as err:
         print(err.render(), file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as err:          # one line, like a TilecError, never a traceback
+        reason = err.strerror or str(err)
+        where = f"{err.filename}: " if err.filename is not None else ""
+        print(f"error: {where}{reason[:1].lower()}{reason[1:]}", file=sys.stderr)
+        return 1
     return 0
 
 

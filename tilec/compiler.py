@@ -16,16 +16,28 @@ from .passes import PASS_NAMES, PIPELINE, Options
 
 
 def load_source(src) -> Source:
-    """A path to a .tile file, or the program text itself."""
+    """A path to a .tile file (a str ending in ".tile" on one line, or an
+    os.PathLike), or the program text itself (any other str)."""
     if isinstance(src, Source):
         return src
     if isinstance(src, os.PathLike) or (isinstance(src, str) and "\n" not in src and src.endswith(".tile")):
-        path = Path(src)
-        try:
-            return Source(str(src), path.read_text())
-        except OSError as e:
-            raise TilecError(f"cannot read {src}: {e.strerror}") from None
-    return Source("<string>", str(src))
+        return read_source(src)
+    if not isinstance(src, str):
+        raise TypeError(f"a tilec program is a path (a str ending in '.tile', or an os.PathLike such as "
+                        f"pathlib.Path) or the program text (a str), got {type(src).__name__}")
+    return Source("<string>", src)
+
+
+def read_source(path) -> Source:
+    """The file at `path` (any name: the command line's FILE is always a path), or a
+    TilecError "cannot read PATH: is a directory" (the OS's reason)."""
+    try:
+        return Source(str(path), Path(path).read_text())
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise TilecError(f"cannot read {path}: {reason[:1].lower()}{reason[1:]}") from None
+    except UnicodeDecodeError:
+        raise TilecError(f"cannot read {path}: not UTF-8 text") from None
 
 
 def program_key(source: Source, consts: dict, **variant) -> tuple:

@@ -244,14 +244,31 @@ class Export:
     files: dict                 # file name -> bytes or str
 
     def write(self, out_dir) -> list:
+        """Write the files into the directory `out_dir` (made if missing); an OS
+        error is a TilecError naming the path ("cannot write into app.cc: it is
+        not a directory")."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise TilecError(f"cannot write into {out_dir}: it is not a directory (-o names the directory "
+                             "to write the files into)")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TilecError(f"cannot make the directory {out_dir}: {_reason(e)}") from None
         written = []
         for fname, data in self.files.items():
             path = out / fname
-            path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+            try:
+                path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+            except OSError as e:
+                raise TilecError(f"cannot write {path}: {_reason(e)}") from None
             written.append(path)
         return written
+
+
+def _reason(e: OSError) -> str:
+    reason = e.strerror or str(e)
+    return reason[:1].lower() + reason[1:]
 
 
 def generate(kernel, fallback: bool = True) -> Export:
