@@ -1211,3 +1211,73 @@ t.tile:5:13: error: cdiv takes integer arguments
     if cdiv(alpha, 2) > 0 {
             ^~~~~
 note: convert a float to an integer with a cast, e.g. i32(x)"""
+
+
+# Integers are 64-bit signed: a larger literal or folded constant was emitted as
+# `...LL` past 64 bits; a float literal past f64 as `inff`, one past f32 in an
+# f32 statement as a constant NVRTC refuses.
+@pytest.mark.parametrize("expr, col, length, message", [
+    ("99999999999999999999999", 16, 23,
+     "integer literal 99999999999999999999999 is over 2^63-1 = 9223372036854775807: tilec's integers are 64-bit "
+     "signed"),
+    ("9223372036854775808", 16, 19,
+     "integer literal 9223372036854775808 is over 2^63-1 = 9223372036854775807: tilec's integers are 64-bit signed"),
+    ("3037000500 * 3037000500 + s[i]", 16, 23,
+     "the constant expression '3037000500 * 3037000500' is 9223372037000250000, outside the 64-bit signed range "
+     "(-2^63 .. 2^63-1) of tilec's integers"),
+    ("1e999", 16, 5, "float literal 1e999 is over the largest f64 (about 1.8e308)"),
+    ("-1e39 * s[i]", 17, 4,
+     "float literal 1e39 is out of the range of f32 (magnitudes about 1.4e-45 to 3.4e38); a float literal is an "
+     "f32 unless its statement reads an f64 tile or scalar"),
+    ("s[i] + 1e-50", 23, 5,
+     "float literal 1e-50 is out of the range of f32 (magnitudes about 1.4e-45 to 3.4e38); a float literal is an "
+     "f32 unless its statement reads an f64 tile or scalar"),
+])
+def test_literal_range(expr, col, length, message):
+    assert expr_error(expr) == f"""\
+t.tile:7:{col}: error: {message}
+        s[i] = {expr};
+{" " * (col - 1)}^{"~" * (length - 1)}"""
+
+
+@pytest.mark.parametrize("expr", ["9223372036854775807", "-9223372036854775807 - 1", "3.4028235e38 + s[i]",
+                                  "1e-45"])
+def test_literal_range_accepted(expr):
+    lower(Source("t.tile", ELEMENTWISE.format(expr)))
+
+
+def test_f64_statement_takes_f64_literals():
+    lower(Source("t.tile", """\
+kernel k(A: f64[N], B: f64[N]) {
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared s: f64[64];
+    copy(A[bx * 64], s);
+    fill(s, 1e300);
+    parallel (i) in (64) {
+        s[i] = s[i] * 1e-300;
+    }
+    copy(s, B[bx * 64]);
+}
+"""))
+
+
+def test_const_overflow():
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    const Q = 99999999999 * 99999999999;
+    grid (bx) = (1);
+    threads 128;
+}
+""")
+    assert str(err) == """\
+t.tile:2:15: error: the constant expression '99999999999 * 99999999999' is 9999999999800000000001, outside the 64-bit \
+signed range (-2^63 .. 2^63-1) of tilec's integers
+    const Q = 99999999999 * 99999999999;
+              ^~~~~~~~~~~~~~~~~~~~~~~~~"""
+
+
+def test_override_outside_64_bits():
+    err = error_of(COPY2D, {"BM": 2**64})
+    assert str(err) == ("error: const 'BM' = 18446744073709551616 is outside the 64-bit signed range (-2^63 .. "
+                        "2^63-1) of tilec's integers")

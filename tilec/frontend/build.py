@@ -1,6 +1,7 @@
 """Parse tree -> IR. One method per grammar rule; every node gets its span."""
 from __future__ import annotations
 
+import math
 import re
 
 from lark import Token, Transformer, v_args
@@ -8,7 +9,7 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import CALL_PARAMS, INT_CALLS, walk_expr
+from ..ir.exprs import CALL_PARAMS, INT_CALLS, INT_MAX, walk_expr
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -53,11 +54,21 @@ class _Builder(Transformer):
         return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)
 
     # ------------------------------------------------------------ expressions
+    def _int(self, tok: Token) -> int:
+        v = int(tok)
+        if v > INT_MAX:
+            raise SemanticError(f"integer literal {tok} is over 2^63-1 = {INT_MAX}: tilec's integers are 64-bit "
+                                "signed", self._tok_span(tok))
+        return v
+
     def int_lit(self, meta, ch):
-        return ir.Int(int(ch[0]), span=self._span(meta))
+        return ir.Int(self._int(ch[0]), span=self._span(meta))
 
     def float_lit(self, meta, ch):
-        return ir.Float(float(ch[0]), span=self._span(meta))
+        v = float(ch[0])
+        if math.isinf(v):
+            raise SemanticError(f"float literal {ch[0]} is over the largest f64 (about 1.8e308)", self._span(meta))
+        return ir.Float(v, span=self._span(meta))
 
     def name(self, meta, ch):
         n = str(ch[0])
@@ -139,7 +150,7 @@ class _Builder(Transformer):
 
     def tune_item(self, meta, ch):
         name, *values = ch
-        return (str(name), tuple((int(v), self._tok_span(v)) for v in values), self._tok_span(name))
+        return (str(name), tuple((self._int(v), self._tok_span(v)) for v in values), self._tok_span(name))
 
     def tune_stmt(self, meta, ch):
         *items, where = ch

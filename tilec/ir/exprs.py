@@ -30,6 +30,9 @@ INT_CALLS = {
     "select": (3, lambda c, a, b: a if c else b),     # c ? a : b (make-persistent's stream-K schedule)
 }
 FLOAT_CALLS = {"exp", "log", "sqrt", "rsqrt"}
+# Integers are 64-bit signed: literals, folded constants and const overrides
+# must lie in this range (generated CUDA writes the larger ones as `...LL`).
+INT_MIN, INT_MAX = -2**63, 2**63 - 1
 # Every built-in a program may call in an expression, and its parameters: the
 # front end checks each call's argument count against this table
 # (im2col, a let's view, takes keywords and is checked by check-types).
@@ -103,6 +106,16 @@ def free_names(e) -> set:
     return {x.name for x in walk_expr(e) if isinstance(x, ir.Var)}
 
 
+def _int64(value, x):
+    """The folded value of `x`, an error at `x` where it leaves the 64-bit signed range."""
+    if not INT_MIN <= value <= INT_MAX:
+        from ..errors import SemanticError
+        from ..ir.printer import expr as show
+        raise SemanticError(f"the constant expression '{show(x)}' is {value}, outside the 64-bit signed range "
+                            "(-2^63 .. 2^63-1) of tilec's integers", x.span)
+    return ir.Int(value, span=x.span)
+
+
 def fold(e):
     """Constant-fold integer arithmetic (floor division, as the language defines)."""
     def step(x):
@@ -110,7 +123,7 @@ def fold(e):
             if x.op in ("/", "%") and x.rhs.value == 0:
                 from ..errors import SemanticError
                 raise SemanticError("division by zero in a constant expression", x.span)
-            return ir.Int(INT_BINOPS[x.op](x.lhs.value, x.rhs.value), span=x.span)
+            return _int64(INT_BINOPS[x.op](x.lhs.value, x.rhs.value), x)
         if isinstance(x, ir.BinOp) and x.op in "+-" and isinstance(x.rhs, ir.Int) and \
                 isinstance(x.lhs, ir.BinOp) and x.lhs.op in "+-" and isinstance(x.lhs.rhs, ir.Int):
             # (a + c1) - c2 -> a + (c1 - c2)
@@ -130,14 +143,14 @@ def fold(e):
             if x.op == "+" and isinstance(x.lhs, ir.Int) and x.lhs.value == 0:
                 return x.rhs
         if isinstance(x, ir.UnaryOp) and isinstance(x.operand, ir.Int):
-            return ir.Int(-x.operand.value if x.op == "-" else int(not x.operand.value), span=x.span)
+            return _int64(-x.operand.value if x.op == "-" else int(not x.operand.value), x)
         if isinstance(x, ir.Call) and x.func in INT_CALLS and all(isinstance(a, ir.Int) for a in x.args):
             n, f = INT_CALLS[x.func]
             if len(x.args) == n:
                 if x.func == "cdiv" and x.args[1].value == 0:
                     from ..errors import SemanticError
                     raise SemanticError("division by zero in a constant expression", x.span)
-                return ir.Int(f(*(a.value for a in x.args)), span=x.span)
+                return _int64(f(*(a.value for a in x.args)), x)
         return x
     return map_expr(e, step)
 

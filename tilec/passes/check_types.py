@@ -2,6 +2,8 @@
 used. After this pass every Copy's regions name what they should."""
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import replace
 
 from ..arch import get as get_arch
@@ -120,8 +122,9 @@ def _check_body(k, body, lanes):
         elif isinstance(s, ir.Fill):
             if lanes is not None:
                 raise SemanticError("fill cannot appear inside a parallel body", s.span)
-            _tile(k, s.buffer, s.span, "fill")
+            b = _tile(k, s.buffer, s.span, "fill")
             _check_value(k, s.value, lanes)
+            _f32_literals(s.value, b.dtype.name == "f64")
         elif isinstance(s, ir.Gemm):
             if lanes is not None:
                 raise SemanticError("gemm cannot appear inside a parallel body", s.span)
@@ -143,6 +146,7 @@ def _check_body(k, body, lanes):
                 raise SemanticError("tile elements are assigned inside a parallel body", s.span)
             _check_element(k, ir.Subscript(s.buffer, s.indices, span=s.span), lanes)
             _check_value(k, s.value, lanes)
+            _f32_literals(s.value, k.buffer(s.buffer).dtype.name == "f64" or _has_f64(k, s.value))
         elif isinstance(s, ir.For):
             _no_elements(s.extent, "a loop bound")
             _integer(k, s.extent, "a loop bound")
@@ -155,6 +159,7 @@ def _check_body(k, body, lanes):
                         _int_args(k, x)
             else:
                 _check_value(k, s.cond, lanes)
+            _f32_literals(s.cond, False)
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)
@@ -250,6 +255,38 @@ def _check_value(k, e, lanes):
         elif isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):
             raise SemanticError(f"'{x.name}' is a {_kind_word(x.kind)}; read one element as {x.name}[...]",
                                 x.span)
+
+
+def _has_f64(k, e) -> bool:
+    """Does `e` read an f64 value? Then codegen computes it in double, its float literals included."""
+    return any((isinstance(x, ir.Subscript) and k.buffer(x.name) is not None and k.buffer(x.name).dtype.name == "f64")
+               or (isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.name == "f64")
+               for x in walk_expr(e))
+
+
+def _f32_literals(e, double):
+    """A float literal is an f32 (`1.5f`) unless the statement computes in double
+    (an f64 tile or scalar involved): one that f32 cannot hold, over about 3.4e38
+    or a nonzero value that rounds to 0, is an error (NVRTC refuses it)."""
+    if double:
+        return
+    for x in walk_expr(e):
+        if isinstance(x, ir.Float) and x.value != 0:
+            try:
+                f32 = struct.unpack("f", struct.pack("f", x.value))[0]
+            except OverflowError:
+                f32 = math.inf
+            if f32 == 0 or math.isinf(f32):
+                text = _text(x.span) or repr(x.value)
+                raise SemanticError(f"float literal {text} is out of the range of f32 (magnitudes about 1.4e-45 to "
+                                    "3.4e38); a float literal is an f32 unless its statement reads an f64 tile or "
+                                    "scalar", x.span)
+
+
+def _text(span):
+    if span is None or span.line != span.end_line:
+        return None
+    return span.source.line(span.line)[span.col - 1:span.end_col - 1]
 
 
 def _int_args(k, call: ir.Call):

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, INT_CALLS, fold, map_expr, map_stmt_exprs, substitute
+from ..ir.exprs import FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_expr, map_stmt_exprs, substitute
 
 NAME = "fold-consts"
 
@@ -29,6 +29,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             v = overrides[name]
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TilecError(f"const '{name}' must be an integer, got {v!r}")
+            if not INT_MIN <= v <= INT_MAX:
+                raise TilecError(f"const '{name}' = {v} is outside the 64-bit signed range (-2^63 .. 2^63-1) of "
+                                 "tilec's integers")
         else:
             e = fold(substitute(expr, values))
             if not isinstance(e, ir.Int):
