@@ -435,10 +435,39 @@ def test_tune_l2_is_warm_or_cold_and_goes_with_tuning():
     assert isinstance(tilec.compile(ACC, arch="sm_90a", tune_l2="warm"), tilec.Kernel)
 
 
-def test_a_const_both_tuned_and_given_is_refused(env):
-    k = tilec.compile(ACC, tune=SPACE, key=("M",), arch="sm_90a", BM=16)
-    with pytest.raises(tilec.TilecError, match="BM both tuned and given"):
-        k(*arrays(), 1.0)
+@pytest.mark.parametrize("backend", ["cuda", "interpret"])
+def test_a_const_both_tuned_and_given_is_refused_by_compile(backend):
+    with pytest.raises(tilec.TilecError, match="^error: BM both tuned and given as a const$"):
+        tilec.compile(ACC, tune=SPACE, key=("M",), arch="sm_90a", backend=backend, BM=16)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "interpret"])
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tune": {"BN": 64}}, r"tune\['BN'\]: a non-empty tuple of values, e.g. {'BN': \(64, 128\)}, got 64"),
+    ({"tune": {"BN": "64"}}, r"tune\['BN'\]: a non-empty tuple of values, e.g. {'BN': \(64, 128\)}, got '64'"),
+    ({"tune": {"BN": ("a",)}}, r"tune\['BN'\]: a const's values are integers, got 'a'"),
+    ({"tune": {"BN": (64, 1.5)}}, r"tune\['BN'\]: a const's values are integers, got 1.5"),
+    ({"tune": {"BN": (True,)}}, r"tune\['BN'\]: a const's values are integers, got True"),
+    ({"tune": {"BN": (64, 64)}}, r"tune\['BN'\]: a value comes twice in \(64, 64\)"),
+    ({"tune": {3: (64,)}}, r"tune=: a key is a const's name, got 3"),
+    ({"tune": [("BN", (64,))]}, r"tune= takes a non-empty dict"),
+    ({"tune": {"BX": (64, 128)}}, r"tune=: kernel 'acc' has no const 'BX' to tune \(its consts: BM, BN\)"),
+    ({"tune": {"BN": (64, 128)}, "key": 5}, r"key= takes the name, or a tuple of names, of shape symbols and "
+                                             r"scalar parameters .*, got 5"),
+    ({"tune": {"BN": (64, 128)}, "key": ("M", 5)}, r"key= takes the name.*, got \('M', 5\)"),
+    ({"tune": {"BN": (64, 128)}, "key": ("M", "M")}, r"key=: a name comes twice in \('M', 'M'\)"),
+    ({"tune": {"BN": (64, 128)}, "key": "Q"}, r"autotune key 'Q' is neither a shape symbol nor a scalar"),
+])
+def test_tune_and_key_are_checked_by_compile(backend, kwargs, message):
+    """Every mistake in tune= / key= is a TilecError of tilec.compile, before any
+    call, on either backend (not a TypeError, not an error of the first call)."""
+    with pytest.raises(tilec.TilecError, match=message):
+        tilec.compile(ACC, arch="sm_90a", backend=backend, **kwargs)
+
+
+def test_tune_values_may_be_numpy_integers(env):
+    k = tilec.compile(ACC, tune={"BN": (np.int64(64), np.int32(128))}, key=("M",), arch="sm_90a")
+    assert "BN=(64, 128)" in repr(k)
 
 
 def test_signature_without_the_parser_matches_the_parser():

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
 import re
 import statistics
@@ -62,14 +63,50 @@ def enabled() -> bool:
 def check_space(tune) -> tuple:
     """tune= checked: (names, (values, ...) of each), or a TilecError."""
     if not isinstance(tune, dict) or not tune:
-        raise TilecError("tune= takes a non-empty dict {const name: (value, ...)}")
+        raise TilecError(f"tune= takes a non-empty dict {{const name: (value, ...)}}, got {tune!r}")
     names, values = [], []
     for name, vals in tune.items():
-        if isinstance(vals, (int, str)) or not len(tuple(vals)):
-            raise TilecError(f"tune[{name!r}]: a non-empty tuple of values, got {vals!r}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TilecError(f"tune=: a key is a const's name, got {name!r}")
+        try:
+            vals = None if isinstance(vals, (str, bytes, dict)) else tuple(vals)
+        except TypeError:
+            vals = None
+        if not vals:
+            raise TilecError(f"tune[{name!r}]: a non-empty tuple of values, e.g. {{{name!r}: (64, 128)}}, "
+                             f"got {tune[name]!r}")
+        try:
+            if any(isinstance(v, bool) for v in vals):
+                raise TypeError
+            vals = tuple(operator.index(v) for v in vals)      # numpy integers too, as Python ints
+        except TypeError:
+            bad = next(v for v in vals if isinstance(v, bool) or not hasattr(v, "__index__"))
+            raise TilecError(f"tune[{name!r}]: a const's values are integers, got {bad!r}") from None
+        if len(set(vals)) != len(vals):
+            raise TilecError(f"tune[{name!r}]: a value comes twice in {vals!r}")
         names.append(name)
-        values.append(tuple(vals))
+        values.append(vals)
     return names, values
+
+
+def check_tune(source, consts: dict, tune, key) -> tuple:
+    """tilec.compile's tune= and key= checked against the program, before anything
+    is compiled: (tune as {name: (value, ...)}, key as a tuple or None for the
+    default). Each tuned name must be a const of the program and not also given
+    as a const; each key name a shape symbol or a scalar parameter."""
+    names, values = check_space(tune)
+    known = _consts_of(source)
+    for name in names:
+        if name not in known:
+            raise TilecError(f"tune=: kernel '{_kernel_name(source)}' has no const '{name}' to tune "
+                             f"(its consts: {', '.join(known)})")
+    overlap = [name for name in names if name in consts]
+    if overlap:
+        raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
+    if key is not None:
+        key = _key_tuple(key)
+        key_reader(signature(source), key)        # each name a shape symbol or a scalar, or its error
+    return dict(zip(names, values)), key
 
 
 def candidates(tune: dict, first: dict | None = None) -> list:
@@ -894,8 +931,7 @@ class TunedKernel:
 
     # ---- inspection
     def _name(self) -> str:
-        m = re.search(r"\bkernel\s+(\w+)", _COMMENT.sub(" ", self.source.text))
-        return m.group(1) if m else self.source.name
+        return _kernel_name(self.source)
 
     def tune_report(self, key=None) -> str:
         """One line per candidate for the last key (or `key`, a tuple of values):
@@ -928,6 +964,11 @@ class TunedKernel:
         return f"<tilec.TunedKernel {self._name()} tune {space}{first} key {self._key}{cold} for {self.arch}>"
 
 
+def _kernel_name(source) -> str:
+    m = re.search(r"\bkernel\s+(\w+)", _COMMENT.sub(" ", source.text))
+    return m.group(1) if m else source.name
+
+
 def _save(a):
     return a.clone() if hasattr(a, "clone") else a.copy()
 
@@ -948,16 +989,28 @@ def _written_args(sig, kernels) -> list:
 
 def _key_tuple(key) -> tuple:
     """key= as given to tilec.compile (None, one name, or names) as a tuple."""
-    return () if key is None else (key,) if isinstance(key, str) else tuple(key)
+    if key is None:
+        return ()
+    if isinstance(key, str):
+        return (key,)
+    try:
+        names = tuple(key)
+    except TypeError:
+        names = None
+    if names is None or isinstance(key, (bytes, dict)) or not all(isinstance(n, str) for n in names):
+        raise TilecError(f"key= takes the name, or a tuple of names, of shape symbols and scalar parameters "
+                         f"(e.g. key=(\"M\", \"N\"); () tunes once for all shapes), got {key!r}")
+    if len(set(names)) != len(names):
+        raise TilecError(f"key=: a name comes twice in {names!r}")
+    return names
 
 
 def tuned(source, consts, tune, key, arch, fallback, debug, where=None, tune_l2="warm") -> TunedKernel:
     """tilec.compile's tune= path: one TunedKernel per program, space, key and
     where= condition (cached), keyed by `key` (default: every shape symbol of the
     header, as a tune statement is: a choice made for one shape is not another's)."""
-    key = default_key(source, where) if key is None else _key_tuple(key)
-    tune = {k: tuple(v) for k, v in tune.items()} if isinstance(tune, dict) else tune
-    check_space(tune)
+    tune, key = check_tune(source, consts, tune, key)
+    key = default_key(source, where) if key is None else key
     pkey = program_key(source, consts, arch=arch, fallback=fallback, debug=debug, tune=_space(tune), tune_key=key,
                        tune_where=where, tune_l2=tune_l2)
     return kernel_mod.cached(pkey, lambda: TunedKernel(source, consts, tune, key, arch, fallback, debug,
@@ -1006,8 +1059,10 @@ def from_statement(source, consts, key, arch, fallback, debug, where=None, tune_
 
 
 def first_interpreted(source, consts, tune, key, fallback, arch):
-    """backend="interpret": the first candidate the compiler accepts, untimed."""
+    """backend="interpret": the first candidate the compiler accepts, untimed
+    (tune= and key= checked as for the cuda backend)."""
     from .runtime.interpret import interpret
+    tune, _ = check_tune(source, consts, tune, key)
     errors = []
     for cfg in candidates(tune):
         try:
