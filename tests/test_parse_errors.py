@@ -1281,3 +1281,20 @@ def test_override_outside_64_bits():
     err = error_of(COPY2D, {"BM": 2**64})
     assert str(err) == ("error: const 'BM' = 18446744073709551616 is outside the 64-bit signed range (-2^63 .. "
                         "2^63-1) of tilec's integers")
+
+
+# A shape symbol is a name in the generated CUDA too (const int blockIdx = ...
+# was an NVRTC error): the reserved names of parameters and consts apply to it.
+@pytest.mark.parametrize("name", ["blockIdx", "threadIdx", "float", "int", "mbarrier_wait", "tl_smem", "__x",
+                                  "tma_load_2d", "cdiv"])
+def test_reserved_shape_symbol(name):
+    err = error_of(f"""\
+kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:1:20: error: '{name}' is a reserved name (C++ or the generated CUDA uses it); choose another
+kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
+                   ^{"~" * (len(name) - 1)}"""

@@ -333,6 +333,11 @@ class _Builder(Transformer):
             self._declare(seen, p.name, p.span, "parameter")
             if isinstance(p, ir.TensorParam) and not 1 <= len(p.shape) <= 5:
                 raise SemanticError(f"tensor '{p.name}' has rank {len(p.shape)}; tensors have rank 1 to 5", p.span)
+        for p in params:
+            for d in getattr(p, "shape", ()):
+                if isinstance(d, ir.Var) and reserved(d.name):     # a shape symbol: a name in device code too
+                    raise SemanticError(f"'{d.name}' is a reserved name (C++ or the generated CUDA uses it); "
+                                        "choose another", d.span)
         for s in body:
             if isinstance(s, _Decl):
                 if s.kind == "const":
