@@ -1298,3 +1298,61 @@ kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
 t.tile:1:20: error: '{name}' is a reserved name (C++ or the generated CUDA uses it); choose another
 kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
                    ^{"~" * (len(name) - 1)}"""
+
+
+# An integer division by the constant 0 is an error wherever it is, as in a const
+# (the interpreter gave 0; the device's result is undefined); a float one is IEEE's.
+@pytest.mark.parametrize("expr, col, length, shown", [
+    ("f32(i % 0)", 20, 5, "i % 0"),
+    ("f32(i / 0)", 20, 5, "i / 0"),
+    ("f32(cdiv(i, 0))", 20, 10, "cdiv(i, 0)"),
+    ("s[i] + f32(i / (64 - 64))", 27, 13, "i / 0"),
+])
+def test_integer_division_by_zero(expr, col, length, shown):
+    assert expr_error(expr) == f"""\
+t.tile:7:{col}: error: integer division by zero: '{shown}'
+        s[i] = {expr};
+{" " * (col - 1)}^{"~" * (length - 1)}"""
+
+
+def test_float_division_by_zero_accepted():
+    lower(Source("t.tile", ELEMENTWISE.format("s[i] / 0")))
+
+
+def test_division_by_a_zero_const_in_a_loop_bound():
+    err = error_of("""\
+kernel k(A: f32[N], B: f32[N]) {
+    const Z = 0;
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared s: f32[64];
+    for t in range(N % Z) {
+        copy(A[bx * 64], s);
+    }
+}
+""")
+    assert str(err) == """\
+t.tile:6:20: error: integer division by zero: 'N % 0'
+    for t in range(N % Z) {
+                   ^~~~~"""
+
+
+# Was reported only at the first call, at `where=:1:1`.
+@pytest.mark.parametrize("cond, col, length, shown", [
+    ("M / 0 > 0", 31, 5, "M / 0"),
+    ("M > 0 && M % (2 - 2) == 0", 40, 11, "M % (2 - 2)"),
+    ("cdiv(M, 0) > 0", 31, 10, "cdiv(M, 0)"),
+])
+def test_tune_condition_division_by_zero(cond, col, length, shown):
+    err = error_of(f"""\
+kernel k(A: f32[M, N]) {{
+    const BM = 64;
+    tune BM in (32, 64) where {cond};
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:3:{col}: error: the tune condition divides by zero: '{shown}'
+    tune BM in (32, 64) where {cond};
+{" " * (col - 1)}^{"~" * (length - 1)}"""

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, linear, walk_expr
+from ..ir.exprs import FLOAT_CALLS, linear, map_stmt_exprs, walk_expr
 
 NAME = "check-types"
 
@@ -31,6 +31,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.tensors:
         for d in p.shape:
             _only_kinds(d, {"symbol"}, "a tensor shape")
+    for e in k.grid + tuple(r.cond for r in k.requires):
+        _no_zero_divisor(k, e)
+    _no_zero_divisors(k, k.body)
     target = get_arch(opts.arch)
     for b in k.buffers:
         _fits(b, t, target)
@@ -105,6 +108,26 @@ def _only_kinds(e, allowed, what):
                                 f"'{x.name}' is a {_kind_word(x.kind)}", x.span)
         if isinstance(x, ir.Subscript):
             raise SemanticError(f"{what} cannot read tile elements", x.span)
+
+
+def _no_zero_divisors(k, body):
+    for s in body:
+        map_stmt_exprs(s, lambda e: _no_zero_divisor(k, e))
+        for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
+            _no_zero_divisors(k, getattr(s, f))
+
+
+def _no_zero_divisor(k, e):
+    """An integer `/`, `%` or cdiv by the constant 0 (after the consts are folded
+    in) is an error, as in a const: the device's result is undefined. A float
+    division by 0 is IEEE's infinity and stays."""
+    for x in walk_expr(e):
+        divisor = x.rhs if isinstance(x, ir.BinOp) and x.op in ("/", "%") else \
+            x.args[1] if isinstance(x, ir.Call) and x.func == "cdiv" else None
+        if isinstance(divisor, ir.Int) and divisor.value == 0 and not _is_float(k, x):
+            from ..ir.printer import expr as show
+            raise SemanticError(f"integer division by zero: '{show(x)}'", x.span)
+    return e
 
 
 def _kind_word(kind):
