@@ -1356,3 +1356,83 @@ kernel k(A: f32[M, N]) {{
 t.tile:3:{col}: error: the tune condition divides by zero: '{shown}'
     tune BM in (32, 64) where {cond};
 {" " * (col - 1)}^{"~" * (length - 1)}"""
+
+
+# ---------------------------------------------------------------- messages that say the rule
+
+def test_scalar_in_a_tensor_shape():
+    err = error_of("""\
+kernel k(A: f32[n], n: i32) {
+    grid (bx) = (1);
+    threads 128;
+}
+""")
+    assert str(err) == """\
+t.tile:1:17: error: a tensor shape may use shape symbols, consts and integer literals only; 'n' is a scalar parameter
+kernel k(A: f32[n], n: i32) {
+                ^
+note: name the dimension with a shape symbol and, if it must equal 'n', check that with a require: require \
+SYMBOL == n;"""
+
+
+def test_write_to_a_global_tensor():
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    parallel (i, j) in (4, 4) {
+        A[i, j] = 1.0;
+    }
+}
+""")
+    assert str(err) == """\
+t.tile:5:9: error: 'A' is a global tensor; its elements are not assigned: write a tile and copy it into a region \
+of the tensor
+        A[i, j] = 1.0;
+        ^~~~~~~~~~~~~~"""
+
+
+STATEMENTS = """\
+kernel k(A: f32[M, N], n: i32) {{
+    const BM = 64;
+    let L = n + 1;
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64];
+    {}
+}}
+"""
+
+
+@pytest.mark.parametrize("stmt, length, message", [
+    ("thread 128;", 6, "unknown statement 'thread' (did you mean 'threads'?)"),
+    ("grd (by) = (1);", 3, "unknown statement 'grd' (did you mean 'grid'?)"),
+    ("shard t: f32[64];", 5, "unknown statement 'shard' (did you mean 'shared'?)"),
+    ("cosnt C = 1;", 5, "unknown statement 'cosnt' (did you mean 'const'?)"),
+    ("paralel (i) in (64) { s[i] = 1.0; }", 7, "unknown statement 'paralel' (did you mean 'parallel'?)"),
+    ("n = 3;", 1, "'n' is a scalar parameter; scalars cannot be assigned (a scalar is a value passed by the call)"),
+    ("A = 3;", 1, "'A' is a global tensor; it is not assigned: write a tile and copy it into a region of the tensor"),
+    ("s = 1.0;", 1, "'s' is a tile; assign its elements inside a parallel body (s[i] = ...), or all of them with "
+                    "fill(s, v)"),
+    ("BM = 3;", 2, "'BM' is a const; consts cannot be assigned (override one when compiling: -D BM=...)"),
+    ("L = 3;", 1, "'L' is a let; lets cannot be assigned"),
+    ("bx = 3;", 2, "'bx' cannot be assigned: the only assignment is to a tile element, inside a parallel body "
+                   "(s[i] = ...)"),
+])
+def test_statement_messages(stmt, length, message):
+    err = error_of(STATEMENTS.format(stmt))
+    assert type(err) is ParseError
+    assert str(err) == f"""\
+t.tile:7:5: error: {message}
+    {stmt}
+    ^{"~" * (length - 1)}"""
+
+
+@pytest.mark.parametrize("stmt, expected", [
+    ("foo 128;", "t.tile:7:9: error: unexpected '128'; expected '(' or '['"),
+    ("n == 3;", "t.tile:7:7: error: unexpected '=='; expected '(' or '['"),
+    ("copy(A[0, 0], s;", "t.tile:7:20: error: unexpected ';'; expected one of '(', ')', ',', '=', '[', an operator"),
+    ("s[0] = 1.0 +;", "t.tile:7:17: error: unexpected ';'; expected an expression"),
+])
+def test_other_syntax_errors_keep_the_parsers_message(stmt, expected):
+    assert str(error_of(STATEMENTS.format(stmt))).splitlines()[0] == expected

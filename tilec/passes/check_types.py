@@ -30,7 +30,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         _only_kinds(r.cond, _GRID_KINDS, "a require")
     for p in k.tensors:
         for d in p.shape:
-            _only_kinds(d, {"symbol"}, "a tensor shape")
+            for x in walk_expr(d):
+                if isinstance(x, ir.Var) and x.kind != "symbol":
+                    raise SemanticError(f"a tensor shape may use shape symbols, consts and integer literals only; "
+                                        f"'{x.name}' is a {_kind_word(x.kind)}", x.span,
+                                        note=f"name the dimension with a shape symbol and, if it must equal "
+                                        f"'{x.name}', check that with a require: require SYMBOL == {x.name};"
+                                        if x.kind == "scalar" else None)
     for e in k.grid + tuple(r.cond for r in k.requires):
         _no_zero_divisor(k, e)
     _no_zero_divisors(k, k.body)
@@ -131,7 +137,8 @@ def _no_zero_divisor(k, e):
 
 
 def _kind_word(kind):
-    return {"block": "block index", "loop": "loop variable", "lane": "parallel index",
+    return {"block": "block index", "loop": "loop variable", "lane": "parallel index", "scalar": "scalar parameter",
+            "symbol": "shape symbol",
             "tile": "tile", "tensor": "tensor", "view": "view"}.get(kind, kind)
 
 
@@ -167,7 +174,7 @@ def _check_body(k, body, lanes):
         elif isinstance(s, ir.Assign):
             if lanes is None:
                 raise SemanticError("tile elements are assigned inside a parallel body", s.span)
-            _check_element(k, ir.Subscript(s.buffer, s.indices, span=s.span), lanes)
+            _check_element(k, ir.Subscript(s.buffer, s.indices, span=s.span), lanes, write=True)
             _check_value(k, s.value, lanes)
             _f32_literals(s.value, k.buffer(s.buffer).dtype.name == "f64" or _has_f64(k, s.value))
         elif isinstance(s, ir.For):
@@ -320,8 +327,11 @@ def _int_args(k, call: ir.Call):
             raise SemanticError(f"{call.func} takes integer arguments", part.span, note=_CAST_NOTE)
 
 
-def _check_element(k, sub: ir.Subscript, lanes):
+def _check_element(k, sub: ir.Subscript, lanes, write=False):
     if isinstance(k.param(sub.name), ir.TensorParam):
+        if write:
+            raise SemanticError(f"'{sub.name}' is a global tensor; its elements are not assigned: write a tile "
+                                "and copy it into a region of the tensor", sub.span)
         raise SemanticError(f"'{sub.name}' is a global tensor; copy a region of it into a tile to read "
                             "its elements", sub.span)
     b = _tile(k, sub.name, sub.span, "element access")
