@@ -76,6 +76,52 @@ def test_env_var_makes_the_interpreter_the_default(monkeypatch):
     assert isinstance(tilec.compile(str(EXAMPLES / "copy2d.tile")), interpret.InterpretedKernel)
 
 
+def test_the_readme_autotune_snippet_runs_unchanged_on_the_interpreter(monkeypatch):
+    """README's autotune snippet with TILEC_INTERPRET=1 (language.md §17: GPU scripts
+    run unchanged): best_config is the first candidate, which is what runs, and
+    tune_report() says nothing was timed."""
+    monkeypatch.setenv("TILEC_INTERPRET", "1")
+    monkeypatch.chdir(EXAMPLES.parent)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 256)).astype(np.float16)
+    c = np.zeros((128, 256), np.float16)
+    k = tilec.compile("examples/gemm.tile", tune={"BN": (128, 256), "STAGES": (3, 4)}, key=("M", "N", "K"))
+    k(a, b, c)
+    assert k.best_config == {"BN": 128, "STAGES": 3} and k.consts["BN"] == 128 and k.consts["STAGES"] == 3
+    assert k.tune_report() == (
+        "autotune gemm: not tuned (the interpret backend does not time):\n"
+        "  BN=128 STAGES=3: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
+        "compiler accepts)\n")
+    np.testing.assert_allclose(c.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-2,
+                               atol=2e-2)
+
+
+def test_interpreted_best_config_of_a_tune_statement_a_refused_candidate_and_no_tuning():
+    k = interp(EXAMPLES / "gemm.tile")          # the statement's declared values run
+    assert k.best_config == {n: k.consts[n] for n in ("BM", "BN", "STAGES", "PRODUCER", "PERSISTENT", "STREAM_K",
+                                                       "BK")}
+    assert "the tune statement's declared values" in k.tune_report()
+    assert "BM" not in interp(EXAMPLES / "gemm.tile", BM=64).best_config        # a given const leaves the space
+    k = tilec.compile(str(EXAMPLES / "copy2d.tile"), backend="interpret", tune={"BN": (4096, 128)})
+    assert k.best_config == {"BN": 128} and k.consts["BN"] == 128
+    report = k.tune_report()
+    assert "BN=4096: refused: " in report and "TMA boxes are at most 256" in report and \
+        report.endswith("BN=128: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
+                        "compiler accepts)\n")
+    plain = interp(EXAMPLES / "copy2d.tile")
+    assert plain.best_config == {} and plain is not k
+    assert plain.tune_report() == "copy2d: not tuned (no tune= and no tune statement, or tune=False)\n"
+    assert interp(EXAMPLES / "gemm.tile", tune=False).best_config == {}
+
+
+def test_an_interpreted_kernel_is_no_torch_op():
+    k = interp(EXAMPLES / "copy2d.tile")
+    with pytest.raises(tilec.TilecError, match="kernel copy2d runs on the interpret backend .*, which has no torch "
+                                               "operator: call the kernel itself"):
+        k.as_torch_op()
+
+
 def test_unknown_backend_is_an_error():
     with pytest.raises(tilec.TilecError, match="unknown backend 'metal'"):
         tilec.compile(str(EXAMPLES / "copy2d.tile"), backend="metal")

@@ -1066,7 +1066,31 @@ def first_interpreted(source, consts, tune, key, fallback, arch):
     errors = []
     for cfg in candidates(tune):
         try:
-            return interpret(source, {**consts, **cfg}, fallback, arch)
+            interpret(source, {**consts, **cfg}, fallback, arch)      # the compiler's errors
         except TilecError as e:
-            errors.append(e)
-    raise errors[0]
+            errors.append((cfg, e))
+            continue
+        lines = [f"{_describe(c)}: refused: {e}" for c, e in errors] + \
+            [f"{_describe(cfg)}: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
+             "compiler accepts)"]
+        return interpret(source, {**consts, **cfg}, fallback, arch, tuned=cfg, tune_report=_interpreted_report(
+            source, lines))
+    raise errors[0][1]
+
+
+def interpreted_statement(source, consts, fallback, arch):
+    """backend="interpret" of a program with a tune statement (and no tune=): the
+    declared consts, untimed (None without a statement, or with every tuned
+    const given)."""
+    from .runtime.interpret import interpret
+    space, first, _ = statement_space(source, consts)
+    if not space:
+        return None
+    lines = [f"{_describe(first)}: chosen untimed (backend=\"interpret\" does not time: the tune statement's "
+             "declared values)"]
+    return interpret(source, consts, fallback, arch, tuned=first, tune_report=_interpreted_report(source, lines))
+
+
+def _interpreted_report(source, lines) -> str:
+    head = f"autotune {_kernel_name(source)}: not tuned (the interpret backend does not time):"
+    return "\n".join([head] + ["  " + line.replace("\n", "\n      ") for line in lines]) + "\n"

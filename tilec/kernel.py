@@ -255,7 +255,9 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     an autotuned kernel (tilec.autotune.TunedKernel): the first
     call with new key values compiles every candidate, times them on its
     arguments and keeps the fastest (cached in memory and on disk). With
-    backend="interpret" the first candidate that compiles is returned, untimed.
+    backend="interpret" the first candidate that compiles is returned, untimed
+    (an InterpretedKernel whose best_config is that candidate; a tune statement's
+    declared values likewise).
     A program with a tune statement is tuned over its space (less the consts
     given here; a plain Kernel if none is left), its declared values first,
     keyed by every shape symbol of its header unless `key` is given; tune= given
@@ -287,6 +289,11 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         if explicit:
             from .autotune import first_interpreted
             return first_interpreted(source, consts, tune, key, fallback, get_arch(arch or "sm_90a").name)
+        if tune is None and "tune" in source.text:      # the declared consts, untimed; best_config says which
+            from .autotune import interpreted_statement
+            k = interpreted_statement(source, consts, fallback, get_arch(arch or "sm_90a").name)
+            if k is not None:
+                return k
         return interpret(source, consts, fallback, get_arch(arch or "sm_90a").name)
     if backend != "cuda":
         raise TilecError(f"unknown backend '{backend}' (cuda or interpret)")

@@ -39,6 +39,7 @@ import numpy as np
 
 from ...codegen.abi import shape_bindings
 from ...compiler import Program, load_source, lower, program_key
+from ...errors import TilecError
 from ...ir import nodes as ir
 from ...ir.effects import written_tensors
 from .. import host
@@ -65,14 +66,20 @@ def _host_eval(e, env):
 _CACHE: dict = {}
 
 
-def interpret(source, consts: dict, fallback: bool = True, arch: str = "sm_90a") -> "InterpretedKernel":
+def interpret(source, consts: dict, fallback: bool = True, arch: str = "sm_90a", tuned: dict | None = None,
+              tune_report: str = "") -> "InterpretedKernel":
     """What `tilec.compile(src, backend="interpret", **consts)` returns (cached):
-    the IR lowered for `arch` (sm_80 / sm_86 / sm_89: thread copies, tilec.arch)."""
+    the IR lowered for `arch` (sm_80 / sm_86 / sm_89: thread copies, tilec.arch).
+    tuned: where tilec.compile would tune (tune=, a tune statement), the tuned
+    consts this kernel runs with untimed (its best_config), and tune_report the
+    text of its tune_report()."""
     source = load_source(source)
-    key = program_key(source, consts, backend="interpret", fallback=fallback, arch=arch)
+    key = program_key(source, consts, backend="interpret", fallback=fallback, arch=arch,
+                      tuned=None if tuned is None else (tuple(tuned.items()), tune_report))
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = InterpretedKernel(source, consts, fallback, arch=arch)
+        k = _CACHE[key] = InterpretedKernel(source, consts, fallback, arch=arch, tuned=tuned,
+                                            tune_report=tune_report)
     return k
 
 
@@ -81,8 +88,13 @@ class InterpretedKernel(Program):
     arguments: numpy arrays and torch tensors (CPU ones are used in place,
     others are copied to the CPU and back), Python numbers for scalars."""
 
-    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True, arch: str = "sm_90a"):
+    def __init__(self, source, overrides: dict, fallback: bool = True, tma: bool = True, arch: str = "sm_90a",
+                 tuned: dict | None = None, tune_report: str = ""):
         self.source = load_source(source)
+        # What a script written for a TunedKernel reads: the interpreter does not time, so the
+        # "best" config is the one it runs, the first candidate ({} where nothing is tuned).
+        self.best_config = dict(tuned or {})
+        self._tune_report = tune_report
         self._overrides = dict(overrides)
         self._fallback_allowed = fallback
         self._tma = tma
@@ -117,6 +129,18 @@ class InterpretedKernel(Program):
             raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
                             f"({', '.join(p.name for p in k.params)}), got {len(args)}")
         return self._launch(InterpretCall(k, self._run_fallback if self._fallback_allowed else None), *args)
+
+    def tune_report(self, key=None) -> str:
+        """What TunedKernel.tune_report() is for a GPU kernel: here that nothing
+        was tuned (the interpreter does not time) and which consts run."""
+        if self._tune_report:
+            return self._tune_report
+        return f"{self.name}: not tuned (no tune= and no tune statement, or tune=False)\n"
+
+    def as_torch_op(self, mutates=None):
+        raise TilecError(f"kernel {self.name} runs on the interpret backend (backend=\"interpret\" or "
+                         "TILEC_INTERPRET=1), which has no torch operator: call the kernel itself, k(...), "
+                         "or compile it for the GPU (backend=\"cuda\") to register it with torch")
 
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
