@@ -1,4 +1,5 @@
 """The `tilec` command line, run as `python -m tilec` in a subprocess."""
+import os
 import subprocess
 
 import pytest
@@ -239,6 +240,42 @@ def test_check_with_define():
 @pytest.mark.parametrize("emit", ["ir", "cuda"])
 def test_bad_define(define, message, emit):
     assert fails("emit", "examples/copy2d.tile", "--emit", emit, "-D", define) == message
+
+
+def test_a_const_defined_twice_is_an_error():
+    assert fails("check", "examples/copy2d.tile", "-D", "BM=1024", "-D", "BM=64") == \
+        "error: -D BM is given twice (BM=1024 and BM=64): give each const once\n"
+
+
+def test_a_cache_dir_that_is_a_file_warns_once(tmp_path):
+    (tmp_path / "afile").write_text("")
+    src = tmp_path / "k.tile"
+    src.write_text((ROOT / "examples" / "copy2d.tile").read_text().replace("BM = 64", "BM = 32"))
+    p = subprocess.run([*TILEC, "check", str(src)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TILEC_CACHE_DIR": str(tmp_path / "afile")})
+    assert p.returncode == 0 and p.stdout.startswith(f"{src}: ok"), p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: TILEC_CACHE_DIR={tmp_path / 'afile'} cannot be "
+                                                   "written (not a directory: "), p.stderr
+    assert lines[0].endswith("): compiled kernels are not cached on disk (TILEC_CACHE=0 turns it off without this "
+                             "warning)")
+
+
+def test_a_worker_count_that_is_no_number_warns(monkeypatch):
+    import warnings
+    from tilec.runtime import workers
+    monkeypatch.setattr(workers, "_WARNED", set())
+    default = min(workers.usable_cpus(), workers.MAX_DEFAULT)
+    for value in ("abc", "-2"):
+        monkeypatch.setenv("TILEC_COMPILE_WORKERS", value)
+        with pytest.warns(RuntimeWarning, match=f"TILEC_COMPILE_WORKERS='{value}' is not a number of workers "
+                                                f"\\(0 or more\\): using the default, {default}"):
+            assert workers.max_workers() == default
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert workers.max_workers() == default         # said once
+    monkeypatch.setenv("TILEC_COMPILE_WORKERS", "0")
+    assert workers.max_workers() == 0
 
 
 def test_after_unknown_pass_lists_the_passes():

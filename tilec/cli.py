@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import warnings
+from pathlib import Path
 
 from .errors import CheckIncompleteWarning, TilecError
 from .passes import PASS_NAMES
@@ -21,6 +22,8 @@ def _consts(pairs):
         name, eq, value = p.partition("=")
         if not eq or not name.isidentifier():
             raise TilecError(f"-D takes NAME=VALUE, got '{p}'")
+        if name in out:
+            raise TilecError(f"-D {name} is given twice ({name}={out[name]} and {p}): give each const once")
         try:
             out[name] = int(value, 0)
         except ValueError:
@@ -119,8 +122,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         where, sep, text = str(message).partition(": ")
         print(f"{where}: warning: {text}" if sep and where.count(":") >= 2 else f"warning: {message}",
               file=sys.stderr)
+    elif issubclass(category, RuntimeWarning) and Path(filename).resolve().is_relative_to(_PACKAGE):
+        print(f"warning: {message}", file=sys.stderr)      # tilec's own (a TILEC_* setting it cannot use)
     else:
         print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
+
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:

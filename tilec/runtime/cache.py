@@ -14,7 +14,9 @@ decoding (a kernel's PTX and CUDA source are ~100 KB: half the time of a warm
 start's load went to decoding them).
 
 TILEC_CACHE_DIR overrides the location (default: $XDG_CACHE_HOME/tilec or
-~/.cache/tilec); TILEC_CACHE=0 turns the disk cache off."""
+~/.cache/tilec); TILEC_CACHE=0 turns the disk cache off. A directory that cannot
+be written (TILEC_CACHE_DIR naming a file, no permission) warns once per process
+(RuntimeWarning) and compiling goes on without the cache."""
 from __future__ import annotations
 
 import hashlib
@@ -136,5 +138,21 @@ def store(k: str, meta: dict, cubin: bytes) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-    except OSError:
-        pass    # a cache that cannot be written is only a slower start
+    except OSError as e:
+        _warn_unwritable(e)     # a cache that cannot be written is only a slower start: said once
+
+
+_WARNED: set = set()        # the cache directories warned about
+
+
+def _warn_unwritable(e: OSError) -> None:
+    d = directory()
+    if str(d) in _WARNED:
+        return
+    _WARNED.add(str(d))
+    import warnings
+    reason = e.strerror or str(e)
+    what = "TILEC_CACHE_DIR=" if os.environ.get("TILEC_CACHE_DIR") else "the disk cache "
+    warnings.warn(f"{what}{d} cannot be written ({reason[:1].lower()}{reason[1:]}: {e.filename}): compiled "
+                  "kernels are not cached on disk (TILEC_CACHE=0 turns it off without this warning)",
+                  RuntimeWarning, stacklevel=3)

@@ -16,7 +16,8 @@ a program the compiler refuses (("error", repr) for anything else); the caller
 compiles that candidate again in its own process for the error itself
 (refusals come early, in lowering).
 TILEC_COMPILE_WORKERS sets how many workers at most (default: the CPUs this
-process may use, at most MAX_DEFAULT = 32); 0 or 1 builds in the calling process, as does a worker that fails
+process may use, at most MAX_DEFAULT = 32; a value that is not a count warns and is
+not used); 0 or 1 builds in the calling process, as does a worker that fails
 to start or dies (the job it had goes back to the caller)."""
 from __future__ import annotations
 
@@ -38,13 +39,26 @@ _POOL_LOCK = threading.Lock()
 
 
 def max_workers() -> int:
+    """TILEC_COMPILE_WORKERS, else the default; a value that is not a count (0 or
+    more) warns once (RuntimeWarning) and the default is used."""
     env = os.environ.get("TILEC_COMPILE_WORKERS", "").strip()
+    default = min(usable_cpus(), MAX_DEFAULT)
     if env:
         try:
-            return max(0, int(env))
+            n = int(env)
         except ValueError:
-            pass
-    return min(usable_cpus(), MAX_DEFAULT)
+            n = -1
+        if n >= 0:
+            return n
+        if env not in _WARNED:
+            _WARNED.add(env)
+            import warnings
+            warnings.warn(f"TILEC_COMPILE_WORKERS={env!r} is not a number of workers (0 or more): using the "
+                          f"default, {default}", RuntimeWarning, stacklevel=2)
+    return default
+
+
+_WARNED: set = set()        # the TILEC_COMPILE_WORKERS values warned about
 
 
 MAX_DEFAULT = 32        # a cold tune's compile is NVRTC's ptxas, one core per worker: gemm.tile's 162 candidates
