@@ -200,6 +200,21 @@ def test_a_directory_is_no_file(command, tmp_path):
     assert (p.returncode, p.stdout, p.stderr) == (1, "", "error: cannot read examples: is a directory\n")
 
 
+def test_the_documented_example_paths_work_from_any_directory(tmp_path):
+    """`examples/NAME.tile` that does not exist where tilec runs is the packaged
+    example (README: the documented commands work from any directory); a file
+    that exists there is read, and a missing example is still an error."""
+    p = tilec("check", "examples/copy2d.tile", cwd=tmp_path)
+    assert (p.returncode, p.stdout, p.stderr) == (
+        0, "examples/copy2d.tile: ok (kernel copy2d, 9408-byte cubin for sm_90a)\n", ""), p.stderr
+    p = tilec("check", "examples/nope.tile", cwd=tmp_path)
+    assert (p.returncode, p.stderr) == (1, "error: cannot read examples/nope.tile: no such file or directory\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "copy2d.tile").write_text("kernel mine() {}\n")
+    p = tilec("check", "examples/copy2d.tile", cwd=tmp_path)
+    assert p.stderr.startswith("examples/copy2d.tile:1:8: error: kernel 'mine' has no grid declaration"), p.stderr
+
+
 def test_an_empty_file_is_an_empty_program():
     assert fails("check", "/dev/null").startswith("/dev/null:1:1: error: unexpected end of input; expected 'kernel'")
 
@@ -318,3 +333,45 @@ def test_check_prints_a_path_limit_warning_at_the_kernel_line(tmp_path):
         assert "Traceback" not in p.stderr
         assert p.stderr.startswith(f"{f}:1:1: warning: check-barriers proved kernel many's barrier protocol on "
                                    "its first 4096 paths only"), p.stderr
+
+
+# ---------------------------------------------------------------- the docs' printed outputs
+
+def _doc_commands(path):
+    """(command, printed output) of every `$ tilec ...` line in a ``` block of a doc
+    whose files are the examples and whose output is not elided (`...`)."""
+    blocks, cur = [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            blocks, cur = (blocks + [cur], None) if cur is not None else (blocks, [])
+        elif cur is not None:
+            cur.append(line)
+    out = []
+    for lines in blocks:
+        cmd, printed = None, []
+        for line in lines + ["$ "]:
+            if line.startswith("$ "):
+                if cmd is not None and "..." not in printed and all(
+                        a.startswith("examples/") for a in cmd.split() if a.endswith(".tile")):
+                    out.append((cmd, "".join(p + "\n" for p in printed)))
+                cmd, printed = (line[2:] if line.startswith("$ tilec ") else None), []
+            elif cmd is not None:
+                printed.append(line)
+    return out
+
+
+DOC_COMMANDS = [(doc, cmd, printed) for doc in ("README.md", "docs/language.md", "docs/internals.md")
+                for cmd, printed in _doc_commands(ROOT / doc)]
+
+
+def test_the_docs_show_commands():
+    assert any(cmd == "tilec emit examples/scale.tile --emit ir" for _, cmd, _ in DOC_COMMANDS)
+    assert len(DOC_COMMANDS) >= 5
+
+
+@pytest.mark.parametrize("doc, cmd, printed", DOC_COMMANDS, ids=[f"{d}:{c}" for d, c, _ in DOC_COMMANDS])
+def test_the_docs_printed_outputs_are_the_real_ones(doc, cmd, printed):
+    """"Every output below was produced by the tilec in this repository": each `$ tilec`
+    command of the docs prints exactly what the docs show (stdout and stderr)."""
+    p = tilec(*cmd.split()[1:])
+    assert p.stdout + p.stderr == printed, f"{doc}: `{cmd}` is stale; it prints:\n{p.stdout}{p.stderr}"

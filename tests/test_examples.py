@@ -76,6 +76,13 @@ def test_a_str_is_a_path_when_it_ends_in_tile_and_a_pathlike_whatever_its_name(t
         tilec.compile(tmp_path)
 
 
+def test_the_packaged_examples_compile_from_any_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    k = tilec.compile("examples/scale.tile", arch="sm_90a")
+    assert k.name == "scale" and k.source.name == "examples/scale.tile"
+    assert k.source.text == (EXAMPLES / "scale.tile").read_text()
+
+
 # ---------------------------------------------------------------- generated variants
 
 SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4}

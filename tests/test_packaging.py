@@ -74,3 +74,6 @@ def test_installed_wheel_emits_cuda(wheel, tmp_path):
         environ["CUDA_PATH"] = str(lib.parent.parent)
     cuda = run(env / "bin" / "tilec", "emit", "examples/copy2d.tile", "--emit", "cuda", cwd=ROOT, env=environ)
     assert 'extern "C" __global__ void __launch_bounds__(128) copy2d(' in cuda
+    # outside the checkout, the documented example paths are the packaged examples (README, Installing)
+    checked = run(env / "bin" / "tilec", "check", "examples/copy2d.tile", cwd=tmp_path, env=environ)
+    assert checked == "examples/copy2d.tile: ok (kernel copy2d, 9408-byte cubin for sm_90a)\n"

@@ -30,14 +30,34 @@ def load_source(src) -> Source:
 
 def read_source(path) -> Source:
     """The file at `path` (any name: the command line's FILE is always a path), or a
-    TilecError "cannot read PATH: is a directory" (the OS's reason)."""
+    TilecError "cannot read PATH: is a directory" (the OS's reason). A relative
+    `examples/NAME.tile` that does not exist is the example shipped in the
+    package (tilec/examples), so the documented commands work from any directory."""
     try:
         return Source(str(path), Path(path).read_text())
+    except FileNotFoundError as e:
+        packaged = _packaged_example(path)
+        if packaged is not None:
+            return Source(str(path), packaged)
+        raise TilecError(f"cannot read {path}: {e.strerror[:1].lower()}{e.strerror[1:]}") from None
     except OSError as e:
         reason = e.strerror or str(e)
         raise TilecError(f"cannot read {path}: {reason[:1].lower()}{reason[1:]}") from None
     except UnicodeDecodeError:
         raise TilecError(f"cannot read {path}: not UTF-8 text") from None
+
+
+def _packaged_example(path):
+    """The text of the packaged example that the relative path `examples/NAME.tile`
+    names, or None (another path, or no such example)."""
+    parts = Path(path).parts
+    if len(parts) != 2 or parts[0] != "examples" or not parts[1].endswith(".tile"):
+        return None
+    from ._resources import resource
+    try:
+        return (resource("examples") / parts[1]).read_text()
+    except (OSError, ValueError):
+        return None
 
 
 def program_key(source: Source, consts: dict, **variant) -> tuple:
