@@ -133,6 +133,10 @@ NAME = "check-barriers"
 
 TRIP_COUNTS = (0, 1, 2, 3)
 MAX_PATHS = 4096
+# paths are compared (_distinct) only when more than this many run at once: comparing costs more
+# than running the few hundred of a gemm's loops, most of which differ; a nest of loops whose
+# store tails fork every trip passes it within a few trips and collapses to a handful
+MERGE_ABOVE = 256
 # env key of a path: whether the store tails of this trip run. A staged epilogue's tile crosses
 # the last whole granule in one column chunk at most, but each tail sits between block barriers of
 # its own, so running all of them checks every tail's reads, and running none the path that lacks
@@ -193,28 +197,38 @@ class _State:
 
 def _fingerprint(st) -> tuple:
     """All of a path's state, hashable: paths whose states are equal run alike from
-    here on (the same statements, the same checks), so one of them stands for all."""
-    return (frozenset((n, b.armed, b.expect, b.loaded, frozenset(b.tiles), b.completed,
-                       frozenset(b.seen.items()), b.counted) for n, b in st.bars.items()),
-            frozenset(st.phase.items()), frozenset(st.unwaited.items()),
-            frozenset((t, frozenset(c)) for t, c in st.visible.items()),
+    here on (the same statements, the same checks), so one of them stands for all.
+    Dicts as their items in order: two equal dicts filled in another order count as
+    different, which only leaves two equal paths unmerged (cheaper than sorting)."""
+    return (tuple((n, b.armed, b.expect, b.loaded, frozenset(b.tiles), b.completed, tuple(b.seen.values()),
+                   b.counted) for n, b in st.bars.items()),
+            tuple(st.phase.items()), tuple(st.unwaited.items()),
+            tuple((t, frozenset(c)) for t, c in st.visible.items()),
             frozenset(st.touched), frozenset(st.written), frozenset(st.fenced),
-            tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted), frozenset(st.env.items()),
-            tuple(frozenset(w) for w in st.wgmma), frozenset(st.released.items()))
+            tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted), tuple(st.env.items()),
+            tuple(frozenset(w) for w in st.wgmma), tuple(st.released.items()))
 
 
 def _distinct(states) -> list:
     """`states` without repeats (in order): a store tail or an unknown `if` in a loop forks
     every trip, and the two arms mostly end in the same state, so without this a loop nest
     of 27 trips runs 2^27 paths (past MAX_PATHS, unchecked) where a handful differ."""
-    if len(states) < 2:
+    if len(states) <= MERGE_ABOVE:
+        return states
+    by_env = {}                 # paths of one env first (cheap): most paths differ there, in trip counts
+    for st in states:
+        by_env.setdefault(tuple(st.env.items()), []).append(st)
+    if len(by_env) == len(states):
         return states
     seen, out = set(), []
     for st in states:
-        key = _fingerprint(st)
-        if key not in seen:
+        group = by_env[tuple(st.env.items())]
+        if len(group) > 1:
+            key = _fingerprint(st)
+            if key in seen:
+                continue
             seen.add(key)
-            out.append(st)
+        out.append(st)
     return out
 
 
@@ -405,7 +419,10 @@ class _Checker:
             nxt = []
             for st in states:
                 nxt += self.stmt(s, st, classes)
-            states = _distinct(nxt) if merge else nxt
+            # a warp-specialised block's paths (its interleavings) differ little but run on
+            # through a short epilogue: cheaper to run than to compare, unless too many
+            merge = merge and not isinstance(s, ir.Specialized)
+            states = _distinct(nxt) if len(nxt) > MERGE_ABOVE and (merge or len(nxt) > MAX_PATHS) else nxt
             self.paths = max(self.paths, len(states))
             if len(states) > MAX_PATHS:
                 states = states[:MAX_PATHS]
@@ -437,7 +454,9 @@ class _Checker:
                 for i in trips:
                     for c in cur:
                         c.env[s.var] = i
-                    cur = _distinct(self.run(s.body, cur, classes))     # the next trip may fork them again
+                    cur = self.run(s.body, cur, classes)
+                    if len(cur) > MERGE_ABOVE:      # the next trip may fork them again
+                        cur = _distinct(cur)
                 out += cur
             return out
         if isinstance(s, ir.StoreTail):
