@@ -54,3 +54,36 @@ def test_an_empty_operand_runs_the_thread_copy_variant():
     strict = tilec.compile("examples/gemm.tile", backend="interpret", fallback=False, BM=64, BN=64, STAGES=3)
     with pytest.raises(TmaRuleError, match="a TMA tensor map cannot describe an empty tensor"):
         strict(a, b, c.view)
+
+
+def test_numpy_scalars_are_numbers_and_an_f64_condition_compares_in_double():
+    """np.float32 / np.int32 scalars are accepted as the numbers they are (an f32
+    argument given as np.float32 was refused: 'expected a number for f32, got float32');
+    bools are not. `if x > 0.1` with x f64 compares with the double 0.1 (0.1f is
+    0.100000001490116, so x = 0.1000000001 took the other branch), y f32 with 0.1f."""
+    from conftest import ROOT
+    k = tilec.compile(str(ROOT / "tests" / "filecheck" / "f64_condition.tile"), backend="interpret")
+    a, b = np.zeros(64), np.zeros(64)
+    for x, y, want in ((0.1000000001, np.float32(0.0), 1.0), (np.float64(0.05), np.float32(0.2), 2.0),
+                       (0.1, np.float32(0.1), 0.0)):
+        k(a, b, x, y)
+        assert (b == want).all(), (x, y, b[:3])
+    with pytest.raises(LaunchError, match="argument x: expected a number for f64, got bool"):
+        k(a, b, np.bool_(True), 0.0)
+    shift = tilec.compile("""
+kernel shift(A: i32[N], B: i32[N], n: i32) {
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared s: i32[64];
+    copy(A[bx * 64], s);
+    parallel (i) in (64) {
+        s[i] = s[i] + n;
+    }
+    copy(s, B[bx * 64]);
+}
+""", backend="interpret")
+    src, dst = np.arange(100, dtype=np.int32), np.zeros(100, np.int32)
+    shift(src, dst, np.int32(7))
+    assert (dst == src + 7).all()
+    with pytest.raises(LaunchError, match="argument n: expected an integer for i32, got float32"):
+        shift(src, dst, np.float32(7))

@@ -262,7 +262,8 @@ class _Printer:
             head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
             return self.comment(s, ind) + pre + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.If):
-            out = self.comment(s, ind) + [f"{ind}if ({self.expr(s.cond)}) {{"] + self.block(s.then, ind + "  ")
+            cond = self.expr(s.cond, double=self.is_double(s.cond))    # x > 0.1 with x f64: 0.1, not 0.1f
+            out = self.comment(s, ind) + [f"{ind}if ({cond}) {{"] + self.block(s.then, ind + "  ")
             if s.orelse:
                 out += [f"{ind}}} else {{"] + self.block(s.orelse, ind + "  ")
             return out + [f"{ind}}}"]

@@ -94,7 +94,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         if isinstance(p, ir.TensorParam):
             arguments.append(f'arg_{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
         else:
-            arguments.append(f'call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
+            arguments.append(f'{p.name} = call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
     # shape symbols: bound by their first bare appearance, checked everywhere else
     bound, dims = shape_bindings(k)
     binds = [f"{b.symbol} = arg_{b.tensor}.shape[{b.dim}]" for b in bound]

@@ -189,7 +189,7 @@ def _check_body(k, body, lanes):
                         _int_args(k, x)
             else:
                 _check_value(k, s.cond, lanes)
-            _f32_literals(s.cond, False)
+            _f32_literals(s.cond, _has_f64(k, s.cond))     # codegen computes it in double then
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import numbers
 import sys
 
 from ..errors import DeviceError, LaunchError
@@ -263,12 +264,15 @@ class Call:
             raise LaunchError(f"require {text} failed ({shown})")
 
     def scalar(self, value, name, dtype):
+        """`value` as a Python float or int: numpy's scalars (np.float32(0.5), np.int32(3))
+        count as the numbers they are (numbers.Real / Integral), bools do not."""
         if dtype.startswith(("f", "bf")):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, numbers.Real) or isinstance(value, (bool, np_bool())):
                 raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
-        elif not isinstance(value, int) or isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np_bool())):
             raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}")
-        return value
+        return int(value)
 
     # ------------------------------------------------------------ kernel parameters
     def cuTensorMapEncodeTiled(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
@@ -530,6 +534,12 @@ def symbol(name, v):
     if v > 2**31 - 1:
         raise LaunchError(f"shape symbol {name} = {v} is over 2^31-1: kernels index each dimension with 32-bit ints")
     return ctypes.c_int32(v)
+
+
+def np_bool():
+    """numpy's bool scalar type (not a Python bool, nor numbers.Integral), or bool without numpy."""
+    np = sys.modules.get("numpy")
+    return np.bool_ if np is not None else bool
 
 
 def scalar_value(v, dtype):

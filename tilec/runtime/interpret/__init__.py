@@ -178,7 +178,7 @@ class InterpretCall(host.Call):
         return t.tma_arg()
 
     def scalar(self, value, name, dtype):
-        super().scalar(value, name, dtype)
+        value = super().scalar(value, name, dtype)
         self.scalars[name] = _scalar_value(value, ir.DTYPES[dtype])
         return value
 

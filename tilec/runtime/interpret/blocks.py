@@ -364,7 +364,7 @@ class _Blocks:
     def if_(self, s, env):
         if self.lanes is not None:
             return self.lane_if(s, env)
-        self.block(s.then if self.ev(s.cond, env) != 0 else s.orelse, env)
+        self.block(s.then if self.ev(s.cond, env, _is_double(self.k, s.cond)) != 0 else s.orelse, env)
 
     def let(self, s, env):
         v = self.ev(s.value, env)
@@ -714,7 +714,7 @@ class _Blocks:
             self.lanes = None
 
     def lane_if(self, s, env):
-        cond = np.asarray(self.ev(s.cond, env) != 0)
+        cond = np.asarray(self.ev(s.cond, env, _is_double(self.k, s.cond)) != 0)
         outer = self.lanes.mask
         if cond.ndim == 0:
             return self.block(s.then if cond else s.orelse, env)
