@@ -219,12 +219,17 @@ def test_a_local_beside_the_accumulator(bm, ot, mnk):
     c.check()
 
 
-def test_gpu_an_empty_k_writes_zeros_through_the_thread_copy_variant():
+@pytest.mark.parametrize("cfg", [dict(PRODUCER=1, PERSISTENT=1, STREAM_K=1), dict(PRODUCER=0, PERSISTENT=1, STREAM_K=1),
+                                 dict(PRODUCER=1, PERSISTENT=1, STREAM_K=0), dict(PRODUCER=0, PERSISTENT=0, STREAM_K=0),
+                                 {}], ids=["pr-pe-sk", "pe-sk", "pr-pe", "plain", "tuned"])
+def test_gpu_an_empty_k_writes_zeros_through_the_thread_copy_variant(cfg):
     """K = 0: A and B are empty, which no tensor map describes; the call runs the
-    thread-copy variant and C (a guarded view) is zeros, nothing around it written."""
+    thread-copy variant and C (a guarded view) is zeros, nothing around it written.
+    Stream-K kernels wrote nothing here (their units split no K steps), and the tuner
+    picked one of them as the fastest; "tuned" lets gemm.tile's tune statement choose."""
     import warnings
     import torch
-    k = tilec.compile(str(ROOT / "examples" / "gemm.tile"), BM=128, BN=128, STAGES=3)
+    k = tilec.compile(str(ROOT / "examples" / "gemm.tile"), BM=128, BN=128, STAGES=3, **cfg)
     a = torch.empty(300, 0, device="cuda", dtype=torch.float16)
     b = torch.empty(0, 196, device="cuda", dtype=torch.float16)
     c = guarded((300, 196), "f16", fill=5.0)

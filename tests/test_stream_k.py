@@ -163,6 +163,22 @@ def test_fewer_tiles_than_blocks_split_their_k_steps_interpreted(tiles_m, tiles_
     assert sorted(slots) == stored
 
 
+@pytest.mark.parametrize("m, n", [(256, 196), (1000, 70)])
+def test_no_k_steps_stores_every_tile_interpreted(m, n):
+    """K = 0 (A and B empty: the thread-copy variant runs): no tile is stream-K's
+    share, so every tile is stored, zeros; before, the remainder's tiles (here 4 % 3
+    and 8 % 3 of the 3 blocks) were left to stream-K units that 0 K steps never make,
+    and their part of C kept what it held (on the GPU: all of C, 6 tiles on 132 blocks)."""
+    import warnings
+    k = tilec.compile(GEMM, backend="interpret", BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
+    c = guarded((m, n), "f16", like="numpy", fill=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+        k(np.zeros((m, 0), np.float16), np.zeros((0, n), np.float16), c.view)
+    assert not c.view.any()
+    c.check()
+
+
 def _torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

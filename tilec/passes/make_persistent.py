@@ -167,7 +167,8 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
     per_block = [
         let("tl_tiles", tiles),
         let("tl_steps", loop.extent),
-        let("tl_sk_rem", op("%", v("tl_tiles"), blocks)),
+        # no K steps (K = 0): no tile in stream-K's share, or no unit would store those tiles
+        let("tl_sk_rem", call("select", op(">", steps, num(0)), op("%", v("tl_tiles"), blocks), num(0))),
         let("tl_sk_tiles", call("select", small, op("+", rem, blocks), rem)),
         let("tl_sk_steps", op("*", wide(sk_tiles), steps), wide=True),
         # the blocks that share those K steps: all of them, or with fewer tiles than blocks each
