@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import fold, map_body, walk_expr, widened
+from ..ir.exprs import fold, map_body, reads_f64, walk_expr, widened
 from ..ir.nodes import walk_stmts
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
@@ -97,15 +97,6 @@ class _Printer:
             ref = self.element(b, e.indices)
             return f"float({ref})" if b.dtype.name in _WRAPPED else ref
         raise TypeError(f"cannot print {e!r}")
-
-    def is_double(self, *exprs) -> bool:
-        for e in exprs:
-            for x in walk_expr(e):
-                if isinstance(x, ir.Subscript) and self.k.buffer(x.name).dtype.name == "f64":
-                    return True
-                if isinstance(x, ir.Var) and x.kind == "scalar" and self.k.param(x.name).dtype.name == "f64":
-                    return True
-        return False
 
     def element(self, b: ir.Buffer, indices) -> str:
         if b.scope == "local":
@@ -262,7 +253,7 @@ class _Printer:
             head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
             return self.comment(s, ind) + pre + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.If):
-            cond = self.expr(s.cond, double=self.is_double(s.cond))    # x > 0.1 with x f64: 0.1, not 0.1f
+            cond = self.expr(s.cond, double=reads_f64(self.k, s.cond))    # x > 0.1 with x f64: 0.1, not 0.1f
             out = self.comment(s, ind) + [f"{ind}if ({cond}) {{"] + self.block(s.then, ind + "  ")
             if s.orelse:
                 out += [f"{ind}}} else {{"] + self.block(s.orelse, ind + "  ")
@@ -278,7 +269,7 @@ class _Printer:
             return self.comment(s, ind) + self.gemm(s, ind)
         if isinstance(s, ir.Assign):
             b = self.k.buffer(s.buffer)
-            double = b.dtype.name == "f64" or self.is_double(s.value)
+            double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
             return [f"{ind}{self.element(b, s.indices)} = {self.expr(s.value, 0, double)};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)

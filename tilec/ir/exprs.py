@@ -102,6 +102,19 @@ def _children(e):
     return ()
 
 
+def reads_f64(k, e) -> bool:
+    """Does `e` read an f64 tile or scalar? Then device code (and the interpreter)
+    computes it in double, its float literals included; else in float."""
+    for x in walk_expr(e):
+        if isinstance(x, ir.Subscript):
+            b = k.buffer(x.name)
+            if b is not None and b.dtype.name == "f64":
+                return True
+        if isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.name == "f64":
+            return True
+    return False
+
+
 def free_names(e) -> set:
     return {x.name for x in walk_expr(e) if isinstance(x, ir.Var)}
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, linear, map_stmt_exprs, walk_expr
+from ..ir.exprs import FLOAT_CALLS, linear, map_stmt_exprs, reads_f64, walk_expr
 
 NAME = "check-types"
 
@@ -176,7 +176,7 @@ def _check_body(k, body, lanes):
                 raise SemanticError("tile elements are assigned inside a parallel body", s.span)
             _check_element(k, ir.Subscript(s.buffer, s.indices, span=s.span), lanes, write=True)
             _check_value(k, s.value, lanes)
-            _f32_literals(s.value, k.buffer(s.buffer).dtype.name == "f64" or _has_f64(k, s.value))
+            _f32_literals(s.value, k.buffer(s.buffer).dtype.name == "f64" or reads_f64(k, s.value))
         elif isinstance(s, ir.For):
             _no_elements(s.extent, "a loop bound")
             _integer(k, s.extent, "a loop bound")
@@ -189,7 +189,7 @@ def _check_body(k, body, lanes):
                         _int_args(k, x)
             else:
                 _check_value(k, s.cond, lanes)
-            _f32_literals(s.cond, _has_f64(k, s.cond))     # codegen computes it in double then
+            _f32_literals(s.cond, reads_f64(k, s.cond))     # codegen computes it in double then
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)
@@ -285,13 +285,6 @@ def _check_value(k, e, lanes):
         elif isinstance(x, ir.Var) and x.kind in ("tile", "tensor", "view"):
             raise SemanticError(f"'{x.name}' is a {_kind_word(x.kind)}; read one element as {x.name}[...]",
                                 x.span)
-
-
-def _has_f64(k, e) -> bool:
-    """Does `e` read an f64 value? Then codegen computes it in double, its float literals included."""
-    return any((isinstance(x, ir.Subscript) and k.buffer(x.name) is not None and k.buffer(x.name).dtype.name == "f64")
-               or (isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.name == "f64")
-               for x in walk_expr(e))
 
 
 def _f32_literals(e, double):

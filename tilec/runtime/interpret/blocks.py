@@ -18,7 +18,7 @@ from .. import host
 from ...codegen.abi import balanced_grid
 from ...ir import im2col
 from ...ir import nodes as ir
-from ...ir.exprs import walk_expr, widened
+from ...ir.exprs import reads_f64, widened
 from ...ir.tma import SWIZZLE_SPAN
 from ...passes import make_persistent
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
@@ -172,17 +172,6 @@ class _Lanes:
 
 def _is_mul(e):
     return type(e) is ir.BinOp and e.op == "*"
-
-
-def _is_double(k, e):
-    """codegen/cuda.py's rule: an expression is computed in double when it reads an
-    f64 tile or scalar."""
-    for x in walk_expr(e):
-        if isinstance(x, ir.Subscript) and k.buffer(x.name).dtype.name == "f64":
-            return True
-        if isinstance(x, ir.Var) and x.kind == "scalar" and k.param(x.name).dtype.name == "f64":
-            return True
-    return False
 
 
 def _int(v) -> int:
@@ -364,7 +353,7 @@ class _Blocks:
     def if_(self, s, env):
         if self.lanes is not None:
             return self.lane_if(s, env)
-        self.block(s.then if self.ev(s.cond, env, _is_double(self.k, s.cond)) != 0 else s.orelse, env)
+        self.block(s.then if self.ev(s.cond, env, reads_f64(self.k, s.cond)) != 0 else s.orelse, env)
 
     def let(self, s, env):
         v = self.ev(s.value, env)
@@ -714,7 +703,7 @@ class _Blocks:
             self.lanes = None
 
     def lane_if(self, s, env):
-        cond = np.asarray(self.ev(s.cond, env, _is_double(self.k, s.cond)) != 0)
+        cond = np.asarray(self.ev(s.cond, env, reads_f64(self.k, s.cond)) != 0)
         outer = self.lanes.mask
         if cond.ndim == 0:
             return self.block(s.then if cond else s.orelse, env)
@@ -743,7 +732,7 @@ class _Blocks:
 
     def assign(self, s, env):
         b = self.buffers[s.buffer]
-        double = b.dtype.name == "f64" or _is_double(self.k, s.value)
+        double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
         value = encode(self.ev(s.value, env, double), b.dtype)
         own = self._own_tile(b, s.indices)
         mask = self.lanes.mask
