@@ -9,7 +9,7 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import CALL_PARAMS, INT_CALLS, INT_MAX, fold, walk_expr
+from ..ir.exprs import CALL_PARAMS, INT_CALLS, INT_MAX, divides_by, fold, walk_expr
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -492,9 +492,8 @@ def check_tune_condition(cond, declared: dict, params):
         elif isinstance(x, (ir.Float, ir.Cast, ir.Subscript, ir.TupleExpr, ir.Slice)):
             raise SemanticError(f"the tune condition is an integer expression ({allowed}), not "
                                 f"'{print_expr(x)}'", x.span)
-        divisor = x.rhs if isinstance(x, ir.BinOp) and x.op in ("/", "%") else \
-            x.args[1] if isinstance(x, ir.Call) and x.func == "cdiv" and len(x.args) == 2 else None
-        if divisor is not None and isinstance(fold(divisor), ir.Int) and fold(divisor).value == 0:
+        divisor = divides_by(x)
+        if divisor is not None and fold(divisor) == ir.Int(0):
             raise SemanticError(f"the tune condition divides by zero: '{print_expr(x)}'", x.span)
 
 

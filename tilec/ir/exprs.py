@@ -177,6 +177,15 @@ def substitute(e, mapping: dict):
     return map_expr(e, step)
 
 
+def divides_by(x):
+    """The divisor of `x` if it is a division (`/`, `%` or cdiv), else None."""
+    if isinstance(x, ir.BinOp) and x.op in ("/", "%"):
+        return x.rhs
+    if isinstance(x, ir.Call) and x.func == "cdiv" and len(x.args) == 2:
+        return x.args[1]
+    return None
+
+
 def divisor(e) -> int:
     """The largest d this analysis proves divides every value of integer `e`
     (0 means e is always 0). Unknown names divide by 1."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, linear, map_stmt_exprs, reads_f64, walk_expr
+from ..ir.exprs import FLOAT_CALLS, divides_by, linear, map_stmt_exprs, reads_f64, walk_expr
 
 NAME = "check-types"
 
@@ -128,8 +128,7 @@ def _no_zero_divisor(k, e):
     in) is an error, as in a const: the device's result is undefined. A float
     division by 0 is IEEE's infinity and stays."""
     for x in walk_expr(e):
-        divisor = x.rhs if isinstance(x, ir.BinOp) and x.op in ("/", "%") else \
-            x.args[1] if isinstance(x, ir.Call) and x.func == "cdiv" else None
+        divisor = divides_by(x)
         if isinstance(divisor, ir.Int) and divisor.value == 0 and not _is_float(k, x):
             from ..ir.printer import expr as show
             raise SemanticError(f"integer division by zero: '{show(x)}'", x.span)
