@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import CheckIncompleteWarning, TilecError
+from .errors import CheckIncompleteWarning, TilecError, os_reason
 from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
@@ -171,9 +171,8 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as err:          # one line, like a TilecError, never a traceback
-        reason = err.strerror or str(err)
         where = f"{err.filename}: " if err.filename is not None else ""
-        print(f"error: {where}{reason[:1].lower()}{reason[1:]}", file=sys.stderr)
+        print(f"error: {where}{os_reason(err)}", file=sys.stderr)
         return 1
     return 0
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import DEFAULT as DEFAULT_ARCH, get as get_arch
-from .errors import CheckIncompleteWarning, Source, TilecError
+from .errors import CheckIncompleteWarning, Source, TilecError, os_reason
 from .frontend import parse
 from .ir import nodes as ir
 from .ir.printer import kernel as print_kernel
@@ -39,10 +39,9 @@ def read_source(path) -> Source:
         packaged = _packaged_example(path)
         if packaged is not None:
             return Source(str(path), packaged)
-        raise TilecError(f"cannot read {path}: {e.strerror[:1].lower()}{e.strerror[1:]}") from None
+        raise TilecError(f"cannot read {path}: {os_reason(e)}") from None
     except OSError as e:
-        reason = e.strerror or str(e)
-        raise TilecError(f"cannot read {path}: {reason[:1].lower()}{reason[1:]}") from None
+        raise TilecError(f"cannot read {path}: {os_reason(e)}") from None
     except UnicodeDecodeError:
         raise TilecError(f"cannot read {path}: not UTF-8 text") from None
 

@@ -87,3 +87,10 @@ class TmaFallbackWarning(UserWarning):
 
 class CheckIncompleteWarning(UserWarning):
     """check-barriers explored only its first MAX_PATHS paths of a kernel: the rest went unchecked."""
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError's reason as the middle of a sentence: "is a directory", "no space
+    left on device" (strerror, lowercased; the exception's text without one)."""
+    reason = e.strerror or str(e)
+    return reason[:1].lower() + reason[1:]

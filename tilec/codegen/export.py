@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .._version import __version__
 from ..arch import get as get_arch
-from ..errors import TilecError
+from ..errors import TilecError, os_reason
 from ..ir import nodes as ir
 from ..ir.exprs import free_names
 from ..ir.printer import binary
@@ -254,21 +254,16 @@ class Export:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise TilecError(f"cannot make the directory {out_dir}: {_reason(e)}") from None
+            raise TilecError(f"cannot make the directory {out_dir}: {os_reason(e)}") from None
         written = []
         for fname, data in self.files.items():
             path = out / fname
             try:
                 path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
             except OSError as e:
-                raise TilecError(f"cannot write {path}: {_reason(e)}") from None
+                raise TilecError(f"cannot write {path}: {os_reason(e)}") from None
             written.append(path)
         return written
-
-
-def _reason(e: OSError) -> str:
-    reason = e.strerror or str(e)
-    return reason[:1].lower() + reason[1:]
 
 
 def generate(kernel, fallback: bool = True) -> Export:

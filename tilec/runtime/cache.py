@@ -151,8 +151,8 @@ def _warn_unwritable(e: OSError) -> None:
         return
     _WARNED.add(str(d))
     import warnings
-    reason = e.strerror or str(e)
+    from ..errors import os_reason
     what = "TILEC_CACHE_DIR=" if os.environ.get("TILEC_CACHE_DIR") else "the disk cache "
-    warnings.warn(f"{what}{d} cannot be written ({reason[:1].lower()}{reason[1:]}: {e.filename}): compiled "
+    warnings.warn(f"{what}{d} cannot be written ({os_reason(e)}: {e.filename}): compiled "
                   "kernels are not cached on disk (TILEC_CACHE=0 turns it off without this warning)",
                   RuntimeWarning, stacklevel=3)
