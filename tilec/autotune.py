@@ -1065,16 +1065,14 @@ def first_interpreted(source, consts, tune, key, fallback, arch):
     tune, _ = check_tune(source, consts, tune, key)
     errors = []
     for cfg in candidates(tune):
-        try:
-            interpret(source, {**consts, **cfg}, fallback, arch)      # the compiler's errors
-        except TilecError as e:
-            errors.append((cfg, e))
-            continue
         lines = [f"{_describe(c)}: refused: {e}" for c, e in errors] + \
             [f"{_describe(cfg)}: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
              "compiler accepts)"]
-        return interpret(source, {**consts, **cfg}, fallback, arch, tuned=cfg, tune_report=_interpreted_report(
-            source, lines))
+        try:        # lowered once: the compiler's errors, or the kernel
+            return interpret(source, {**consts, **cfg}, fallback, arch, tuned=cfg,
+                             tune_report=_interpreted_report(source, lines))
+        except TilecError as e:
+            errors.append((cfg, e))
     raise errors[0][1]
 
 

@@ -44,6 +44,7 @@ It does not prove index arithmetic in bounds, nor anything about global memory
 written by one block and read by another."""
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import re
@@ -215,15 +216,13 @@ def _distinct(states) -> list:
     of 27 trips runs 2^27 paths (past MAX_PATHS, unchecked) where a handful differ."""
     if len(states) <= MERGE_ABOVE:
         return states
-    by_env = {}                 # paths of one env first (cheap): most paths differ there, in trip counts
-    for st in states:
-        by_env.setdefault(tuple(st.env.items()), []).append(st)
-    if len(by_env) == len(states):
+    envs = [tuple(st.env.items()) for st in states]     # paths of one env first (cheap): most differ there
+    per_env = collections.Counter(envs)
+    if len(per_env) == len(states):
         return states
     seen, out = set(), []
-    for st in states:
-        group = by_env[tuple(st.env.items())]
-        if len(group) > 1:
+    for st, env in zip(states, envs):
+        if per_env[env] > 1:
             key = _fingerprint(st)
             if key in seen:
                 continue

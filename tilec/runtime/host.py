@@ -265,12 +265,13 @@ class Call:
 
     def scalar(self, value, name, dtype):
         """`value` as a Python float or int: numpy's scalars (np.float32(0.5), np.int32(3))
-        count as the numbers they are (numbers.Real / Integral), bools do not."""
+        count as the numbers they are (numbers.Real / Integral); bools do not (numpy's
+        is neither, Python's is an Integral)."""
         if dtype.startswith(("f", "bf")):
-            if not isinstance(value, numbers.Real) or isinstance(value, (bool, np_bool())):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
                 raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
             return float(value)
-        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np_bool())):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}")
         return int(value)
 
@@ -534,12 +535,6 @@ def symbol(name, v):
     if v > 2**31 - 1:
         raise LaunchError(f"shape symbol {name} = {v} is over 2^31-1: kernels index each dimension with 32-bit ints")
     return ctypes.c_int32(v)
-
-
-def np_bool():
-    """numpy's bool scalar type (not a Python bool, nor numbers.Integral), or bool without numpy."""
-    np = sys.modules.get("numpy")
-    return np.bool_ if np is not None else bool
 
 
 def scalar_value(v, dtype):
