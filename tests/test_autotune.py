@@ -209,6 +209,73 @@ def test_tunes_every_candidate_and_keeps_the_fastest(env):
     assert re.search(r"BM=32 BN=128: 1\.0000 ms  <- chosen", report)
 
 
+SCALED = ACC.replace("s[i, j] * alpha;", "s[i, j] * alpha * W;").replace("const BM = 32, BN = 64;",
+                                                                            "const BM = 32, BN = 64, W = 1;")
+
+
+def test_a_candidate_with_other_outputs_is_not_chosen(env, monkeypatch):
+    """A candidate whose outputs after its warm-up launch differ from the first
+    candidate's (here a tuned W that changes what the kernel computes; in a real
+    tune, a compiler bug) is not timed or chosen, however fast, and the tune says so:
+    a TuneMismatchWarning, and `not chosen` in the report."""
+    space = {"BM": (16, 32), "W": (1, 2)}
+    monkeypatch.setattr(sys.modules[__name__], "SPACE", space)
+    monkeypatch.setattr(sys.modules[__name__], "fake_times", lambda cfg: 1e-3 if cfg["W"] == 2 else 2e-3 - cfg["BM"] * 1e-5)
+    k = tilec.compile(SCALED, tune=space, key=("M", "N"), arch="sm_90a")
+    x, y = arrays()
+    want = untuned(x, y, 0.5)
+    with pytest.warns(tilec.TuneMismatchWarning) as caught:
+        k(x, y, 0.5)
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith(
+        "autotune acc at M=40 N=100: 2 candidates computed other outputs than BM=16 W=1, the first that ran, and were "
+        "not chosen (BM=16 W=2: output Y differs at ")
+    assert k.best_config == {"BM": 32, "W": 1}
+    assert np.array_equal(y, want)
+    assert {(c["BM"], c["W"]) for c in env.timed} == {(16, 1), (32, 1)}
+    report = k.tune_report()
+    assert re.search(r"BM=32 W=2: not chosen: output Y differs at \d+ of 4000 elements \(the largest difference "
+                     r"[0-9.e-]+, [0-9.e-]+ allowed\) from BM=16 W=1's", report), report
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
+    """_mismatch: a float output may differ from the reference by MISMATCH_ULPS ulps of
+    its largest value (never below MISMATCH_FLOOR of it); one element further off, a
+    NaN where the reference has none, an infinity of the other sign, is a mismatch."""
+    dt = np.dtype(dtype) if dtype != "bfloat16" else pytest.importorskip("ml_dtypes").bfloat16
+    ref = np.linspace(-8, 8, 4001).astype(dt)
+    sig = (("C", ("N",)),)
+    allowed = 8 * max(autotune.MISMATCH_ULPS * autotune._EPS[dtype], autotune.MISMATCH_FLOOR)
+
+    def mismatch(out):
+        return autotune._mismatch([out], {0: ref}, sig)
+    assert mismatch(ref.copy()) is None
+    near = ref.astype(np.float64)
+    near[::3] += allowed * 0.5                 # and rounded to dtype: less than half an ulp of 8 more
+    assert mismatch(near.astype(dt)) is None
+    for change, count in [((7, ref[7].astype(np.float64) + allowed * 3), 1), ((7, np.nan), 1),
+                          ((slice(0, 10), 0.0), 10)]:                   # nothing written: zeros
+        out = ref.copy()
+        out[change[0]] = change[1]
+        why = mismatch(out)
+        assert why is not None and why.startswith(f"output C differs at {count} of 4001 elements"), why
+    inf_ref = ref.copy()
+    inf_ref[5] = np.inf
+    out = inf_ref.copy()
+    assert autotune._mismatch([out], {0: inf_ref}, sig) is None
+    out[5] = -np.inf
+    assert autotune._mismatch([out], {0: inf_ref}, sig).startswith("output C differs at 1 of 4001 elements")
+
+
+def test_integer_outputs_agree_exactly():
+    ref = np.arange(100, dtype=np.int32)
+    out = ref.copy()
+    assert autotune._mismatch([out], {0: ref}, (("Y", ("N",)),)) is None
+    out[3] += 1
+    assert autotune._mismatch([out], {0: ref}, (("Y", ("N",)),)) == "output Y differs at 1 of 100 elements from"
+
+
 def test_the_same_key_does_not_tune_again_a_new_one_does(env):
     k = tuned()
     x, y = arrays()
@@ -1162,6 +1229,53 @@ def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
     torch.cuda.synchronize()
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
     assert k.tune_report().count("refused") == 2
+
+
+@pytest.mark.gpu
+def test_gpu_a_candidate_with_other_outputs_is_not_chosen(monkeypatch, tmp_path):
+    """On the GPU as on the CPU: the candidates with W=2 compute other outputs than the
+    first (W=1) and are not chosen; the call leaves one untuned call's result."""
+    import torch
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+    x = torch.randn(1000, 1000, device="cuda")
+    y = torch.randn(1000, 1000, device="cuda")
+    want = y + 0.5 * x
+    k = tilec.compile(SCALED, tune={"BM": (16, 32), "W": (1, 2)}, key=("M", "N"))
+    with pytest.warns(tilec.TuneMismatchWarning, match="2 candidates computed other outputs than BM=16 W=1"):
+        k(x, y, 0.5)
+    torch.cuda.synchronize()
+    assert k.best_config["W"] == 1
+    assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+    assert k.tune_report().count("not chosen: output Y differs at ") == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_gpu_gemm_candidates_summing_in_other_orders_all_agree(monkeypatch, tmp_path, dtype):
+    """The cross-check's tolerance against real sums in other orders: 64/128-row tiles,
+    64/128-deep K steps, stream-K's partial sums or not, at K = 8192 into an f16 or f32 C
+    (a TuneMismatchWarning fails the test: pyproject's filterwarnings)."""
+    import torch
+    from guard import guarded
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+    src = open(GEMM_PATH).read().replace("C: f16[M, N]", f"C: {dtype}[M, N]")
+    k = tilec.compile(src, tune={"BM": (64, 128), "BN": (128, 256), "STREAM_K": (0, 1), "BK": (64, 128)},
+                      PERSISTENT=1, STAGES=4, key=("M", "N", "K"))
+    m, n, kk = 1000, 1000, 8192
+    a = torch.randn(m, kk, device="cuda", dtype=torch.float16)
+    b = torch.randn(kk, n, device="cuda", dtype=torch.float16)
+    c = guarded((m, n), dtype, fill=float("nan"))
+    k(a, b, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    report = k.tune_report()
+    assert "not chosen" not in report and report.count(" ms") >= 8, report
+    want = a.float() @ b.float()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
 
 
 @pytest.mark.gpu

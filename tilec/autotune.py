@@ -8,7 +8,9 @@ candidates of the tune space (the cartesian product, in order, less those its
 compiler refuses are skipped with their messages), times them on the call's
 own arguments with CUDA events (in rounds, every candidate once a round; those
 far behind the fastest after the first rounds are timed no more (PRUNE), the closest
-few timed again in a run-off), restores the tensors the kernel writes, runs
+few timed again in a run-off; one whose outputs after its warm-up launch differ from
+the first candidate's that ran is not timed or chosen, with a TuneMismatchWarning:
+_mismatch), restores the tensors the kernel writes, runs
 the fastest once for the real result and remembers the choice: in memory and
 in the disk cache beside the cubins, keyed by the program and its consts, the
 architecture, the tune space, the key values, the GPU's name and tilec's build.
@@ -45,11 +47,12 @@ import re
 import statistics
 import sys
 import threading
+import warnings
 
 from . import kernel as kernel_mod
 from ._version import __version__
 from .compiler import program_key
-from .errors import CaptureError, TilecError
+from .errors import CaptureError, TilecError, TuneMismatchWarning
 from .runtime import cache, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
@@ -665,6 +668,74 @@ def _timed_rounds(compiled, ready, args, stream, saved, flush=None):
 def _restore_all(args, saved):
     for j, t in saved.items():
         _restore(args[j], t)
+    _settle(args)
+
+
+def _settle(args):
+    """Wait for the GPU (CUDA torch arguments): a launch on the caller's stream=
+    and the restores and comparisons, on torch's current stream, must not overlap."""
+    torch = sys.modules.get("torch")
+    if torch is not None and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        torch.cuda.synchronize()
+
+
+# ---- the candidates' outputs compared
+
+# How far a float output may differ from the reference candidate's, as a fraction of the largest
+# magnitude in the reference: candidates sum in other orders (wgmma's K depth, stream-K's partial
+# sums in f32), so an output rounded to a 16-bit float may land an ulp away at any element: four
+# ulps at 1.0, and never below 2^-13 (an f32 sum of thousands of products in another order differs
+# by many of f32's ulps). A candidate that writes nothing, or a wrong tile, is off by far more.
+_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52,
+        "float8_e4m3fn": 2.0 ** -3, "float8_e5m2": 2.0 ** -2}
+MISMATCH_ULPS = 4
+MISMATCH_FLOOR = 2.0 ** -13
+
+
+def _mismatch(args, reference: dict, sig) -> str | None:
+    """Where the written arguments differ from `reference` ({index: the reference
+    candidate's output}), what differs ("output C differs at 12 of 4096 elements
+    (the largest difference 3, 0.004 allowed) from"), else None. Integer outputs
+    exactly; float ones within the tolerance above, NaN where NaN, infinities equal."""
+    import numpy as np
+    with np.errstate(invalid="ignore"):          # inf - inf in numpy outputs: NaN, handled below
+        return _first_mismatch(args, reference, sig)
+
+
+def _first_mismatch(args, reference: dict, sig) -> str | None:
+    for j, ref in reference.items():
+        out = args[j]
+        name = sig[j][0]
+        dtype = str(out.dtype).removeprefix("torch.")
+        if dtype not in _EPS:
+            bad = out != ref
+            count = int(bad.sum())
+            if count:
+                return f"output {name} differs at {count} of {_size(out)} elements from"
+            continue
+        o, r = _as_float(out, dtype), _as_float(ref, dtype)
+        finite = abs(r) < float("inf")
+        largest = float(abs(r[finite]).max()) if int(finite.sum()) else 0.0
+        allowed = largest * max(MISMATCH_ULPS * _EPS[dtype], MISMATCH_FLOOR)
+        diff = abs(o - r)
+        bad = (diff > allowed) | ((o != o) != (r != r)) | (~finite & (r == r) & (o != r))
+        count = int(bad.sum())
+        if count:
+            finite_diff = diff[bad & (diff == diff)]
+            worst = f"the largest difference {float(finite_diff.max()):.4g}, " if _size(finite_diff) else ""
+            return f"output {name} differs at {count} of {_size(out)} elements ({worst}{allowed:.4g} allowed) from"
+    return None
+
+
+def _size(a) -> int:
+    return a.numel() if hasattr(a, "numel") else a.size
+
+
+def _as_float(a, dtype: str):
+    """A float output widened for the comparison: f64 as f64, the rest as f32."""
+    if hasattr(a, "double"):
+        return a.double() if dtype == "float64" else a.float()
+    return a.astype("float64" if dtype == "float64" else "float32")
 
 
 # ---- progress
@@ -867,20 +938,32 @@ class TunedKernel:
         except TilecError:
             progress.finish("no room for the L2 flush buffer")
             raise
-        writes = _written_args(signature(self.source), compiled.values())
+        sig = signature(self.source)
+        writes = _written_args(sig, compiled.values())
         saved = {i: _save(args[i]) for i in writes}
-        ready = []
+        ready, reference, mismatched = [], None, {}
         try:
             for i in sorted(compiled):
                 try:
                     _run(compiled[i], args, stream)     # warm-up: module load, tensor maps
-                    ready.append(i)
                 except TilecError as e:        # a launch the candidate refuses (e.g. too much shared memory)
                     refused[i] = e
+                else:
+                    _settle(args)
+                    if reference is None:      # the first that runs: the declared consts, where they do
+                        reference = (i, {j: _save(args[j]) for j in writes})
+                    else:
+                        why = _mismatch(args, reference[1], sig)
+                        if why is not None:
+                            mismatched[i] = f"{why} {_describe(cands[reference[0]])}'s"
+                    if i not in mismatched:
+                        ready.append(i)
                 _restore_all(args, saved)
                 progress.step("timing")
         finally:
             _restore_all(args, saved)
+        if mismatched:
+            self._warn_mismatch(kv, cands, reference[0], mismatched)
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]
@@ -900,14 +983,27 @@ class TunedKernel:
                 mark = (f" ({dropped[i]} round{'s' if dropped[i] > 1 else ''})" if i in dropped else "") + \
                     (" (run-off)" if i in finalists else "") + ("  <- chosen" if i == best else "")
                 report.append(f"{_describe(cfg)}: {times[i] * 1e3:.4f} ms{mark}")
+            elif i in mismatched:
+                report.append(f"{_describe(cfg)}: not chosen: {mismatched[i]}")
             else:
                 report.append(f"{_describe(cfg)}: refused: {refused[i]}")
         if pruned is not None:
             report.append(pruned)
         left = len(self._candidates) - n
         progress.finish(f"{_describe(cands[best])} ({times[best] * 1e3:.4f} ms; "
-                        f"{len(times)} timed, {len(refused)} refused{f', {left} not tried' if left else ''})")
+                        f"{len(times)} timed, {len(refused)} refused"
+                        f"{f', {len(mismatched)} with other outputs' if mismatched else ''}"
+                        f"{f', {left} not tried' if left else ''})")
         return winner, cands[best], report
+
+    def _warn_mismatch(self, kv, cands, ref, mismatched: dict):
+        n, (i, why) = len(mismatched), min(mismatched.items())
+        warnings.warn(TuneMismatchWarning(
+            f"autotune {self._name()} at {_describe(dict(zip(self._key, kv)))}: {n} candidate"
+            f"{'s' if n > 1 else ''} computed other outputs than {_describe(cands[ref])}, the first that ran, "
+            f"and {'were' if n > 1 else 'was'} not chosen ({_describe(cands[i])}: {why}). The candidates of a "
+            "program must compute the same result up to the order of float sums: unless a tuned const changes "
+            "what the kernel computes, this is a bug in tilec; k.tune_report() lists them"), stacklevel=5)
 
     @staticmethod
     def _runoff(compiled, times, args, stream, saved, flush=None) -> list:

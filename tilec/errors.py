@@ -85,6 +85,11 @@ class TmaFallbackWarning(UserWarning):
     """A launch ran a kernel's thread-copy variant because an argument breaks a TMA rule."""
 
 
+class TuneMismatchWarning(UserWarning):
+    """An autotune candidate's outputs differed from the reference candidate's (the
+    first that ran, the declared consts where they run): it was not chosen."""
+
+
 class CheckIncompleteWarning(UserWarning):
     """check-barriers explored only its first MAX_PATHS paths of a kernel: the rest went unchecked."""
 
