@@ -1047,6 +1047,14 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
 
 # ------------------------------------------------------------------ GPU
 
+@pytest.fixture
+def fresh_caches(monkeypatch, tmp_path):
+    """A fresh process, as far as the caches go, over an empty disk cache."""
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+
+
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     """examples/gemm.tile as shipped: 3264 candidates, 162 of which its `where` condition
@@ -1175,13 +1183,10 @@ def test_gpu_half_tiles_in_bf16_at_the_shapes_that_try_them(bm):
 
 
 @pytest.mark.gpu
-def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution(monkeypatch, tmp_path):
+def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution(fresh_caches):
     import torch
     import torch.nn.functional as F
     from guard import guarded
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     n, h, w, ch, f = 2, 14, 14, 64, 200
     x = torch.randn(n, h, w, ch, device="cuda").half()
     weight = torch.randn(f, ch, 3, 3, device="cuda").half() / (ch * 9) ** 0.5
@@ -1215,12 +1220,9 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
 
 
 @pytest.mark.gpu
-def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
+def test_gpu_tuning_restores_an_in_place_output(fresh_caches):
     """Y += alpha * X: after tuning (many timing runs), Y equals one untuned call's."""
     import torch
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     x = torch.randn(1000, 1000, device="cuda")
     y = torch.randn(1000, 1000, device="cuda")
     want = y + 0.5 * x
@@ -1232,13 +1234,10 @@ def test_gpu_tuning_restores_an_in_place_output(monkeypatch, tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_a_candidate_with_other_outputs_is_not_chosen(monkeypatch, tmp_path):
+def test_gpu_a_candidate_with_other_outputs_is_not_chosen(fresh_caches):
     """On the GPU as on the CPU: the candidates with W=2 compute other outputs than the
     first (W=1) and are not chosen; the call leaves one untuned call's result."""
     import torch
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     x = torch.randn(1000, 1000, device="cuda")
     y = torch.randn(1000, 1000, device="cuda")
     want = y + 0.5 * x
@@ -1253,15 +1252,12 @@ def test_gpu_a_candidate_with_other_outputs_is_not_chosen(monkeypatch, tmp_path)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "f32"])
-def test_gpu_gemm_candidates_summing_in_other_orders_all_agree(monkeypatch, tmp_path, dtype):
+def test_gpu_gemm_candidates_summing_in_other_orders_all_agree(fresh_caches, dtype):
     """The cross-check's tolerance against real sums in other orders: 64/128-row tiles,
     64/128-deep K steps, stream-K's partial sums or not, at K = 8192 into an f16 or f32 C
     (a TuneMismatchWarning fails the test: pyproject's filterwarnings)."""
     import torch
     from guard import guarded
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     src = open(GEMM_PATH).read().replace("C: f16[M, N]", f"C: {dtype}[M, N]")
     k = tilec.compile(src, tune={"BM": (64, 128), "BN": (128, 256), "STREAM_K": (0, 1), "BK": (64, 128)},
                       PERSISTENT=1, STAGES=4, key=("M", "N", "K"))
@@ -1279,14 +1275,11 @@ def test_gpu_gemm_candidates_summing_in_other_orders_all_agree(monkeypatch, tmp_
 
 
 @pytest.mark.gpu
-def test_gpu_a_cold_l2_tune_restores_the_output_and_writes_nothing_outside_it(monkeypatch, tmp_path):
+def test_gpu_a_cold_l2_tune_restores_the_output_and_writes_nothing_outside_it(fresh_caches):
     """Y += alpha * X tuned with tune_l2="cold" (a 256 MB buffer written before each timed
     launch): Y, a view inside a guarded buffer, equals one untuned call's, its margin intact."""
     import torch
     from guard import guarded
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     x = torch.randn(1000, 1000, device="cuda")
     g = guarded((1000, 1000), "f32")
     y = g.view
@@ -1301,13 +1294,10 @@ def test_gpu_a_cold_l2_tune_restores_the_output_and_writes_nothing_outside_it(mo
 
 
 @pytest.mark.gpu
-def test_gpu_a_cold_l2_tune_without_room_for_its_buffer_says_so(monkeypatch, tmp_path):
+def test_gpu_a_cold_l2_tune_without_room_for_its_buffer_says_so(monkeypatch, fresh_caches):
     """No GPU memory for the flush buffer: a TilecError naming tune_l2 and what to do, not
     torch's out-of-memory error from inside the tuner."""
     import torch
-    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
-    kernel_mod._CACHE.clear()
-    autotune._CHOICES.clear()
     real_empty = torch.empty
 
     def no_room(*size, dtype=None, device=None, **kw):
