@@ -268,6 +268,20 @@ def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
     assert autotune._mismatch([out], {0: inf_ref}, sig).startswith("output C differs at 1 of 4001 elements")
 
 
+def test_outputs_are_compared_in_slices_of_rows(monkeypatch):
+    """Large outputs are compared a few rows at a time (MISMATCH_CHUNK elements): the
+    same counts, the largest value and difference over all slices."""
+    monkeypatch.setattr(autotune, "MISMATCH_CHUNK", 25)          # 2 rows of 12 a slice
+    ref = np.arange(96, dtype=np.float32).reshape(8, 12) - 40.0   # largest magnitude 55, in the last slice
+    out = ref.copy()
+    out[0, 0] += 0.005                                           # within 55 * 2^-13 = 0.0067
+    out[1, 3] += 1.0
+    out[6, 11] -= 2.5
+    assert list(autotune._chunks(out, ref))[3][0].shape == (2, 12)
+    assert autotune._mismatch([out], {0: ref}, (("C", ("M", "N")),)) == \
+        "output C differs at 2 of 96 elements (the largest difference 2.5, 0.006714 allowed) from"
+
+
 def test_integer_outputs_agree_exactly():
     ref = np.arange(100, dtype=np.int32)
     out = ref.copy()

@@ -705,26 +705,55 @@ def _mismatch(args, reference: dict, sig) -> str | None:
 def _first_mismatch(args, reference: dict, sig) -> str | None:
     for j, ref in reference.items():
         out = args[j]
-        name = sig[j][0]
         dtype = str(out.dtype).removeprefix("torch.")
-        if dtype not in _EPS:
-            bad = out != ref
-            count = int(bad.sum())
-            if count:
-                return f"output {name} differs at {count} of {_size(out)} elements from"
-            continue
-        o, r = _as_float(out, dtype), _as_float(ref, dtype)
-        finite = abs(r) < float("inf")
-        largest = float(abs(r[finite]).max()) if int(finite.sum()) else 0.0
-        allowed = largest * max(MISMATCH_ULPS * _EPS[dtype], MISMATCH_FLOOR)
-        diff = abs(o - r)
-        bad = (diff > allowed) | ((o != o) != (r != r)) | (~finite & (r == r) & (o != r))
-        count = int(bad.sum())
+        if dtype in _EPS:
+            count, worst, allowed = _float_mismatch(out, ref, dtype)
+        else:
+            count, worst, allowed = sum(int((o != r).sum()) for o, r in _chunks(out, ref)), None, None
         if count:
-            finite_diff = diff[bad & (diff == diff)]
-            worst = f"the largest difference {float(finite_diff.max()):.4g}, " if _size(finite_diff) else ""
-            return f"output {name} differs at {count} of {_size(out)} elements ({worst}{allowed:.4g} allowed) from"
+            within = "" if allowed is None else \
+                f" ({'' if worst is None else f'the largest difference {worst:.4g}, '}{allowed:.4g} allowed)"
+            return f"output {sig[j][0]} differs at {count} of {_size(out)} elements{within} from"
     return None
+
+
+def _float_mismatch(out, ref, dtype: str) -> tuple:
+    """(elements off, the largest finite difference among them or None, the tolerance)."""
+    largest = 0.0
+    for _, r in _chunks(out, ref):
+        r = abs(_as_float(r, dtype))
+        r = r[r < float("inf")]
+        if _size(r):
+            largest = max(largest, float(r.max()))
+    allowed = largest * max(MISMATCH_ULPS * _EPS[dtype], MISMATCH_FLOOR)
+    count, worst = 0, None
+    for o, r in _chunks(out, ref):
+        o, r = _as_float(o, dtype), _as_float(r, dtype)
+        diff = abs(o - r)
+        infinite = ~(abs(r) < float("inf")) & (r == r)
+        bad = (diff > allowed) | ((o != o) != (r != r)) | (infinite & (o != r))
+        n = int(bad.sum())
+        if n:
+            count += n
+            off = diff[bad & (diff == diff)]
+            if _size(off):
+                worst = max(worst or 0.0, float(off.max()))
+    return count, worst, allowed
+
+
+MISMATCH_CHUNK = 1 << 24    # elements compared at once: the f32 copies of a 16-bit output of 8192^2
+                            # would take a GB of the GPU's memory at once
+
+
+def _chunks(out, ref):
+    """(out, ref) in slices of their outermost dim of about MISMATCH_CHUNK elements."""
+    rows = out.shape[0] if len(out.shape) else 1
+    step = max(1, MISMATCH_CHUNK // max(1, _size(out) // max(rows, 1)))
+    if not len(out.shape):
+        yield out, ref
+        return
+    for s in range(0, rows, step):
+        yield out[s:s + step], ref[s:s + step]
 
 
 def _size(a) -> int:
