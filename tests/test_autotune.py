@@ -240,7 +240,7 @@ def test_a_candidate_with_other_outputs_is_not_chosen(env, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
-    """_mismatch: a float output may differ from the reference by MISMATCH_ULPS ulps of
+    """_Reference.mismatch: a float output may differ from the reference by MISMATCH_ULPS ulps of
     its largest value (never below MISMATCH_FLOOR of it); one element further off, a
     NaN where the reference has none, an infinity of the other sign, is a mismatch."""
     dt = np.dtype(dtype) if dtype != "bfloat16" else pytest.importorskip("ml_dtypes").bfloat16
@@ -249,7 +249,7 @@ def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
     allowed = 8 * max(autotune.MISMATCH_ULPS * autotune._EPS[dtype], autotune.MISMATCH_FLOOR)
 
     def mismatch(out):
-        return autotune._mismatch([out], {0: ref}, sig)
+        return autotune._Reference(0, [ref], [0]).mismatch([out], sig)
     assert mismatch(ref.copy()) is None
     near = ref.astype(np.float64)
     near[::3] += allowed * 0.5                 # and rounded to dtype: less than half an ulp of 8 more
@@ -263,9 +263,9 @@ def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
     inf_ref = ref.copy()
     inf_ref[5] = np.inf
     out = inf_ref.copy()
-    assert autotune._mismatch([out], {0: inf_ref}, sig) is None
+    assert autotune._Reference(0, [inf_ref], [0]).mismatch([out], sig) is None
     out[5] = -np.inf
-    assert autotune._mismatch([out], {0: inf_ref}, sig).startswith("output C differs at 1 of 4001 elements")
+    assert autotune._Reference(0, [inf_ref], [0]).mismatch([out], sig).startswith("output C differs at 1 of 4001 elements")
 
 
 def test_outputs_are_compared_in_slices_of_rows(monkeypatch):
@@ -278,16 +278,17 @@ def test_outputs_are_compared_in_slices_of_rows(monkeypatch):
     out[1, 3] += 1.0
     out[6, 11] -= 2.5
     assert list(autotune._chunks(out, ref))[3][0].shape == (2, 12)
-    assert autotune._mismatch([out], {0: ref}, (("C", ("M", "N")),)) == \
+    assert autotune._Reference(0, [ref], [0]).mismatch([out], (("C", ("M", "N")),)) == \
         "output C differs at 2 of 96 elements (the largest difference 2.5, 0.006714 allowed) from"
 
 
 def test_integer_outputs_agree_exactly():
     ref = np.arange(100, dtype=np.int32)
     out = ref.copy()
-    assert autotune._mismatch([out], {0: ref}, (("Y", ("N",)),)) is None
+    reference = autotune._Reference(0, [ref], [0])
+    assert reference.mismatch([out], (("Y", ("N",)),)) is None
     out[3] += 1
-    assert autotune._mismatch([out], {0: ref}, (("Y", ("N",)),)) == "output Y differs at 1 of 100 elements from"
+    assert reference.mismatch([out], (("Y", ("N",)),)) == "output Y differs at 1 of 100 elements from"
 
 
 def test_the_same_key_does_not_tune_again_a_new_one_does(env):

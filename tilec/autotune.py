@@ -10,7 +10,7 @@ own arguments with CUDA events (in rounds, every candidate once a round; those
 far behind the fastest after the first rounds are timed no more (PRUNE), the closest
 few timed again in a run-off; one whose outputs after its warm-up launch differ from
 the first candidate's that ran is not timed or chosen, with a TuneMismatchWarning:
-_mismatch), restores the tensors the kernel writes, runs
+_Reference), restores the tensors the kernel writes, runs
 the fastest once for the real result and remembers the choice: in memory and
 in the disk cache beside the cubins, keyed by the program and its consts, the
 architecture, the tune space, the key values, the GPU's name and tilec's build.
@@ -692,43 +692,69 @@ MISMATCH_ULPS = 4
 MISMATCH_FLOOR = 2.0 ** -13
 
 
-def _mismatch(args, reference: dict, sig) -> str | None:
-    """Where the written arguments differ from `reference` ({index: the reference
-    candidate's output}), what differs ("output C differs at 12 of 4096 elements
-    (the largest difference 3, 0.004 allowed) from"), else None. Integer outputs
-    exactly; float ones within the tolerance above, NaN where NaN, infinities equal."""
-    import numpy as np
-    with np.errstate(invalid="ignore"):          # inf - inf in numpy outputs: NaN, handled below
-        return _first_mismatch(args, reference, sig)
+class _Reference:
+    """The outputs of the candidate the others are compared with (the first that ran),
+    and each float output's tolerance, computed once."""
+
+    def __init__(self, index: int, args, writes):
+        self.index = index
+        self.outputs = {j: _save(args[j]) for j in writes}
+        self.allowed = {j: _tolerance(t) for j, t in self.outputs.items()}
+
+    def mismatch(self, args, sig) -> str | None:
+        """Where the written arguments differ from the reference's, what differs ("output
+        C differs at 12 of 4096 elements (the largest difference 3, 0.004 allowed) from"),
+        else None. Integer outputs exactly; float ones within the tolerance above, NaN
+        where NaN, infinities equal."""
+        import numpy as np
+        with np.errstate(invalid="ignore"):          # inf - inf in numpy outputs: NaN, handled below
+            for j, ref in self.outputs.items():
+                out, allowed = args[j], self.allowed[j]
+                if _equal(out, ref):
+                    continue
+                count, worst = _count_off(out, ref, allowed)
+                if count:
+                    within = "" if allowed is None else \
+                        f" ({'' if worst is None else f'the largest difference {worst:.4g}, '}{allowed:.4g} allowed)"
+                    return f"output {sig[j][0]} differs at {count} of {_size(out)} elements{within} from"
+        return None
 
 
-def _first_mismatch(args, reference: dict, sig) -> str | None:
-    for j, ref in reference.items():
-        out = args[j]
-        dtype = str(out.dtype).removeprefix("torch.")
-        if dtype in _EPS:
-            count, worst, allowed = _float_mismatch(out, ref, dtype)
-        else:
-            count, worst, allowed = sum(int((o != r).sum()) for o, r in _chunks(out, ref)), None, None
-        if count:
-            within = "" if allowed is None else \
-                f" ({'' if worst is None else f'the largest difference {worst:.4g}, '}{allowed:.4g} allowed)"
-            return f"output {sig[j][0]} differs at {count} of {_size(out)} elements{within} from"
-    return None
+def _dtype(a) -> str:
+    return str(a.dtype).removeprefix("torch.")
 
 
-def _float_mismatch(out, ref, dtype: str) -> tuple:
-    """(elements off, the largest finite difference among them or None, the tolerance)."""
+def _equal(a, b) -> bool:
+    """Bit for bit (NaN never), the fast path: candidates that sum in the same order."""
+    if hasattr(a, "equal"):
+        return a.equal(b)
+    return bool((a == b).all())
+
+
+def _tolerance(ref):
+    """A float output's tolerance (MISMATCH_ULPS of its dtype, at least MISMATCH_FLOOR, of
+    its largest finite magnitude); None for an integer one (exact)."""
+    dtype = _dtype(ref)
+    if dtype not in _EPS:
+        return None
     largest = 0.0
-    for _, r in _chunks(out, ref):
+    for r, _ in _chunks(ref, ref):
         r = abs(_as_float(r, dtype))
         r = r[r < float("inf")]
         if _size(r):
             largest = max(largest, float(r.max()))
-    allowed = largest * max(MISMATCH_ULPS * _EPS[dtype], MISMATCH_FLOOR)
+    return largest * max(MISMATCH_ULPS * _EPS[dtype], MISMATCH_FLOOR)
+
+
+def _count_off(out, ref, allowed) -> tuple:
+    """(elements off, the largest finite difference among them or None) of an output
+    against the reference's: exactly where `allowed` is None."""
     count, worst = 0, None
     for o, r in _chunks(out, ref):
-        o, r = _as_float(o, dtype), _as_float(r, dtype)
+        if allowed is None:
+            count += int((o != r).sum())
+            continue
+        o, r = _as_float(o, _dtype(o)), _as_float(r, _dtype(r))
         diff = abs(o - r)
         infinite = ~(abs(r) < float("inf")) & (r == r)
         bad = (diff > allowed) | ((o != o) != (r != r)) | (infinite & (o != r))
@@ -738,7 +764,7 @@ def _float_mismatch(out, ref, dtype: str) -> tuple:
             off = diff[bad & (diff == diff)]
             if _size(off):
                 worst = max(worst or 0.0, float(off.max()))
-    return count, worst, allowed
+    return count, worst
 
 
 MISMATCH_CHUNK = 1 << 24    # elements compared at once: the f32 copies of a 16-bit output of 8192^2
@@ -980,11 +1006,11 @@ class TunedKernel:
                 else:
                     _settle(args)
                     if reference is None:      # the first that runs: the declared consts, where they do
-                        reference = (i, {j: _save(args[j]) for j in writes})
+                        reference = _Reference(i, args, writes)
                     else:
-                        why = _mismatch(args, reference[1], sig)
+                        why = reference.mismatch(args, sig)
                         if why is not None:
-                            mismatched[i] = f"{why} {_describe(cands[reference[0]])}'s"
+                            mismatched[i] = f"{why} {_describe(cands[reference.index])}'s"
                     if i not in mismatched:
                         ready.append(i)
                 _restore_all(args, saved)
@@ -992,7 +1018,7 @@ class TunedKernel:
         finally:
             _restore_all(args, saved)
         if mismatched:
-            self._warn_mismatch(kv, cands, reference[0], mismatched)
+            self._warn_mismatch(kv, cands, reference.index, mismatched)
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]

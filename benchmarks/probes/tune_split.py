@@ -2,7 +2,8 @@
 cleared process caches and compile workers started cold (as bench.py's autotune
 rows), on an f16 gemm of each --n (N for N^3, or MxNxK), with each worker count of --workers. Phases:
 compile (compile_candidates: workers, then the Kernels in this process; workers: the compile workers' part), warm-up
-(each candidate's first launch: module load, tensor maps), rounds (the timed
+(each candidate's first launch: module load, tensor maps), cross-check (each candidate's outputs compared
+with the first's: autotune._Reference; --no-check: not compared), rounds (the timed
 rounds, the run-off's included), run-off, and the rest (tilec.compile, saving the outputs, the winner's run).
 
     python benchmarks/probes/tune_split.py --workers 8 --n 4096,8192,16x4096x4096 --reps 3"""
@@ -14,7 +15,7 @@ import time
 
 from common import bench, checked_gemm, gemm_config_name, timed_into  # (common puts benchmarks/ on sys.path)
 
-PHASES = ("compile", "workers", "warm-up", "rounds", "run-off")   # workers: inside compile; run-off: in rounds
+PHASES = ("compile", "workers", "warm-up", "cross-check", "rounds", "run-off")   # workers: inside compile; run-off: in rounds
 
 
 def main():
@@ -26,6 +27,8 @@ def main():
                     "2026-11-26)")
     ap.add_argument("--one-cut", action="store_true", help="only the cut after 3 rounds (as before "
                     "session 17's cut after the first round)")
+    ap.add_argument("--no-check", action="store_true", help="the candidates' outputs not compared (as before "
+                    "session 22)")
     ap.add_argument("--report", action="store_true", help="the last tune's report of each size")
     ap.add_argument("--each", action="store_true", help="every run's phases, not only their medians")
     ap.add_argument("--cpu", action="store_true", help="with --each: each run's CPU seconds in the compile "
@@ -45,6 +48,11 @@ def main():
     autotune.build_in_workers = timed_into(spent, "workers", autotune.build_in_workers)
     autotune._rounds = timed_into(spent, "rounds", autotune._rounds)
     autotune._run = timed_into(spent, "warm-up", autotune._run)         # the warm-up launches (and the winner's run)
+    if args.no_check:
+        autotune._Reference.mismatch = lambda self, args, sig: None
+        autotune._tolerance = lambda ref: None
+    autotune._Reference.__init__ = timed_into(spent, "cross-check", autotune._Reference.__init__)
+    autotune._Reference.mismatch = timed_into(spent, "cross-check", autotune._Reference.mismatch)
     autotune.TunedKernel._runoff = staticmethod(timed_into(spent, "run-off", autotune.TunedKernel._runoff))
     jobs = []
     if args.cpu:
