@@ -6,7 +6,7 @@ candidate, and the launches by the interpreter on numpy arrays; NVRTC runs for
 real (sm_90a compiles without a GPU). The tune statement: its candidates,
 default, key, pinned consts, errors, the regular-expression reader against the
 parser, the disk key, `tilec check` and `tilec emit`. GPU tests (marked gpu):
-gemm.tile tuned by its own statement at 4096^3 f16 (the 162 of its 360
+gemm.tile tuned by its own statement at 4096^3 f16 (the 48 of its 3264
 candidates that its where condition keeps) against torch.matmul, with the cold and warm times; every candidate of gemm.tile's and
 conv2d.tile's statements against torch, outputs guarded (tests/guard.py)."""
 import io
@@ -655,17 +655,26 @@ def ring_bytes(cfg) -> int:
 def test_gemm_tile_tries_a_bounded_space_that_fits_at_every_shape():
     """gemm.tile's `where` condition, at row counts across its bands (1 to 8192, the
     edges of each band included): every shape tries at most 228 candidates (a cold
-    tune's cost: 204 at 1-32 rows, 222-228 at 33-240, 162 at 4096), and at least 100
+    tune's cost: 204 at 1-32 rows, 222-228 at 33-240, 162 at 1025-2047), and at least 100
     whose rings fit beside the epilogue (<= 200 KiB) and are not the 192x256 tile
     beside a producer (refused for registers), so no shape is left with only
-    candidates the compiler refuses."""
+    candidates the compiler refuses; from 2048 rows and columns, with rows of A and B
+    that TMA can load (K and N multiples of 8), the 48 of 128-256 rows and columns and
+    3-4 stages (39 of them fit), else the 162 again."""
     k = tilec.compile(GEMM_PATH, arch="sm_90a")
-    rows = set(range(1, 257, 3)) | {8, 16, 32, 33, 64, 65, 112, 113, 128, 129, 240, 241, 256, 1024, 1025, 4096, 8192}
+    rows = set(range(1, 257, 3)) | {8, 16, 32, 33, 64, 65, 112, 113, 128, 129, 240, 241, 256, 1024, 1025, 2047}
     for m in sorted(rows):
         kept = k._meeting((m, 4096, 4096))[0]
         fit = [c for c in kept if ring_bytes(c) <= 200 * 1024 and (c["BM"], c["BN"], c["PRODUCER"]) != (192, 256, 1)]
         assert len(kept) <= 228 and len(fit) >= 100, (m, len(kept), len(fit))
-    assert len(k._meeting((4096, 4096, 4096))[0]) == 162
+    assert len(k._meeting((1025, 4096, 4096))[0]) == len(k._meeting((2047, 4096, 4096))[0]) == 162
+    for mkn in [(2048, 4096, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 2048)]:
+        kept = k._meeting(mkn)[0]
+        assert len(kept) == 48 and all(c["BM"] >= 128 and c["BN"] >= 128 and c["STAGES"] <= 4 for c in kept), mkn
+        assert sum(ring_bytes(c) <= 200 * 1024 and (c["BM"], c["BN"], c["PRODUCER"]) != (192, 256, 1)
+                   for c in kept) == 39
+    for mkn in [(4096, 4096, 2047), (4096, 4097, 4096), (4096, 4096, 4100), (4095, 4096, 4097)]:
+        assert len(k._meeting(mkn)[0]) == 162, mkn      # the thread-copy variant runs: narrow tiles win there
 
 
 def test_a_where_condition_leaves_out_candidates_per_key(env):
@@ -916,7 +925,8 @@ def test_statement_reader_agrees_with_the_parser():
         "STREAM_K <= PERSISTENT && (BM != 64 || M > 32) && (BM <= 64 || M > 64) && (BM % 64 == 0 || BM <= 16 && "
         "M <= 4 * BM || M > 2 * BM - 16 && M <= 2 * BM && (BK == 128 || BM > 64 && BN <= 128) && PRODUCER == 1 && "
         "STAGES >= 4) && (BK == 64 && "
-        "STAGES != 6 || BK == 128 && BM <= 64 && BN <= 128 && M <= 1024)")
+        "STAGES != 6 || BK == 128 && BM <= 64 && BN <= 128 && M <= 1024) && (M < 2048 || N < 2048 || N % 8 != 0 || "
+        "K % 8 != 0 || BM >= 128 && BN >= 128 && STAGES <= 4)")
     assert autotune.statement(programs["conv2d"]) == (
         (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
          ("PERSISTENT", (0, 1))),
@@ -1045,7 +1055,8 @@ def test_emit_shows_the_space_and_runs_the_declared_values():
         "BK in (64, 128) where STREAM_K <= PERSISTENT && (BM != 64 || M > 32) && (BM <= 64 || M > 64) && (BM % 64 == 0 " \
         "|| BM <= 16 && M <= 4 * BM || M > 2 * BM - 16 && M <= 2 * BM && (BK == 128 || BM > 64 && BN <= 128) && " \
         "PRODUCER == 1 && STAGES >= 4) && " \
-        "(BK == 64 && STAGES != 6 || BK == 128 && BM <= 64 && BN <= 128 && M <= 1024)\n" \
+        "(BK == 64 && STAGES != 6 || BK == 128 && BM <= 64 && BN <= 128 && M <= 1024) && (M < 2048 || N < 2048 || " \
+        "N % 8 != 0 || K % 8 != 0 || BM >= 128 && BN >= 128 && STAGES <= 4)\n" \
         "  grid (tl_block) = (cdiv(N, 128) * cdiv(M, 128)), group = 8\n" \
         in ir_text
     cuda = tilec_cli("emit", "examples/gemm.tile", "--emit", "cuda").stdout
@@ -1072,9 +1083,9 @@ def fresh_caches(monkeypatch, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
-    """examples/gemm.tile as shipped: 3264 candidates, 162 of which its `where` condition
-    keeps at 4096 rows (64-192 rows a tile, stream-K only on a persistent grid; 9
-    refused for registers, 33 for shared memory), keyed by M, K, N; then warm starts
+    """examples/gemm.tile as shipped: 3264 candidates, 48 of which its `where` condition
+    keeps at 4096^3 (128-192 rows and 128-256 columns a tile, 3-4 stages, stream-K only on a
+    persistent grid; 6 refused for registers), keyed by M, K, N; then warm starts
     from the disk cache, compile and first call."""
     import torch
     from guard import guarded
@@ -1098,12 +1109,12 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
     assert err < 2e-3, f"relative error {err:.2e}"
     c.check()
     report = k.tune_report()
-    assert report.count(" ms") == 120 and report.count("refused") == 42, report
+    assert report.count(" ms") == 42 and report.count("refused") == 6, report
     assert report.splitlines()[1].startswith("  BM=128 BN=128 STAGES=3 PRODUCER=1 PERSISTENT=0 STREAM_K=0 BK=64: ")
     assert "  BM=192 BN=256 STAGES=4 PRODUCER=1 PERSISTENT=1 STREAM_K=0 BK=64: refused: " in report
-    assert "BK=128" not in report
-    assert "PERSISTENT=0 STREAM_K=1" not in report and not re.search("BM=(8|16|24|32|40|48|56|72|80|88|96|104|112|120) ", report)
-    assert report.splitlines()[-1].startswith("  3102 other candidates: not tried, the tune condition `STREAM_K <= ")
+    assert "BK=128" not in report and "BN=64" not in report and not re.search("STAGES=[68]", report)
+    assert "PERSISTENT=0 STREAM_K=1" not in report and not re.search("BM=(8|16|24|32|40|48|56|64|72|80|88|96|104|112|120) ", report)
+    assert report.splitlines()[-1].startswith("  3216 other candidates: not tried, the tune condition `STREAM_K <= ")
     assert set(k.best_config) == {"BM", "BN", "STAGES", "PRODUCER", "PERSISTENT", "STREAM_K", "BK"}
     warm = []
     for _ in range(3):                         # a fresh process, as far as the caches go
@@ -1120,7 +1131,7 @@ def test_gpu_gemm_tuned_by_its_tune_statement(monkeypatch, tmp_path, capsys):
         assert torch.equal(c2.view, c.view)
         c2.check()
     with capsys.disabled():
-        print(f"\nautotune gemm.tile's tune statement, 162 of 3264 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
+        print(f"\nautotune gemm.tile's tune statement, 48 of 3264 candidates at 4096^3 f16: cold {cold:.2f} s (compile + "
               f"timing), warm from disk {min(warm) * 1e3:.2f} ms (compile + first call, best of 3); chosen "
               f"{k.best_config}\n{report}")
     assert cold < 30

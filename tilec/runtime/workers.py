@@ -61,7 +61,7 @@ def max_workers() -> int:
 _WARNED: set = set()        # the TILEC_COMPILE_WORKERS values warned about
 
 
-MAX_DEFAULT = 32        # a cold tune's compile is NVRTC's ptxas, one core per worker: gemm.tile's 162 candidates
+MAX_DEFAULT = 32        # a cold tune's compile is NVRTC's ptxas, one core per worker: session 20's gemm.tile, 162 candidates
                         # at 4096^3 took 12.9 s with 8 workers and 8.7 s with 16 on a 16-core machine, 9.0 s
                         # with 16 and 7.3 s with 32 on a 32-core one (session 20, the CUDA compute cache off)
 
