@@ -282,3 +282,73 @@ def test_compiling_leaves_python_s_shared_objects_alone(monkeypatch, tmp_path):
     k = tilec.compile(str(EXAMPLES / "copy2d.tile"), arch="sm_90a", BM=32)
     assert k.compile_log == "" and not k.from_disk_cache
     assert bytes([0x20])[0] == 0x20 and ord(chr(0x20)) == 0x20    # the shared one-character objects
+
+
+def test_an_index_that_folding_removes_is_not_declared():
+    """`(i + 1) % 1` folds to 0, so the body reads no `i`; the source line quoted
+    in a comment above the code still names it, and declaring it anyway made
+    NVRTC warn 'variable "i" was declared but never referenced' (found by
+    tests/test_random_programs.py)."""
+    k = tilec.compile("""
+kernel fold(A: i32[M, N], Y: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 16), M);
+    threads 128;
+    shared a: i32[1, 16];
+    local r: f32[1, 16];
+    copy(A[by, bx * 16], a);
+    parallel (i, j) in (1, 16) {
+        r[i, j] = f32(j);
+        if (a[(i + 1) % 1, j] > 1) {
+            r[i, j] = 2.0;
+        }
+    }
+    copy(r, Y[by, bx * 16]);
+}
+""", arch="sm_90a")
+    assert_compiles(k)
+    assert "const int i =" not in k.cuda_source
+
+
+def test_a_16_bit_float_cast_beside_a_float_in_select_min_max_abs():
+    """`max(acc, f16(x))` instantiated tl_max<float, f16_t>, whose `a < b ? b : a`
+    NVRTC rejected as ambiguous (found by tests/test_random_programs.py): a cast
+    to a 16- or 8-bit float is rounded and then used as a float, like an element
+    of such a tile."""
+    k = tilec.compile("""
+kernel mixed(A: f32[N], Y: f32[N]) {
+    grid (bx) = (cdiv(N, 32));
+    threads 32;
+    shared a: f32[32];
+    copy(A[bx * 32], a);
+    parallel (i) in (32) {
+        a[i] = max(a[i], f16(a[i])) + min(bf16(a[i]), 0.5) + abs(f8e4m3(a[i])) + select(i < 3, f16(a[i]), 1.0);
+    }
+    copy(a, Y[bx * 32]);
+}
+""", arch="sm_90a")
+    assert_compiles(k)
+
+
+def test_nested_unary_minus_is_no_decrement():
+    """`---b[i]` printed as `---float(...)`, which C++ reads as `--` of an rvalue
+    (found by tests/test_random_programs.py); `- -1` likewise."""
+    k = tilec.compile("""
+kernel neg(A: bf16[N], Y: bf16[N], n: i32) {
+    grid (bx) = (cdiv(N, 32));
+    threads 32;
+    shared a: bf16[32];
+    copy(A[bx * 32], a);
+    parallel (i) in (32) {
+        a[i] = ---a[i] + f32(- -n) + f32(-(-i));
+    }
+    copy(a, Y[bx * 32]);
+}
+""", arch="sm_90a")
+    assert_compiles(k)
+    import numpy as np
+    ki = tilec.compile(k.source.text, backend="interpret")
+    a = np.arange(40, dtype=np.float32).astype(np.float16).astype(np.float32)
+    import ml_dtypes
+    x, y = a.astype(ml_dtypes.bfloat16), np.zeros(40, ml_dtypes.bfloat16)
+    ki(x, y, 3)
+    assert np.array_equal(y.astype(np.float32), -a + 3 + np.arange(40) % 32)

@@ -76,7 +76,10 @@ class _Printer:
         if isinstance(e, ir.BinOp):     # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
             return binary(widened(e), prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
-            return f"{e.op}{self.expr(e.operand, 7, double)}"
+            inner = self.expr(e.operand, 7, double)
+            if inner[:1] in "-+":       # `- -x` is not C++'s `--x`
+                inner = f"({inner})"
+            return f"{e.op}{inner}"
         if isinstance(e, ir.Call):
             if e.func == "select":
                 c, a, b = (self.expr(x, 0, double) for x in e.args)
@@ -91,7 +94,10 @@ class _Printer:
             return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
         if isinstance(e, ir.Cast):
             self.cast_to.add(e.dtype.name)
-            return convert(e.dtype, self.expr(e.value, 0, double))
+            value = convert(e.dtype, self.expr(e.value, 0, double))
+            # rounded, then used as float, as an element of such a tile is: an f16_t
+            # beside a float in `?:` (select, min, max, abs) is ambiguous to NVRTC
+            return f"float({value})" if e.dtype.name in _WRAPPED else value
         if isinstance(e, ir.Subscript):
             b = self.k.buffer(e.name)
             ref = self.element(b, e.indices)
@@ -270,7 +276,13 @@ class _Printer:
         if isinstance(s, ir.Assign):
             b = self.k.buffer(s.buffer)
             double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
-            return [f"{ind}{self.element(b, s.indices)} = {self.expr(s.value, 0, double)};"]
+            v = s.value
+            if isinstance(v, ir.Cast) and v.dtype == b.dtype and v.dtype.name in _WRAPPED:    # s = f16(x): as it reads
+                self.cast_to.add(v.dtype.name)
+                value = convert(v.dtype, self.expr(v.value, 0, double))
+            else:
+                value = self.expr(v, 0, double)
+            return [f"{ind}{self.element(b, s.indices)} = {value};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)
             names = [f"tl_i{d}" for d in range(len(b.shape))]
@@ -839,8 +851,10 @@ def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
 
 def _used(named_values, body) -> list:
     """The (name, value) pairs whose name the body's lines mention: index variables
-    nothing reads are not declared (no dead code, no NVRTC warning)."""
-    text = "\n".join(body)
+    nothing reads are not declared (no dead code, no NVRTC warning). Comments do
+    not count: a source line quoted above its code may name an index that folding
+    removed (`a[(i + 1) % 1, j]` is `a[0 * 16 + j]`)."""
+    text = "\n".join(re.sub(r"//.*", "", line) for line in body)
     return [(n, v) for n, v in named_values if re.search(rf"\b{n}\b", text)]
 
 
