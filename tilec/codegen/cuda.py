@@ -65,6 +65,11 @@ class _Printer:
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
 
     # ---------------------------------------------------------- expressions
+    def cast(self, e: ir.Cast, double: bool) -> str:
+        """`e`'s value converted to its dtype (whose definition the kernel then includes)."""
+        self.cast_to.add(e.dtype.name)
+        return convert(e.dtype, self.expr(e.value, 0, double))
+
     def expr(self, e, prec=0, double=False) -> str:
         if isinstance(e, ir.Int):
             return str(e.value) if -2**31 <= e.value < 2**31 else f"{e.value}LL"
@@ -93,8 +98,7 @@ class _Printer:
                 return f"tl_{e.func}({args})"
             return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
         if isinstance(e, ir.Cast):
-            self.cast_to.add(e.dtype.name)
-            value = convert(e.dtype, self.expr(e.value, 0, double))
+            value = self.cast(e, double)
             # rounded, then used as float, as an element of such a tile is: an f16_t
             # beside a float in `?:` (select, min, max, abs) is ambiguous to NVRTC
             return f"float({value})" if e.dtype.name in _WRAPPED else value
@@ -278,8 +282,7 @@ class _Printer:
             double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
             v = s.value
             if isinstance(v, ir.Cast) and v.dtype == b.dtype and v.dtype.name in _WRAPPED:    # s = f16(x): as it reads
-                self.cast_to.add(v.dtype.name)
-                value = convert(v.dtype, self.expr(v.value, 0, double))
+                value = self.cast(v, double)
             else:
                 value = self.expr(v, 0, double)
             return [f"{ind}{self.element(b, s.indices)} = {value};"]
