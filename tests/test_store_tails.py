@@ -410,3 +410,80 @@ def test_gpu_a_tile_of_several_taps_writes_only_its_view(kc):
     launch(COLS, on_gpu(x, "f16").view, y.view)
     y.check()
     assert np.array_equal(y.view.cpu().numpy(), im2col_reference(x, 3, 1, 1, 1)[:, :kc])
+
+
+# ---------------------------------------------------------------- stores at negative coordinates
+
+SHIFTED_2D = """
+kernel shifted(A: f32[M, N], B: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 64) + 1, cdiv(M, 8) + 1);
+    threads 128;
+    shared s: f32[8, 64];
+    copy(A[by * 8 - 3, bx * 64 - 16], s);
+    copy(s, B[by * 8 - 3, bx * 64 - 16]);
+}
+"""
+SHIFTED_1D = """
+kernel shifted1(A: f16[N], B: f16[N], n: i32) {
+    grid (bx) = (cdiv(N, 128) + 1);
+    threads 128;
+    shared s: f16[128];
+    copy(A[bx * 128 + 8 * n], s);
+    copy(s, B[bx * 128 + 8 * n]);
+}
+"""
+
+
+def test_a_store_whose_coordinate_may_be_negative_is_a_thread_copy():
+    """A TMA store at a negative coordinate faults on the H100 (a load there reads
+    zeros): a store whose coordinates are not proven non-negative (a difference, a
+    scalar parameter) is a thread copy, which drops what lies outside; its load stays
+    TMA. A store at bx * 64 + 16 stays a TMA store."""
+    from tilec.compiler import lower
+    from tilec.errors import Source
+    for text in (SHIFTED_2D, SHIFTED_1D):
+        body = list(ir.walk_stmts(lower(Source("s.tile", text), {}).kernel.body))
+        assert any(isinstance(s, ir.TmaLoad) for s in body) and not any(isinstance(s, ir.TmaStore) for s in body)
+        assert [s.dst.name for s in body if isinstance(s, ir.ThreadCopy)] == ["B"]
+    kept = SHIFTED_2D.replace("copy(s, B[by * 8 - 3, bx * 64 - 16])", "copy(s, B[by * 8 + 3, bx * 64 + 16])")
+    assert any(isinstance(s, ir.TmaStore) for s in ir.walk_stmts(lower(Source("s.tile", kept), {}).kernel.body))
+
+
+def test_a_scalar_grid_extent_is_not_negative():
+    """gemm_persistent.tile's epilogue stores at (pid + i * P) / ... with P a scalar
+    parameter and the grid's extent: the launch refuses a negative grid, so P is
+    never negative where the kernel runs, and the store stays TMA."""
+    from tilec.compiler import lower
+    from tilec.errors import LaunchError
+    from tilec.runtime import host
+    k = lower(tilec.compiler.load_source(str(ROOT / "examples/gemm_persistent.tile")), {}).kernel
+    assert any(isinstance(s, ir.TmaStore) for s in ir.walk_stmts(k.body))
+    with pytest.raises(LaunchError, match=r"grid \[-3, 1, 1\] has a negative extent"):
+        host.check_grid((-3, 1, 1))
+
+
+def shifted_cases():
+    return [(SHIFTED_2D, "f32", (37, 200), ()), (SHIFTED_2D, "f32", (8, 64), ()),
+            (SHIFTED_1D, "f16", (300,), (-2,)), (SHIFTED_1D, "f16", (129,), (-1,))]
+
+
+@pytest.mark.parametrize("text, dt, shape, scalars", shifted_cases())
+def test_shifted_stores_write_the_tensor_and_nothing_around_it(text, dt, shape, scalars):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(shape).astype(DTYPES[dt][1])
+    b = guarded(shape, dt, like="numpy")
+    tilec.compile(text, backend="interpret")(a, b.view, *scalars)
+    assert np.array_equal(b.view, a)
+    b.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text, dt, shape, scalars", shifted_cases())
+def test_gpu_shifted_stores_write_the_tensor_and_nothing_around_it(text, dt, shape, scalars):
+    import torch
+    a = torch.randn(*shape, device="cuda").to(getattr(torch, DTYPES[dt][1]))
+    b = guarded(shape, dt)
+    tilec.compile(text)(a, b.view, *scalars)
+    torch.cuda.synchronize()
+    assert torch.equal(b.view, a)
+    b.check()

@@ -202,6 +202,34 @@ def divisor(e) -> int:
     return 1
 
 
+_NON_NEGATIVE_KINDS = ("symbol", "block", "loop", "lane")    # a shape, a block index, range(n)'s and a lane's index
+
+
+def non_negative(e, lets: dict, scalars=frozenset()) -> bool:
+    """Whether this analysis proves integer `e` is never negative: literals, shape
+    symbols, block, loop and lane indices, make-persistent's tile numbers, the
+    scalar parameters named in `scalars` (a grid's extent: the launch refuses a
+    negative grid), and sums, products, quotients, cdiv, min and max of such
+    (`lets`: name -> the ir.Let of each let it may read). Another scalar
+    parameter, or a difference, may be negative."""
+    def proven(x, lets):
+        if isinstance(x, ir.Int):
+            return x.value >= 0
+        if isinstance(x, ir.Var):
+            if x.kind == "let" and x.name in lets:
+                let = lets[x.name]
+                return let.index or proven(let.value, {n: v for n, v in lets.items() if n != x.name})
+            return x.kind in _NON_NEGATIVE_KINDS or (x.kind == "scalar" and x.name in scalars)
+        if isinstance(x, ir.BinOp) and x.op in ("+", "*", "/", "%"):
+            return proven(x.lhs, lets) and proven(x.rhs, lets)
+        if isinstance(x, ir.Call) and x.func in ("cdiv", "min", "select"):
+            return all(proven(a, lets) for a in (x.args[1:] if x.func == "select" else x.args))
+        if isinstance(x, ir.Call) and x.func == "max":
+            return any(proven(a, lets) for a in x.args)
+        return False
+    return proven(e, lets)
+
+
 def map_stmt_exprs(s, fn):
     """Apply `fn` to every expression held by statement `s` (not nested blocks)."""
     changes = {}

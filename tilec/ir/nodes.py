@@ -380,6 +380,7 @@ class Let(Stmt):
     name: str
     value: Expr
     wide: bool = False
+    index: bool = False     # make-persistent's tile, block and K-step numbers: never negative
     span: Optional[Span] = SPAN
 
 

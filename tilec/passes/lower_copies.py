@@ -3,7 +3,8 @@
     global -> shared   TmaLoad   (cp.async.bulk.tensor .tile, completes on an mbarrier)
     im2col -> shared   TmaLoad with `view` set (cp.async.bulk.tensor .im2col)
     shared -> global   TmaStore  (cp.async.bulk.tensor .tile .bulk_group), and a StoreTail
-                       when the tensor's rows may end inside a 16-byte granule
+                       when the tensor's rows may end inside a 16-byte granule; a
+                       ThreadCopy where a coordinate may be negative (TMA faults there)
     anything with a local side, shared -> shared: ThreadCopy (all threads, bounds-checked)
 
 A gemm accumulator's copy to global memory (the epilogue) goes through shared
@@ -23,7 +24,7 @@ from dataclasses import replace
 
 from ..ir import nodes as ir
 from ..ir.effects import deep
-from ..ir.exprs import map_body
+from ..ir.exprs import map_body, non_negative
 
 NAME = "lower-copies"
 
@@ -33,8 +34,10 @@ STAGED_DTYPES = ("f16", "bf16", "f32")
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     staged = {}                 # epilogue tiles, each over a ring that is free by then
+    lets = {s.name: s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Let)}
+    grid_scalars = frozenset(g.name for g in k.grid if isinstance(g, ir.Var) and g.kind == "scalar")
     if opts.tma:
-        k = _epilogue_tiles(k, staged)
+        k = _epilogue_tiles(k, staged, lets, grid_scalars)
 
     def lower(s):
         if not isinstance(s, ir.Copy):
@@ -45,13 +48,21 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                               origin=s.src.starts, span=s.span)
         if (src, dst) == ("global", "shared") and opts.tma:
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
-        if (src, dst) == ("shared", "global") and opts.tma:
+        if (src, dst) == ("shared", "global") and opts.tma and stores_at_non_negative(s.dst, lets, grid_scalars):
             return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
         if id(s) in staged:
             return _staged_store(k, s, staged[id(s)])
         tile = k.buffer(s.src.name) or k.buffer(s.dst.name)
         return ir.ThreadCopy(s.src, s.dst, tile.shape, span=s.span)
     return replace(k, body=map_body(k.body, lower))
+
+
+def stores_at_non_negative(dst: ir.Region, lets: dict, grid_scalars: frozenset) -> bool:
+    """Whether a store's coordinates are proven never negative (ir.exprs.non_negative).
+    A TMA store at a negative coordinate faults (CUDA_ERROR_ILLEGAL_INSTRUCTION on the
+    H100, any dtype, benchmarks/NOTES.md session 22), where a load there reads zeros:
+    such a store is a thread copy, which drops the elements outside the tensor."""
+    return all(non_negative(c, lets, grid_scalars) for c in dst.starts)
 
 
 def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chunks=1) -> list:
@@ -63,7 +74,7 @@ def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chun
     return out
 
 
-def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
+def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozenset) -> ir.Kernel:
     """For each copy from a wgmma accumulator to a global tensor whose rows come
     in 128-byte chunks, a shared staging tile (layout sw128, the tensor's dtype)
     over a gemm operand ring that no later statement uses and that is large
@@ -100,7 +111,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict) -> ir.Kernel:
 
     def stage(s, rest, in_loop):
         acc, t = k.buffer(s.src.name), k.param(s.dst.name)
-        if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam):
+        if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam) or \
+                not stores_at_non_negative(s.dst, lets, grid_scalars):
             return
         width = 128 // t.dtype.size
         if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width:

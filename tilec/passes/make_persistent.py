@@ -103,7 +103,7 @@ class _At:
         return ir.Cast(ir.DTYPES["i64"], e, span=self.span)
 
     def let(self, name, value, wide=False):
-        return ir.Let(name, value, wide, span=self.span)
+        return ir.Let(name, value, wide, index=True, span=self.span)
 
 
 def _at_tile(k: ir.Kernel, body, t) -> tuple:

@@ -517,6 +517,8 @@ def persistent_blocks(tiles: int, resident: int, balanced: bool, stream_k: bool 
 
 
 def check_grid(grid):
+    if min(grid) < 0:
+        raise LaunchError(f"grid {list(grid)} has a negative extent")
     if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
         raise LaunchError(f"grid {list(grid)} is over CUDA's limits (2^31-1, 65535, 65535)")
 
