@@ -615,7 +615,10 @@ class Program:
 
             def visit(stmts):
                 for s in stmts:
-                    if isinstance(s, (Load, Store)) and tiles[s.tile].scope == "shared":
+                    # a store at an offset below its block's origin may be at a negative coordinate:
+                    # tilec makes it a thread copy (a TMA store there faults the GPU)
+                    negative = isinstance(s, Store) and any(k < 0 for k in s.off)
+                    if isinstance(s, (Load, Store)) and tiles[s.tile].scope == "shared" and not negative:
                         tma.add((s.tensor, isinstance(s, Store)))
                     if not isinstance(s, Par):
                         for b in ("then", "orelse", "body"):

@@ -198,3 +198,47 @@ def test_thread_copies_with_conversions():
     assert_same_bits(run_both(src, [x], outs))
     assert_same_bits(run_both(src, [x], outs, fallback_variant=True))
 
+
+
+CONVERSIONS = """
+kernel cv(A: f32[N], Y: i8[N], Z: i32[N], W: i8[N], D: f64[N], alpha: f32) {
+    grid (bx) = (cdiv(N, 64));
+    threads 64;
+    shared a: f32[64];
+    local r: f32[64];
+    local q: i32[64];
+    local d: f64[64];
+    shared o: i8[64];
+    copy(A[bx * 64], a);
+    copy(a, r);
+    parallel (i) in (64) {
+        q[i] = r[i] * 1000.0;
+        o[i] = i32(r[i] * 1000.0);
+        d[i] = sqrt(alpha) + r[i];
+    }
+    copy(r, Y[bx * 64]);
+    copy(q, Z[bx * 64]);
+    copy(q, W[bx * 64]);
+    copy(d, D[bx * 64]);
+}
+"""
+
+
+def test_conversions_to_integers_and_f64_math():
+    """Float -> integer truncates and saturates (NaN -> 0), where C++ leaves it undefined
+    and the GPU wrapped (random-program test, session 22): r = 300.7 into an i8 is 127,
+    not 44; an i32 into an i8 wraps (1620 -> 84); sqrt of an f32 scalar in an f64
+    context is the double sqrt (the GPU took CUDA's float overload)."""
+    import torch
+    a = torch.tensor([0.0, 1.5, -1.5, 300.7, -300.7, 1e10, -1e10, float("nan"), 0.1234, -2.5] * 10)
+    outs = [((100,), torch.int8), ((100,), torch.int32), ((100,), torch.int8), ((100,), torch.float64)]
+    gpu, cpu = tilec.compile(CONVERSIONS), tilec.compile(CONVERSIONS, backend="interpret")
+    g_out = [guarded(s, d, device="cuda") for s, d in outs]
+    c_out = [guarded(s, d, device="cpu") for s, d in outs]
+    gpu(a.cuda(), *[g.view for g in g_out], 0.001)
+    torch.cuda.synchronize()
+    cpu(a.clone(), *[c.view for c in c_out], 0.001)
+    for out in g_out + c_out:
+        out.check()
+    assert_same_bits([(g.view.cpu(), c.view) for g, c in zip(g_out, c_out)])
+    assert c_out[0].view[:8].tolist() == [0, 1, -1, 127, -128, 127, -128, 0]

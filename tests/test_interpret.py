@@ -958,3 +958,18 @@ def test_f8_gemm(dt, stages):
         want = a.astype(np.float32) @ b.astype(np.float32).T
         np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=2e-3, atol=2e-2 * math.sqrt(kk) / 16)
         c.check()
+
+
+def test_conversions_to_integers_saturate_floats_and_wrap_integers():
+    """tilec's conversion to an integer: a float truncates toward zero and saturates
+    (NaN -> 0), an integer wraps to the width (C++'s; an i32 local copied into an i8
+    tensor does not go through float), sqrt of an f32 scalar in an f64 context is in
+    double. The GPU must agree: tests/test_gpu_interpret.py runs the same kernel."""
+    from test_gpu_interpret import CONVERSIONS
+    a = np.array([0.0, 1.5, -1.5, 300.7, -300.7, 1e10, -1e10, float("nan"), 0.1234, -2.5], np.float32)
+    y, z, w, d = np.zeros(10, np.int8), np.zeros(10, np.int32), np.zeros(10, np.int8), np.zeros(10)
+    tilec.compile(CONVERSIONS, backend="interpret")(a, y, z, w, d, 0.001)
+    assert y.tolist() == [0, 1, -1, 127, -128, 127, -128, 0, 0, -2]
+    assert z.tolist() == [0, 1500, -1500, 300700, -300700, 2**31 - 1, -2**31, 0, 123, -2500]
+    assert w.tolist() == [0, -36, 36, -100, 100, -1, 0, 0, 123, 60]
+    assert d[1] == np.sqrt(np.float64(np.float32(0.001))) + 1.5

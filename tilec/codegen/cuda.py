@@ -43,8 +43,13 @@ def ctype(dt: ir.DType) -> str:
 
 
 def convert(dt: ir.DType, value: str) -> str:
-    """`value` as a `dt` (a constructor for tilec's 16/8-bit float types)."""
-    return f"{ctype(dt)}({value})" if dt.name in _WRAPPED else f"static_cast<{ctype(dt)}>({value})"
+    """`value` as a `dt` (a constructor for tilec's 16/8-bit float types; tl_to_int for
+    an integer: a float saturates there, where C++ leaves it undefined)."""
+    if dt.name in _WRAPPED:
+        return f"{ctype(dt)}({value})"
+    if not dt.is_float:
+        return f"tl_to_int<{ctype(dt)}>({value})"
+    return f"static_cast<{ctype(dt)}>({value})"
 
 
 class _Printer:
@@ -54,6 +59,7 @@ class _Printer:
         self.expect = {s.barrier: s.bytes for s in ir.walk_stmts(k.body) if isinstance(s, ir.ArriveExpectTx)}
         self.threads = k.threads.value
         self.uses_math = False
+        self.uses_int_convert = False   # set where the body is done (tl_to_int in any statement's code)
         self.last_commented = None
         self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
         self.uses_fastdiv = False
@@ -96,7 +102,9 @@ class _Printer:
             if e.func in ("fastdiv", "fastmod"):     # by a divisor prepared before a pipelined loop
                 self.uses_fastdiv = True
                 return f"tl_{e.func}({args})"
-            return f"{(_DOUBLE_FN if double else _FLOAT_FN)[e.func]}({args})"
+            if double:      # sqrt(alpha) of an f32 alpha would be CUDA's float overload
+                return f"{_DOUBLE_FN[e.func]}(double({args}))"
+            return f"{_FLOAT_FN[e.func]}({args})"
         if isinstance(e, ir.Cast):
             value = self.cast(e, double)
             # rounded, then used as float, as an element of such a tile is: an f16_t
@@ -281,8 +289,10 @@ class _Printer:
             b = self.k.buffer(s.buffer)
             double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
             v = s.value
-            if isinstance(v, ir.Cast) and v.dtype == b.dtype and v.dtype.name in _WRAPPED:    # s = f16(x): as it reads
-                value = self.cast(v, double)
+            if isinstance(v, ir.Cast) and v.dtype == b.dtype and (v.dtype.name in _WRAPPED or not v.dtype.is_float):
+                value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
+            elif not b.dtype.is_float:      # an integer tile: a float value saturates (convert)
+                value = convert(b.dtype, self.expr(v, 0, double))
             else:
                 value = self.expr(v, 0, double)
             return [f"{ind}{self.element(b, s.indices)} = {value};"]
@@ -899,6 +909,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("proxy_fence")
     if printer_uses_math:
         add("math")
+    if pr is not None and pr.uses_int_convert:
+        add("int_convert")
     if pr is not None and pr.uses_fastdiv:
         add("fastdiv")
     if pr is not None and pr.mma_shapes:
@@ -950,6 +962,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
     and .tile line, and traps."""
     pr = _Printer(k, debug)
     body = pr.block(k.body)
+    pr.uses_int_convert = any("tl_to_int<" in line for line in body)
     prologue = []
     if k.smem_bytes and any(b.swizzle for b in k.buffers):
         prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem_raw[];")

@@ -619,7 +619,7 @@ class _Blocks:
     def thread_copy(self, s, env):
         """codegen/cuda.py's thread_copy: every element of the tile, global sides
         bounds-checked (zero outside, writes outside dropped), and a dtype change
-        as `dst_t(static_cast<float or double>(value))`."""
+        as `dst_t(static_cast<float or double>(value))`, between integers directly."""
         k = self.k
         src_b, dst_b, view = self.buffers.get(s.src.name), self.buffers.get(s.dst.name), k.view(s.src.name)
         if src_b is not None:
@@ -638,7 +638,9 @@ class _Blocks:
             data = read_box(t.array, [_int(self.ev(c, env)) for c in s.src.starts], box).reshape(s.shape)
             src_dt = k.param(s.src.name).dtype
         dst_dt = (dst_b or k.param(s.dst.name)).dtype
-        if src_dt != dst_dt:
+        if src_dt != dst_dt and not (src_dt.is_float or dst_dt.is_float):
+            data = encode(data, dst_dt)             # integer to integer: wraps, as C++ converts
+        elif src_dt != dst_dt:
             arith_t = F64 if "f64" in (src_dt.name, dst_dt.name) else F32
             data = encode(convert(decode(data, src_dt), arith_t), dst_dt)
         if dst_b is not None:
