@@ -212,7 +212,7 @@ kernel cv(A: f32[N], Y: i8[N], Z: i32[N], W: i8[N], D: f64[N], alpha: f32) {
     copy(A[bx * 64], a);
     copy(a, r);
     parallel (i) in (64) {
-        q[i] = r[i] * 1000.0;
+        q[i] = i32(r[i] * 1000.0);
         o[i] = i32(r[i] * 1000.0);
         d[i] = sqrt(alpha) + r[i];
     }

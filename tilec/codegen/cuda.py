@@ -291,8 +291,6 @@ class _Printer:
             v = s.value
             if isinstance(v, ir.Cast) and v.dtype == b.dtype and (v.dtype.name in _WRAPPED or not v.dtype.is_float):
                 value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
-            elif not b.dtype.is_float:      # an integer tile: a float value saturates (convert)
-                value = convert(b.dtype, self.expr(v, 0, double))
             else:
                 value = self.expr(v, 0, double)
             return [f"{ind}{self.element(b, s.indices)} = {value};"]
