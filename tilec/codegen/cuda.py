@@ -72,9 +72,13 @@ class _Printer:
 
     # ---------------------------------------------------------- expressions
     def cast(self, e: ir.Cast, double: bool) -> str:
-        """`e`'s value converted to its dtype (whose definition the kernel then includes)."""
+        """`e`'s value converted to its dtype (whose definition the kernel then includes);
+        an index expression (a 64-bit product's widening) by a plain static_cast."""
         self.cast_to.add(e.dtype.name)
-        return convert(e.dtype, self.expr(e.value, 0, double))
+        value = self.expr(e.value, 0, double)
+        if not e.dtype.is_float and _index_expr(e.value):
+            return f"static_cast<{ctype(e.dtype)}>({value})"
+        return convert(e.dtype, value)
 
     def expr(self, e, prec=0, double=False) -> str:
         if isinstance(e, ir.Int):
@@ -858,6 +862,20 @@ def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
         arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
         return convert(dst_dt, f"static_cast<{arith}>({value})")
     return convert(dst_dt, value)
+
+
+_INDEX_KINDS = ("symbol", "block", "loop", "lane", "let", "const")
+_INDEX_CALLS = ("cdiv", "min", "max", "abs", "select", "fastdiv", "fastmod")
+
+
+def _index_expr(e) -> bool:
+    """Integer by construction: literals, symbols, indices, lets, and integer
+    arithmetic and casts of them (no element, scalar parameter or float in it)."""
+    for x in walk_expr(e):
+        if isinstance(x, ir.Var) and x.kind not in _INDEX_KINDS or isinstance(x, (ir.Float, ir.Subscript)) or \
+                isinstance(x, ir.Call) and x.func not in _INDEX_CALLS or isinstance(x, ir.Cast) and x.dtype.is_float:
+            return False
+    return True
 
 
 def _used(named_values, body) -> list:
