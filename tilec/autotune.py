@@ -773,11 +773,11 @@ MISMATCH_CHUNK = 1 << 24    # elements compared at once: the f32 copies of a 16-
 
 def _chunks(out, ref):
     """(out, ref) in slices of their outermost dim of about MISMATCH_CHUNK elements."""
-    rows = out.shape[0] if len(out.shape) else 1
-    step = max(1, MISMATCH_CHUNK // max(1, _size(out) // max(rows, 1)))
     if not len(out.shape):
         yield out, ref
         return
+    rows = out.shape[0]
+    step = max(1, MISMATCH_CHUNK // max(1, _size(out) // max(rows, 1)))
     for s in range(0, rows, step):
         yield out[s:s + step], ref[s:s + step]
 

@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import fold, map_body, reads_f64, walk_expr, widened
+from ..ir.exprs import fold, is_float, map_body, reads_f64, walk_expr, widened
 from ..ir.nodes import walk_stmts
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
@@ -73,10 +73,10 @@ class _Printer:
     # ---------------------------------------------------------- expressions
     def cast(self, e: ir.Cast, double: bool) -> str:
         """`e`'s value converted to its dtype (whose definition the kernel then includes);
-        an index expression (a 64-bit product's widening) by a plain static_cast."""
+        an integer value to an integer type (a 64-bit product's widening) by a plain static_cast."""
         self.cast_to.add(e.dtype.name)
         value = self.expr(e.value, 0, double)
-        if not e.dtype.is_float and _index_expr(e.value):
+        if not e.dtype.is_float and not is_float(self.k, e.value):
             return f"static_cast<{ctype(e.dtype)}>({value})"
         return convert(e.dtype, value)
 
@@ -862,20 +862,6 @@ def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
         arith = "double" if "f64" in (src_dt.name, dst_dt.name) else "float"
         return convert(dst_dt, f"static_cast<{arith}>({value})")
     return convert(dst_dt, value)
-
-
-_INDEX_KINDS = ("symbol", "block", "loop", "lane", "let", "const")
-_INDEX_CALLS = ("cdiv", "min", "max", "abs", "select", "fastdiv", "fastmod")
-
-
-def _index_expr(e) -> bool:
-    """Integer by construction: literals, symbols, indices, lets, and integer
-    arithmetic and casts of them (no element, scalar parameter or float in it)."""
-    for x in walk_expr(e):
-        if isinstance(x, ir.Var) and x.kind not in _INDEX_KINDS or isinstance(x, (ir.Float, ir.Subscript)) or \
-                isinstance(x, ir.Call) and x.func not in _INDEX_CALLS or isinstance(x, ir.Cast) and x.dtype.is_float:
-            return False
-    return True
 
 
 def _used(named_values, body) -> list:

@@ -115,6 +115,33 @@ def reads_f64(k, e) -> bool:
     return False
 
 
+def float_part(k, e):
+    """The part of `e` that makes it a float value (`e` itself, or the operand
+    whose type it takes), or None when `e` is an integer expression."""
+    if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
+        return e
+    if isinstance(e, ir.Cast):
+        return e if e.dtype.is_float else None
+    if isinstance(e, ir.Var) and e.kind == "scalar":
+        return e if k.param(e.name).dtype.is_float else None
+    if isinstance(e, ir.Subscript):
+        b = k.buffer(e.name)
+        return e if b is not None and b.dtype.is_float else None
+    if isinstance(e, ir.BinOp) and e.op in "+-*/%":
+        return float_part(k, e.lhs) or float_part(k, e.rhs)
+    if isinstance(e, ir.UnaryOp) and e.op == "-":
+        return float_part(k, e.operand)
+    if isinstance(e, ir.Call) and e.func in ("min", "max", "abs", "select"):
+        args = e.args[1:] if e.func == "select" else e.args
+        return next((p for p in (float_part(k, a) for a in args) if p is not None), None)
+    return None
+
+
+def is_float(k, e) -> bool:
+    """Is `e` a float value (check-types' typing; codegen's casts ask it too)?"""
+    return float_part(k, e) is not None
+
+
 def free_names(e) -> set:
     return {x.name for x in walk_expr(e) if isinstance(x, ir.Var)}
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, divides_by, linear, map_stmt_exprs, reads_f64, walk_expr
+from ..ir.exprs import FLOAT_CALLS, divides_by, float_part, is_float, linear, map_stmt_exprs, reads_f64, walk_expr
 
 NAME = "check-types"
 
@@ -129,7 +129,7 @@ def _no_zero_divisor(k, e):
     division by 0 is IEEE's infinity and stays."""
     for x in walk_expr(e):
         divisor = divides_by(x)
-        if isinstance(divisor, ir.Int) and divisor.value == 0 and not _is_float(k, x):
+        if isinstance(divisor, ir.Int) and divisor.value == 0 and not is_float(k, x):
             from ..ir.printer import expr as show
             raise SemanticError(f"integer division by zero: '{show(x)}'", x.span)
     return e
@@ -244,38 +244,12 @@ def _tile(k, name, span, what):
     return b
 
 
-def _float_part(k, e):
-    """The part of `e` that makes it a float value (`e` itself, or the operand
-    whose type it takes), or None when `e` is an integer expression."""
-    if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
-        return e
-    if isinstance(e, ir.Cast):
-        return e if e.dtype.is_float else None
-    if isinstance(e, ir.Var) and e.kind == "scalar":
-        return e if k.param(e.name).dtype.is_float else None
-    if isinstance(e, ir.Subscript):
-        b = k.buffer(e.name)
-        return e if b is not None and b.dtype.is_float else None
-    if isinstance(e, ir.BinOp) and e.op in "+-*/%":
-        return _float_part(k, e.lhs) or _float_part(k, e.rhs)
-    if isinstance(e, ir.UnaryOp) and e.op == "-":
-        return _float_part(k, e.operand)
-    if isinstance(e, ir.Call) and e.func in ("min", "max", "abs", "select"):
-        args = e.args[1:] if e.func == "select" else e.args
-        return next((p for p in (_float_part(k, a) for a in args) if p is not None), None)
-    return None
-
-
-def _is_float(k, e) -> bool:
-    return _float_part(k, e) is not None
-
-
 _CAST_NOTE = "convert a float to an integer with a cast, e.g. i32(x)"
 
 
 def _check_value(k, e, lanes):
     for x in walk_expr(e):
-        if isinstance(x, ir.BinOp) and x.op == "%" and (_is_float(k, x.lhs) or _is_float(k, x.rhs)):
+        if isinstance(x, ir.BinOp) and x.op == "%" and (is_float(k, x.lhs) or is_float(k, x.rhs)):
             raise SemanticError("'%' takes integers; a float operand has no remainder here", x.span)
         if isinstance(x, ir.Call) and x.func == "cdiv":
             _int_args(k, x)
@@ -314,7 +288,7 @@ def _text(span):
 def _int_args(k, call: ir.Call):
     """cdiv divides integers (an integer ceiling); a float argument is an error at it."""
     for a in call.args:
-        part = _float_part(k, a)
+        part = float_part(k, a)
         if part is not None:
             raise SemanticError(f"{call.func} takes integer arguments", part.span, note=_CAST_NOTE)
 
@@ -333,7 +307,7 @@ def _check_element(k, sub: ir.Subscript, lanes, write=False):
         raise SemanticError(f"tile '{b.name}' has rank {len(b.shape)} but is indexed with "
                             f"{len(sub.indices)} indices", sub.span)
     for i in sub.indices:
-        part = _float_part(k, i)
+        part = float_part(k, i)
         if part is not None:
             raise SemanticError("a tile index must be an integer expression", part.span, note=_CAST_NOTE)
     if b.scope == "local":
