@@ -1247,25 +1247,34 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
 
 @pytest.mark.gpu
 def test_gpu_tuning_restores_an_in_place_output(fresh_caches):
-    """Y += alpha * X: after tuning (many timing runs), Y equals one untuned call's."""
+    """Y += alpha * X: after tuning (many timing runs), Y, a view inside a guarded
+    buffer, equals one untuned call's, its margin intact."""
     import torch
+    from guard import guarded
     x = torch.randn(1000, 1000, device="cuda")
-    y = torch.randn(1000, 1000, device="cuda")
+    g = guarded((1000, 1000), "f32")
+    y = g.view
+    y.copy_(torch.randn(1000, 1000, device="cuda"))
     want = y + 0.5 * x
     k = tilec.compile(ACC, tune={"BM": (16, 32), "BN": (64, 128, 4096)}, key=("M", "N"))
     k(x, y, 0.5)
     torch.cuda.synchronize()
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+    g.check()
     assert k.tune_report().count("refused") == 2
 
 
 @pytest.mark.gpu
 def test_gpu_a_candidate_with_other_outputs_is_not_chosen(fresh_caches):
     """On the GPU as on the CPU: the candidates with W=2 compute other outputs than the
-    first (W=1) and are not chosen; the call leaves one untuned call's result."""
+    first (W=1) and are not chosen; the call leaves one untuned call's result in Y, a
+    view inside a guarded buffer, its margin intact."""
     import torch
+    from guard import guarded
     x = torch.randn(1000, 1000, device="cuda")
-    y = torch.randn(1000, 1000, device="cuda")
+    g = guarded((1000, 1000), "f32")
+    y = g.view
+    y.copy_(torch.randn(1000, 1000, device="cuda"))
     want = y + 0.5 * x
     k = tilec.compile(SCALED, tune={"BM": (16, 32), "W": (1, 2)}, key=("M", "N"))
     with pytest.warns(tilec.TuneMismatchWarning, match="2 candidates computed other outputs than BM=16 W=1"):
@@ -1273,6 +1282,7 @@ def test_gpu_a_candidate_with_other_outputs_is_not_chosen(fresh_caches):
     torch.cuda.synchronize()
     assert k.best_config["W"] == 1
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+    g.check()
     assert k.tune_report().count("not chosen: output Y differs at ") == 2
 
 
