@@ -137,6 +137,31 @@ def test_loop_if_kernel():
     assert_same_bits(run_both(LOOP_IF, [x], [(x.shape, x.dtype)], scalars=(3,)))
 
 
+REVERSED_INDICES = """
+kernel flip(A: f32[M, N, L], Y: f32[M, N, L]) {
+    grid (bx, by) = (cdiv(L, 16), cdiv(M, 4));
+    threads 128;
+    shared a: f32[4, 2, 16];
+    shared o: f32[4, 2, 16];
+    local r: f32[4, 2, 16];
+    copy(A[by * 4, 0, bx * 16], a);
+    copy(A[by * 4, 0, bx * 16], r);
+    parallel (i, j, l) in (4, 2, 16) {
+        o[i, j, l] = a[3 - i, 1 - j, 15 - l] * 2.0 + a[(i + 1) % 4, j / 2, (l + 1) % 16] - r[i, j, l];
+    }
+    copy(o, Y[by * 4, 0, bx * 16]);
+}"""
+
+
+@pytest.mark.parametrize("fallback_variant", [False, True])
+def test_tile_indices_that_a_stride_multiplies(fallback_variant):
+    """a[3 - i, 1 - j, 15 - l] reads element (3 - i) * 32 + (1 - j) * 16 + 15 - l: the
+    CUDA printed 3 - i * 32 + ..., a wrong element of every reversed row (session 22's
+    random-program hunts), while the interpreter was right."""
+    x = tensor((9, 2, 40), "f32", 12)
+    assert_same_bits(run_both(REVERSED_INDICES, [x], [(x.shape, x.dtype)], fallback_variant=fallback_variant))
+
+
 def test_float_and_integer_element_math():
     """Contracted multiply-adds, f16 and bf16 rounding, casts, truncating / and %."""
     src = """

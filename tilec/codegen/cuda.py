@@ -124,7 +124,8 @@ class _Printer:
         if b.scope == "local":
             # only ever inside a thread loop over the whole tile (check-types)
             return f"{b.name}[tl_r]" if b.layout == "wgmma" else f"{b.name}[tl_slot]"
-        idx = [self.expr(i, 5) for i in indices]
+        # an index that multiplies a stride binds tighter than `*`: a[1 - i, j] is a[(1 - i) * 16 + j]
+        idx = [self.expr(i, 6 if d < len(indices) - 1 else 5) for d, i in enumerate(indices)]
         if b.swizzle:
             self.swizzles.add(b.swizzle)
             rows, cols = b.shape
