@@ -90,6 +90,11 @@ class TuneMismatchWarning(UserWarning):
     first that ran, the declared consts where they run): it was not chosen."""
 
 
+class ToolchainWarning(UserWarning):
+    """The NVRTC in use is known to miscompile something this kernel holds (runtime/nvrtc.py:
+    known_miscompiles): its results may be wrong; the message says which NVRTC fixes it."""
+
+
 class CheckIncompleteWarning(UserWarning):
     """check-barriers explored only its first MAX_PATHS paths of a kernel: the rest went unchecked."""
 

@@ -6,12 +6,13 @@ import marshal
 import os
 import sys
 import threading
+import warnings
 
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
 from .arch import get as get_arch
 from .compiler import Program, load_source, lower, program_key, warn_check_notes
-from .errors import CaptureError, TilecError
+from .errors import CaptureError, TilecError, ToolchainWarning
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
 
@@ -56,6 +57,8 @@ class Kernel(Program):
         else:
             self._lowered_ir, meta, cubin, self._host_code = _build(source, self._overrides, arch, tma, debug)
             cache.store(disk_key, meta, cubin)
+        for message in nvrtc.known_miscompiles(meta["ptx"], arch):
+            warnings.warn(ToolchainWarning(f"kernel {meta['name']}: {message}"), stacklevel=3)
         self.name = meta["name"]
         self.consts = meta["consts"]
         self.cuda_source = meta["cuda_source"]

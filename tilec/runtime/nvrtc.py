@@ -74,6 +74,29 @@ def compile_cuda(source: str, name: str, arch: str) -> Compiled:
     return Compiled(bytes(cubin), ptx.rstrip(b"\0 ").decode(), arch, time.perf_counter() - t0, log)
 
 
+_NEG = re.compile(r"^\s*neg\.s32\s+(%r\d+),\s*(%r\d+);", re.M)
+_MIN_MAX = re.compile(r"^\s*(?:min|max)\.s32\s+%r\d+,\s*(%r\d+),\s*(%r\d+);", re.M)
+NEG_MIN_MAX_FIXED = (13, 4)
+
+
+def known_miscompiles(ptx: str, arch: str, nvrtc_version: tuple | None = None) -> list:
+    """What the NVRTC in use (its ptxas) is known to get wrong in this kernel's PTX, as
+    messages. One, found by tilec's random-program tests and checked on the H100
+    (benchmarks/probes/min3_probe.py, NOTES.md session 23): NVRTC 13.0 to 13.3 fold a
+    32-bit min or max of x and -x with a third operand into one sm_90 VIMNMX3 that
+    drops the negation, so min(min(a, -a), b) computes min(a, b); 13.4 keeps it."""
+    v = nvrtc_version or version()
+    if not arch.startswith("sm_90") or tuple(v) >= NEG_MIN_MAX_FIXED:
+        return []
+    negated = {m.group(1): m.group(2) for m in _NEG.finditer(ptx)}
+    if not any(negated.get(b) == a or negated.get(a) == b for a, b in (m.groups() for m in _MIN_MAX.finditer(ptx))):
+        return []
+    return [f"NVRTC {v[0]}.{v[1]} (its ptxas) miscompiles this kernel's integer min or max of x and -x "
+            f"on {arch}: combined with a third min or max, the negation is dropped (min(min(a, -a), b) computes "
+            f"min(a, b)); results may be wrong. NVRTC {NEG_MIN_MAX_FIXED[0]}.{NEG_MIN_MAX_FIXED[1]} compiles it "
+            f"right: pip install -U 'nvidia-cuda-nvrtc>={NEG_MIN_MAX_FIXED[0]}.{NEG_MIN_MAX_FIXED[1]}'"]
+
+
 def _log(prog, nvrtc) -> str:
     n = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
     log = bytearray(n)
