@@ -93,3 +93,25 @@ def test_gpu_min_max_of_x_and_minus_x_is_right_or_warned(fresh_cache):
     want = [np.minimum(np.minimum(A, -A), C), np.maximum(np.maximum(A, -A), C), np.minimum(np.minimum(-A, A), 0)]
     right = all(np.array_equal(y.view.cpu().numpy(), w) for y, w in zip(ys, want))
     assert right or warned, f"wrong results without a ToolchainWarning (NVRTC {nvrtc.version()})"
+
+
+def test_the_cache_key_names_the_nvrtc_this_process_mapped(monkeypatch, tmp_path):
+    """A process that preloads another libnvrtc (LD_PRELOAD) must not be served the
+    cubins of the wheel's NVRTC: the disk-cache key names the library mapped first."""
+    other = tmp_path / "lib" / "libnvrtc.so.13"
+    other.parent.mkdir()
+    other.write_bytes(b"not the wheel's")
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 42    {tmp_path}/lib/libnvrtc-builtins.so.13.5\n"
+                    f"7f10-7f20 r-xp 00000000 08:01 43    {other}\n"
+                    "7f20-7f30 rw-p 00000000 00:00 0 \n")
+    assert nvrtc.mapped_library("libnvrtc.so", str(maps)) == str(other)
+    assert nvrtc.mapped_library("libnvrtc.so", str(tmp_path / "none")) is None
+    wheel = nvrtc.identity()
+    try:
+        nvrtc.identity.cache_clear()
+        monkeypatch.setattr(nvrtc, "mapped_library", lambda prefix: str(other))
+        assert nvrtc.identity().startswith(f"{other}:{other.stat().st_size}:")
+        assert nvrtc.identity() != wheel
+    finally:
+        nvrtc.identity.cache_clear()

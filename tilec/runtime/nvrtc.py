@@ -3,6 +3,7 @@ inspection. Works with no GPU and no CUDA toolkit: NVRTC comes from a wheel."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from pathlib import Path
@@ -37,19 +38,38 @@ def version() -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def identity() -> str:
-    """Which NVRTC compiles here, cheaply (no library load): the wheel's library
-    file, its size and mtime; else the version NVRTC reports. Found once per
-    process (a key of every disk-cache lookup; the process keeps the library it
-    loaded first anyway)."""
+    """Which NVRTC compiles here, cheaply (no library load): the libnvrtc this process
+    has mapped already (LD_PRELOAD, an earlier load), else the wheel's, which the
+    loader takes first; its path, size and mtime; else the version NVRTC reports. Found
+    once per process (a key of every disk-cache lookup; the process keeps the library it
+    loaded first anyway). Without the mapped one, a process that preloads another NVRTC
+    was served the cubins of the wheel's (session 23: 13.0's, for 13.5)."""
     try:
-        import nvidia
-        for root in nvidia.__path__:
-            for lib in sorted(Path(root).glob("cu*/lib/libnvrtc.so*")):
-                st = lib.stat()
-                return f"{lib}:{st.st_size}:{st.st_mtime_ns}"
+        lib = mapped_library("libnvrtc.so")
+        if lib is None:
+            import nvidia
+            lib = next((str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob("cu*/lib/libnvrtc.so*"))),
+                       None)
+        if lib is not None:
+            st = os.stat(lib)
+            return f"{lib}:{st.st_size}:{st.st_mtime_ns}"
     except (ImportError, OSError):
         pass
     return "nvrtc-%d.%d" % version()
+
+
+def mapped_library(prefix: str, maps: str = "/proc/self/maps") -> str | None:
+    """The path of a shared library whose file name starts with `prefix` that this
+    process has mapped (Linux), or None."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith(prefix):
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def compile_cuda(source: str, name: str, arch: str) -> Compiled:
