@@ -57,7 +57,7 @@ class Kernel(Program):
         else:
             self._lowered_ir, meta, cubin, self._host_code = _build(source, self._overrides, arch, tma, debug)
             cache.store(disk_key, meta, cubin)
-        for message in nvrtc.known_miscompiles(meta["ptx"], arch):
+        for message in nvrtc.known_miscompiles(meta["ptx"], arch, tuple(meta["nvrtc_version"])):
             warnings.warn(ToolchainWarning(f"kernel {meta['name']}: {message}"), stacklevel=3)
         self.name = meta["name"]
         self.consts = meta["consts"]
@@ -206,6 +206,7 @@ def _build(source, overrides: dict, arch: str, tma: bool, debug: bool):
             "cuda_source": cuda_source, "host_source": host_source,
             "host_code": marshal.dumps(host_code), "host_code_tag": _CODE_TAG,
             "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log,
+            "nvrtc_version": list(nvrtc.version()),     # the compiler of the cubin (nvrtc.known_miscompiles)
             "check_notes": list(lw.kernel.check_notes)}
     return lw, meta, compiled.cubin, host_code
 

@@ -99,13 +99,12 @@ _MIN_MAX = re.compile(r"^\s*(?:min|max)\.s32\s+%r\d+,\s*(%r\d+),\s*(%r\d+);", re
 NEG_MIN_MAX_FIXED = (13, 4)
 
 
-def known_miscompiles(ptx: str, arch: str, nvrtc_version: tuple | None = None) -> list:
-    """What the NVRTC in use (its ptxas) is known to get wrong in this kernel's PTX, as
-    messages. One, found by tilec's random-program tests and checked on the H100
+def known_miscompiles(ptx: str, arch: str, v: tuple) -> list:
+    """What NVRTC version `v` (its ptxas), which compiled this PTX to the cubin, is known to
+    get wrong in it, as messages. One, found by tilec's random-program tests and checked on the H100
     (benchmarks/probes/min3_probe.py, NOTES.md session 23): NVRTC 13.0 to 13.3 fold a
     32-bit min or max of x and -x with a third operand into one sm_90 VIMNMX3 that
     drops the negation, so min(min(a, -a), b) computes min(a, b); 13.4 keeps it."""
-    v = nvrtc_version or version()
     if not arch.startswith("sm_90") or tuple(v) >= NEG_MIN_MAX_FIXED:
         return []
     negated = {m.group(1): m.group(2) for m in _NEG.finditer(ptx)}
