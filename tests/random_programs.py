@@ -144,7 +144,7 @@ class Lit(E):
 @dataclass(frozen=True)
 class Elem(E):
     tile: str
-    idx: tuple          # per tile dim: ("own",) | ("rev",) | ("shift", c)
+    idx: tuple          # per tile dim: ("own",) | ("rev",) | ("shift", c) | ("half",) | ("clamp", c) | ("stride", c)
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,38 @@ class Cast(E):
 TRANSCENDENTAL = ("exp", "log", "rsqrt")
 
 
+def index_text(kind, rest, v, n) -> str:
+    """An element index of tile dimension `n` at the parallel's index `v`; every form stays in
+    0..n-1. Printed forms with a top-level `-` or `/` caught the CUDA printer's missing
+    parentheses (session 23: a[3 - i, j] read a[3 - i * 16 + j])."""
+    if kind == "own":
+        return v
+    if kind == "rev":
+        return f"{n - 1} - {v}"
+    if kind == "half":
+        return f"{v} / 2"
+    if kind == "shift":
+        return f"({v} + {rest[0]}) % {n}"
+    if kind == "clamp":
+        return f"min({v} + {rest[0]}, {n - 1})"
+    return f"{v} * {rest[0]} % {n}"
+
+
+def index_sel(kind, rest, own, n):
+    """index_text's elements, as numpy indices of `own` = arange(n)."""
+    if kind == "own":
+        return own
+    if kind == "rev":
+        return n - 1 - own
+    if kind == "half":
+        return own // 2
+    if kind == "shift":
+        return (own + rest[0]) % n
+    if kind == "clamp":
+        return np.minimum(own + rest[0], n - 1)
+    return own * rest[0] % n
+
+
 def text(e, tiles) -> str:
     if isinstance(e, Lit):
         return e.text
@@ -187,7 +219,7 @@ def text(e, tiles) -> str:
         parts = []
         for d, (kind, *rest) in enumerate(e.idx):
             v, n = VARS[d], t.shape[d]
-            parts.append(v if kind == "own" else f"{n - 1} - {v}" if kind == "rev" else f"({v} + {rest[0]}) % {n}")
+            parts.append(index_text(kind, rest, v, n))
         return f"{e.tile}[{', '.join(parts)}]"
     if isinstance(e, Var):
         return e.name
@@ -260,7 +292,7 @@ class Ev:
         for d, (kind, *rest) in enumerate(e.idx):
             n = t.shape[d]
             own = np.arange(n)
-            sel = own if kind == "own" else n - 1 - own if kind == "rev" else (own + rest[0]) % n
+            sel = index_sel(kind, rest, own, n)
             shape = [1] * arr.ndim
             shape[1 + lead + d] = n
             idx[1 + lead + d] = sel.reshape(shape)
@@ -930,7 +962,9 @@ class Ctx:
         if not self.readable[name]:
             idx = (("own",),) * len(t.shape)
         else:
-            idx = tuple(draw(st.sampled_from([("own",), ("own",), ("rev",), ("shift", draw(st.integers(1, 5)))]))
+            idx = tuple(draw(st.sampled_from([("own",), ("own",), ("rev",), ("shift", draw(st.integers(1, 5))),
+                                              ("half",), ("clamp", draw(st.integers(1, 3))),
+                                              ("stride", draw(st.integers(2, 3)))]))
                         for _ in t.shape)
         return Elem(name, idx)
 

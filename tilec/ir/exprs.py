@@ -156,13 +156,30 @@ def _int64(value, x):
     return ir.Int(value, span=x.span)
 
 
-def fold(e):
-    """Constant-fold integer arithmetic (floor division, as the language defines)."""
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+DIVISIONS = {"floor": {"/": INT_BINOPS["/"], "%": INT_BINOPS["%"]},
+             "trunc": {"/": _trunc_div, "%": lambda a, b: a - b * _trunc_div(a, b)}}
+
+
+def fold(e, division: str = "floor"):
+    """Constant-fold integer arithmetic. `division` says what `/` and `%` of constants
+    are: "floor" where the host computes them (consts, the grid, require, shapes;
+    Python's // and %), "trunc" in the kernel body (C++'s, what the device computes
+    for the same expression unfolded: -1 / 2 is 0), "exact" for a let, which may be
+    used in either: only where both agree (operands >= 0), else left to the use."""
     def step(x):
         if isinstance(x, ir.BinOp) and isinstance(x.lhs, ir.Int) and isinstance(x.rhs, ir.Int):
             if x.op in ("/", "%") and x.rhs.value == 0:
                 from ..errors import SemanticError
                 raise SemanticError("division by zero in a constant expression", x.span)
+            if x.op in ("/", "%"):
+                if division == "exact" and (x.lhs.value < 0 or x.rhs.value < 0):
+                    return x
+                return _int64(DIVISIONS["trunc" if division == "trunc" else "floor"][x.op](x.lhs.value, x.rhs.value), x)
             return _int64(INT_BINOPS[x.op](x.lhs.value, x.rhs.value), x)
         if isinstance(x, ir.BinOp) and x.op in "+-" and isinstance(x.rhs, ir.Int) and \
                 isinstance(x.lhs, ir.BinOp) and x.lhs.op in "+-" and isinstance(x.lhs.rhs, ir.Int):

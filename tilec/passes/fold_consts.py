@@ -60,7 +60,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     env = dict(values)
     lets = []
     for name, e in k.lets:
-        e = fold(substitute(e, env))
+        e = fold(substitute(e, env), "exact")
         if isinstance(e, ir.Call) and e.func == "im2col":
             kinds[name] = "view"
             lets.append((name, e))
@@ -68,7 +68,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         env[name] = e
         lets.append((name, e))
 
-    def resolve(e, bound):
+    def resolve(e, bound, division="floor"):
         def step(x):
             if isinstance(x, ir.Var):
                 kind = bound.get(x.name) or kinds.get(x.name)
@@ -79,7 +79,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                     and x.func != "im2col":
                 raise SemanticError(f"unknown function '{x.func}'", x.span)
             return x
-        return map_expr(fold(substitute(e, env)), step)
+        return map_expr(fold(substitute(e, env), division), step)
 
     params = []
     for p in k.params:
@@ -116,7 +116,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if group > 1 and len(k.grid) < 2:
         raise SemanticError(f"group = {group} numbers the tiles of {group} rows (the grid's second index) "
                             "together: it needs a grid of 2 or 3 dims", k.group.span)
-    body = _resolve_body(k.body, resolve, {})
+    body = _resolve_body(k.body, lambda e, bound: resolve(e, bound, "trunc"), {})   # device code: C++'s / and %
     return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
                    stream_k=stream_k, group=group,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),

@@ -246,9 +246,10 @@ class _Inserter:
             body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
             for x in loads:
                 at = {s.var: j}
-                body.append(replace(x, coords=tuple(fold(substitute(c, at)) for c in x.coords),
-                                    offsets=tuple(fold(substitute(c, at)) for c in x.offsets),
-                                    origin=tuple(fold(substitute(c, at)) for c in x.origin),
+                # the user's coordinates at a prologue iteration: device math (C++'s / and %)
+                body.append(replace(x, coords=tuple(fold(substitute(c, at), "trunc") for c in x.coords),
+                                    offsets=tuple(fold(substitute(c, at), "trunc") for c in x.offsets),
+                                    origin=tuple(fold(substitute(c, at), "trunc") for c in x.origin),
                                     barrier=full.name, barrier_index=stage, stage=stage))
             return body
 
