@@ -97,9 +97,12 @@ def encode(v, dt):
 
 
 def convert_copy(stored, src, dst):
-    """A thread copy's element conversion: through float, or double with f64."""
+    """A thread copy's element conversion: integer to integer wraps (tl_to_int's integer
+    overload); else through float, or double with f64."""
     if src == dst:
         return stored
+    if src in INTS and dst in INTS:
+        return to_type(stored, NP[dst])
     via = F64 if "f64" in (src, dst) else F32
     return encode(to_type(decode(stored, src), via), dst)
 
