@@ -87,7 +87,7 @@ def run_cxx(tmp_path, printer, bodies):
              "template <class A> A tl_abs(A a) { return a < 0 ? -a : a; }"]
     lines += [f"static long long f{n}(int i, int j, int l) {{ return (long long)({b}); }}" for n, b in enumerate(bodies)]
     lines += ["int main() {", f"  const int P[][3] = {{{', '.join('{%d, %d, %d}' % p for p in POINTS)}}};",
-              f"  for (const auto& p : P) {{", *[f'    printf("%lld\\n", f{n}(p[0], p[1], p[2]));'
+              "  for (const auto& p : P) {", *[f'    printf("%lld\\n", f{n}(p[0], p[1], p[2]));'
                                                for n in range(len(bodies))], "  }", "  return 0;", "}"]
     (tmp_path / "t.cpp").write_text("\n".join(lines) + "\n")
     subprocess.run([CXX, "-std=c++17", "-O0", "-w", "-o", str(tmp_path / "t"), str(tmp_path / "t.cpp")], check=True)
