@@ -4,6 +4,7 @@ what C++ semantics (a small evaluator here: truncating / and %, 0/1 comparisons)
 row-major flattening say. Session 23 found `a[3 - i, j]` printed as a[3 - i * 16 + j];
 this checks precedence everywhere the printer composes text. Skips without a C++ compiler."""
 import random
+import re
 import shutil
 import subprocess
 
@@ -78,9 +79,9 @@ def random_expr(rng, depth):
     return ir.Call(f, (random_expr(rng, depth - 1), random_expr(rng, depth - 1)))
 
 
-def run_cxx(tmp_path, printer, bodies):
+def run_cxx(tmp_path, printer, bodies, extra=()):
     """Each body a C++ expression over int i, j, l: its values at POINTS."""
-    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline",
+    lines = ["#include <cstdio>", *extra, "#define __device__", "#define __forceinline__ inline",
              "template <class A, class B> auto tl_min(A a, B b) { return a < b ? a : b; }",
              "template <class A, class B> auto tl_max(A a, B b) { return a < b ? b : a; }",
              "template <class A, class B> auto tl_cdiv(A a, B b) { return a / b + (a % b > 0); }",
@@ -124,3 +125,65 @@ def test_tile_element_indices_flatten_row_major(tmp_path, printer):
     for idx, ref, values in zip(cases, refs, got):
         want = [sum(c_eval(x, dict(zip(VARS, p))) * st for x, st in zip(idx, (128, 16, 1))) for p in POINTS]
         assert values == want, f"{ref}: C++ gives {values[:8]}..., row-major {want[:8]}..."
+
+
+# ---------------------------------------------------------------- the host printers
+
+def floor_eval(e, env):
+    """A host expression's value: as c_eval, but / and % floor (Python's // and %, the
+    language's rule on the host: docs/language.md §13) and cdiv is the exact ceiling."""
+    if isinstance(e, ir.BinOp) and e.op in ("/", "%"):
+        a, b = floor_eval(e.lhs, env), floor_eval(e.rhs, env)
+        return a // b if e.op == "/" else a % b
+    if isinstance(e, ir.Call) and e.func == "cdiv":
+        a, b = (floor_eval(x, env) for x in e.args)
+        return -(-a // b)
+    if isinstance(e, (ir.BinOp, ir.UnaryOp, ir.Call)):
+        kids = {ir.BinOp: ("lhs", "rhs"), ir.UnaryOp: ("operand",)}.get(type(e))
+        if kids:
+            values = {k: ir.Int(floor_eval(getattr(e, k), env)) for k in kids}
+            return c_eval(type(e)(**{**{f: getattr(e, f) for f in ("op",)}, **values}), env)
+        return c_eval(ir.Call(e.func, tuple(ir.Int(floor_eval(a, env)) for a in e.args)), env)
+    return c_eval(e, env)
+
+
+def test_host_expressions_print_as_python_computes_them(printer):
+    """The host wrapper's Python (codegen/host.py py_expr) of the grid, requires and shapes."""
+    from tilec.codegen.host import py_expr
+    from tilec.runtime.host import cdiv
+    rng = random.Random(11)
+    for _ in range(400):
+        e = random_expr(rng, 3)
+        text = py_expr(e)
+        for p in POINTS:
+            env = dict(zip(VARS, p))
+            got = eval(text, {"rt": type("rt", (), {"cdiv": staticmethod(cdiv)})}, env)
+            assert got == floor_eval(e, env), f"{text} at {env}: Python gives {got}, the host's rule {floor_eval(e, env)}"
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+def test_host_expressions_print_as_the_exported_cxx_computes_them(tmp_path, printer):
+    """tilec export's C++ (codegen/export.py _HostExpr) of the same expressions."""
+    from tilec._resources import resource
+    from tilec.codegen.export import _HostExpr
+    host = _HostExpr(printer.k)
+    rng = random.Random(12)
+    exprs = [e for e in (random_expr(rng, 3) for _ in range(400)) if not any(
+        isinstance(x, ir.Call) and x.func == "select" for x in _walk(e))]
+    bodies = [host(e) for e in exprs]
+    template = (resource("templates") / "export.cc.j2").read_text()     # the helpers an export defines
+    helpers = re.findall(r"^long long (?:cdiv|floordiv|floormod)\(.*?^}", template, re.M | re.S)
+    assert len(helpers) == 3, helpers
+    got = run_cxx(tmp_path, printer, bodies, ["#include <algorithm>", "#include <cstdlib>", *helpers])
+    for e, text, values in zip(exprs, bodies, got):
+        want = [floor_eval(e, dict(zip(VARS, p))) for p in POINTS]
+        assert values == want, f"{text}: C++ gives {values[:8]}..., the host's rule {want[:8]}..."
+
+
+def _walk(e):
+    yield e
+    for f in ("lhs", "rhs", "operand"):
+        if hasattr(e, f):
+            yield from _walk(getattr(e, f))
+    for a in getattr(e, "args", ()):
+        yield from _walk(a)

@@ -107,7 +107,8 @@ class _HostExpr:
                 return f"({text})" if e.op == "||" and isinstance(x, ir.BinOp) and x.op == "&&" else text
             return binary(e, prec, _C_PREC, show, chains=_C_PREC[e.op] != _COMPARE)
         if isinstance(e, ir.UnaryOp):
-            return f"{e.op}{self(e.operand, 7)}"
+            inner = self(e.operand, 7)
+            return f"{e.op}({inner})" if inner[:1] in "-+" else f"{e.op}{inner}"     # `- -x` is not `--x`
         if isinstance(e, ir.Call) and e.func in ("min", "max"):
             return f"std::{e.func}<long long>({self(e.args[0])}, {self(e.args[1])})"
         if isinstance(e, ir.Call) and e.func == "abs":

@@ -15,6 +15,12 @@ _PY_PREC = {"or": 1, "and": 2, "==": _PY_COMPARE, "!=": _PY_COMPARE, "<": _PY_CO
             ">": _PY_COMPARE, ">=": _PY_COMPARE, "+": 5, "-": 5, "*": 6, "//": 6, "%": 6}
 
 
+def _is_bool(e) -> bool:
+    """Does Python compute `e` as a bool (a comparison, `not`, and / or of such)?"""
+    return (isinstance(e, ir.BinOp) and e.op in ("==", "!=", "<", "<=", ">", ">=", "&&", "||")) or \
+        (isinstance(e, ir.UnaryOp) and e.op == "!")
+
+
 def py_expr(e, prec=0) -> str:
     if isinstance(e, ir.Int):
         return str(e.value)
@@ -24,7 +30,10 @@ def py_expr(e, prec=0) -> str:
         return e.name
     if isinstance(e, ir.BinOp):
         op = _PY_OPS.get(e.op, e.op)
-        return binary(e, prec, _PY_PREC, py_expr, op, chains=_PY_PREC[op] != _PY_COMPARE)
+        show = py_expr
+        if op in ("and", "or"):     # C's 0 / 1, where Python's `and` returns an operand: 5 and 6 is 6
+            show = lambda x, p: py_expr(x, p) if _is_bool(x) else f"bool({py_expr(x)})"  # noqa: E731
+        return binary(e, prec, _PY_PREC, show, op, chains=_PY_PREC[op] != _PY_COMPARE)
     if isinstance(e, ir.UnaryOp):
         return f"(not {py_expr(e.operand, 7)})" if e.op == "!" else f"-{py_expr(e.operand, 7)}"
     if isinstance(e, ir.Call):
