@@ -1,8 +1,10 @@
-"""The CUDA printer against C++ itself: random integer expressions and tile element
-indices, printed by codegen/cuda.py, compiled by the host C++ compiler and run, must give
-what C++ semantics (a small evaluator here: truncating / and %, 0/1 comparisons) and
-row-major flattening say. Session 23 found `a[3 - i, j]` printed as a[3 - i * 16 + j];
-this checks precedence everywhere the printer composes text. Skips without a C++ compiler."""
+"""The printers against the languages they print. Random integer expressions and tile
+element indices, printed by codegen/cuda.py, compiled by the host C++ compiler and run, must
+give what C++ semantics say (a small evaluator here: truncating / and %, 0/1 comparisons)
+and row-major flattening; the host wrapper's Python (codegen/host.py) and tilec export's C++
+(codegen/export.py) must give the host's rule (/ and % floor). Session 23 found
+`a[3 - i, j]` printed as a[3 - i * 16 + j], `5 && 6` as Python's 6, `- -x` as C++'s --x.
+The C++ tests skip without a host C++ compiler."""
 import random
 import re
 import shutil
