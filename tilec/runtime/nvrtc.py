@@ -63,10 +63,10 @@ def mapped_library(prefix: str, maps: str = "/proc/self/maps") -> str | None:
     process has mapped (Linux), or None."""
     try:
         with open(maps) as f:
-            for line in f:
-                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                if os.path.basename(path).startswith(prefix):
-                    return path
+            for line in f:      # address perms offset dev inode [path]
+                fields = line.split(None, 5)
+                if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith(prefix):
+                    return fields[5].strip()
     except OSError:
         pass
     return None
