@@ -38,23 +38,25 @@ def tdiv(a, b):
     return q if (a < 0) == (b < 0) else -q
 
 
-def c_eval(e, env):
-    """C++'s value of an int expression."""
+def c_eval(e, env, floor=False):
+    """An int expression's value: C++'s (truncating / and %), or with `floor` the host's
+    rule (Python's // and %, cdiv the exact ceiling: docs/language.md §13)."""
     if isinstance(e, ir.Int):
         return e.value
     if isinstance(e, ir.Var):
         return env[e.name]
+    div = (lambda a, b: a // b) if floor else tdiv
     if isinstance(e, ir.UnaryOp):
-        v = c_eval(e.operand, env)
+        v = c_eval(e.operand, env, floor)
         return -v if e.op == "-" else int(v == 0)
     if isinstance(e, ir.Call):
-        a = [c_eval(x, env) for x in e.args]
+        a = [c_eval(x, env, floor) for x in e.args]
         return {"min": lambda: min(a), "max": lambda: max(a), "abs": lambda: abs(a[0]),
                 "select": lambda: a[1] if a[0] else a[2],
-                "cdiv": lambda: tdiv(a[0], a[1]) + (a[0] - a[1] * tdiv(a[0], a[1]) > 0)}[e.func]()
-    a, b = c_eval(e.lhs, env), c_eval(e.rhs, env)
-    ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: tdiv(a, b),
-           "%": lambda: a - b * tdiv(a, b), "==": lambda: int(a == b), "!=": lambda: int(a != b),
+                "cdiv": lambda: div(a[0], a[1]) + (a[0] - a[1] * div(a[0], a[1]) > 0)}[e.func]()
+    a, b = c_eval(e.lhs, env, floor), c_eval(e.rhs, env, floor)
+    ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: div(a, b),
+           "%": lambda: a - b * div(a, b), "==": lambda: int(a == b), "!=": lambda: int(a != b),
            "<": lambda: int(a < b), "<=": lambda: int(a <= b), ">": lambda: int(a > b),
            ">=": lambda: int(a >= b), "&&": lambda: int(bool(a) and bool(b)), "||": lambda: int(bool(a) or bool(b))}
     return ops[e.op]()
@@ -132,21 +134,8 @@ def test_tile_element_indices_flatten_row_major(tmp_path, printer):
 # ---------------------------------------------------------------- the host printers
 
 def floor_eval(e, env):
-    """A host expression's value: as c_eval, but / and % floor (Python's // and %, the
-    language's rule on the host: docs/language.md §13) and cdiv is the exact ceiling."""
-    if isinstance(e, ir.BinOp) and e.op in ("/", "%"):
-        a, b = floor_eval(e.lhs, env), floor_eval(e.rhs, env)
-        return a // b if e.op == "/" else a % b
-    if isinstance(e, ir.Call) and e.func == "cdiv":
-        a, b = (floor_eval(x, env) for x in e.args)
-        return -(-a // b)
-    if isinstance(e, (ir.BinOp, ir.UnaryOp, ir.Call)):
-        kids = {ir.BinOp: ("lhs", "rhs"), ir.UnaryOp: ("operand",)}.get(type(e))
-        if kids:
-            values = {k: ir.Int(floor_eval(getattr(e, k), env)) for k in kids}
-            return c_eval(type(e)(**{**{f: getattr(e, f) for f in ("op",)}, **values}), env)
-        return c_eval(ir.Call(e.func, tuple(ir.Int(floor_eval(a, env)) for a in e.args)), env)
-    return c_eval(e, env)
+    """A host expression's value (the grid, requires, shapes)."""
+    return c_eval(e, env, floor=True)
 
 
 def test_host_expressions_print_as_python_computes_them(printer):
