@@ -32,11 +32,12 @@ from hypothesis import strategies as st
 
 import ml_dtypes
 
-ELSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4}
+ELSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4, "f8e4m3": 1, "f8e5m2": 1}
 FLOATS = ("f16", "bf16", "f32", "f64")
 INTS = ("i8", "i32")
 NP = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32),
-      "f64": np.dtype(np.float64), "i8": np.dtype(np.int8), "i32": np.dtype(np.int32)}
+      "f64": np.dtype(np.float64), "i8": np.dtype(np.int8), "i32": np.dtype(np.int32),
+      "f8e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "f8e5m2": np.dtype(ml_dtypes.float8_e5m2)}
 UNIT = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
 TINY = {"f16": 2.0 ** -24, "bf16": 2.0 ** -133, "f32": 2.0 ** -149, "f64": 2.0 ** -1074}
 F32, F64, I32 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)
@@ -512,7 +513,7 @@ class Program:
     sizes: dict         # symbol -> value
     threads: int
     scalars: list = field(default_factory=list)       # (name, dtype, value)
-    im2col: object = None                             # im2col description (its own template)
+    template: object = None                           # a program of its own template (Im2col, Gemm)
     run_fallback: bool = False                        # also run the thread-copy variant k.fallback
     data_seed: int = 0
     kind: str = ""
@@ -523,8 +524,8 @@ class Program:
         return {t.name: t for t in self.tiles}
 
     def text(self) -> str:
-        if self.im2col is not None:
-            return self.im2col.text(self)
+        if self.template is not None:
+            return self.template.text(self)
         params = [f"{t.name}: {t.dtype}[{', '.join(t.dims)}]" for t in self.tensors]
         params += [f"{n}: {dt}" for n, dt, _ in self.scalars]
         R = len(self.space)
@@ -608,6 +609,8 @@ class Program:
     def inputs(self):
         """The input arrays (numpy, contiguous), from data_seed."""
         rng = np.random.default_rng(self.data_seed)
+        if hasattr(self.template, "inputs"):
+            return self.template.inputs(self, rng)
         out = {}
         for t in self.tensors:
             if t.role != "in":
@@ -629,8 +632,8 @@ class Program:
     def reference(self, inputs, outputs):
         """outputs: name -> the output's initial contents (numpy). Returns name ->
         (expected array, tolerance array or None for bit-exact)."""
-        if self.im2col is not None:
-            return self.im2col.reference(self, inputs, outputs)
+        if self.template is not None:
+            return self.template.reference(self, inputs, outputs)
         return Sim(self, inputs, outputs).run()
 
     def expected_fallback(self, views=True):
@@ -644,8 +647,8 @@ class Program:
         by_name = {t.name: t for t in self.tensors}
         if any(0 in self.tensor_shape(t) for t in self.tensors):
             return None         # an empty grid launches nothing, and checks nothing (session 22, seed 33 #449)
-        if self.im2col is not None:
-            tma = {("X", False), ("Y", True)}
+        if self.template is not None:
+            tma = self.template.tma(self)
         else:
             tma = set()
             tiles = self.tile_map
@@ -661,7 +664,7 @@ class Program:
                         for b in ("then", "orelse", "body"):
                             visit(getattr(s, b, []))
             visit(self.stmts)
-        must, may = False, self.im2col is not None
+        must, may = False, self.template is not None and self.template.may_fall_back(self, views)
         for n, store in tma:
             t = by_name[n]
             shape = self.tensor_shape(t)
@@ -745,7 +748,7 @@ class Sim:
              For: self.for_}[type(s)](s, active)
 
     def _abs_of(self, name):
-        return np.nan_to_num(np.abs(decode(self.state[name], self.tiles[name].dtype).astype(F64)), nan=0.0)
+        return abs_of(self.tiles, self.state, name)
 
     def _set(self, name, new, active, mag=None):
         m = self.bshape(active)
@@ -776,11 +779,7 @@ class Sim:
         if mag is not None:
             if self.tol[s.tensor] is None:
                 self.tol[s.tensor] = np.zeros(self.out[s.tensor].shape)
-            if dst.dtype in FLOATS:
-                units = max([UNIT[dst.dtype]] + [UNIT[x.dtype] for x in self.p.tiles if x.dtype in FLOATS])
-                tol = 16 * units * mag + 4 * TINY[dst.dtype]
-            else:
-                tol = np.zeros(np.shape(mag))
+            tol = store_tolerance(dst.dtype, [x.dtype for x in self.p.tiles], mag)
             self.tol[s.tensor][target] = tol[ok]
 
     def fill(self, s, active):
@@ -829,25 +828,43 @@ class Sim:
         self.lane_block(s.body, env, lanes)
 
     def lane_block(self, stmts, env, lanes):
-        for s in stmts:
-            if isinstance(s, Assign):
-                t = self.tiles[s.tile]
-                double = t.dtype == "f64" or reads_f64(s.value, self.tiles, self.scalar_types)
-                v = Ev(self.tiles, self.state, env, self.scalar_types, double)(s.value)
-                new = np.broadcast_to(encode(v.v, t.dtype), lanes.shape)
-                old = self.state[s.tile + "@mag"]
-                if v.mag is not None and old is None:
-                    old = self._abs_of(s.tile)
-                self.state[s.tile] = np.where(lanes, new, self.state[s.tile])
-                if old is not None:
-                    mag = self._abs_of(s.tile) if v.mag is None else np.broadcast_to(v.mag, lanes.shape)
-                    self.state[s.tile + "@mag"] = np.where(lanes, mag, old)
-            else:
-                double = reads_f64(s.cond, self.tiles, self.scalar_types)
-                c = np.broadcast_to(Ev(self.tiles, self.state, env, self.scalar_types, double)(s.cond).v != 0,
-                                    lanes.shape)
-                self.lane_block(s.then, env, lanes & c)
-                self.lane_block(s.orelse, env, lanes & ~c)
+        run_lanes(self.tiles, self.state, self.scalar_types, stmts, env, lanes)
+
+
+def abs_of(tiles, state, name):
+    return np.nan_to_num(np.abs(decode(state[name], tiles[name].dtype).astype(F64)), nan=0.0)
+
+
+def run_lanes(tiles, state, scalar_types, stmts, env, lanes):
+    """A parallel body's statements on the lanes (a mask [blocks, *tile]) where they
+    run: `state` maps each tile to its stacked elements, and "name@mag" to None or
+    a magnitude bound (see Ev)."""
+    for s in stmts:
+        if isinstance(s, Assign):
+            t = tiles[s.tile]
+            double = t.dtype == "f64" or reads_f64(s.value, tiles, scalar_types)
+            v = Ev(tiles, state, env, scalar_types, double)(s.value)
+            new = np.broadcast_to(encode(v.v, t.dtype), lanes.shape)
+            old = state[s.tile + "@mag"]
+            if v.mag is not None and old is None:
+                old = abs_of(tiles, state, s.tile)
+            state[s.tile] = np.where(lanes, new, state[s.tile])
+            if old is not None:
+                mag = abs_of(tiles, state, s.tile) if v.mag is None else np.broadcast_to(v.mag, lanes.shape)
+                state[s.tile + "@mag"] = np.where(lanes, mag, old)
+        else:
+            double = reads_f64(s.cond, tiles, scalar_types)
+            c = np.broadcast_to(Ev(tiles, state, env, scalar_types, double)(s.cond).v != 0, lanes.shape)
+            run_lanes(tiles, state, scalar_types, s.then, env, lanes & c)
+            run_lanes(tiles, state, scalar_types, s.orelse, env, lanes & ~c)
+
+
+def store_tolerance(dst_dtype, tile_dtypes, mag):
+    """How far a stored float may be from the model where exp, log or rsqrt fed it."""
+    if dst_dtype not in FLOATS:
+        return np.zeros(np.shape(mag))
+    units = max([UNIT[dst_dtype]] + [UNIT[x] for x in tile_dtypes if x in FLOATS])
+    return 16 * units * mag + 4 * TINY[dst_dtype]
 
 
 
@@ -869,6 +886,11 @@ class Im2col:
     d: int
     bm: int
     scale: bool          # a parallel body t = t * alpha + t[i, j] (an element op on the loaded tile)
+    def may_fall_back(self, prog, views):
+        return True          # its pixel box may break a launch rule
+
+    def tma(self, prog):
+        return {("X", False), ("Y", True)}
 
     def outs(self):
         return [(i + 2 * self.p - self.d * (self.k - 1) - 1) // self.s + 1 for i in self.sizes]
@@ -937,9 +959,209 @@ def im2col_program(draw):
     x = Tensor("X", dt, ["N", *dims, "C"], "in", align=draw(st.sampled_from([True] * 5 + [False])))
     y = Tensor("Y", dt, ["NP", f"{k ** spatial} * C"], "out", align=draw(st.sampled_from([True] * 5 + [False])))
     return Program("im2col_r", [x, y], [Tile("t", "shared", dt, (spec.bm, min(c, 64)))], [], (), sym, 128,
-                   scalars=[("alpha", "f32", draw(st.sampled_from([0.5, -1.25, 3.0])))], im2col=spec,
+                   scalars=[("alpha", "f32", draw(st.sampled_from([0.5, -1.25, 3.0])))], template=spec,
                    run_fallback=draw(st.sampled_from([False] * 4 + [True])),
                    data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="im2col")
+
+
+# ================================================================ gemm programs
+
+@dataclass
+class Gemm:
+    """A pipelined gemm (any tile shape plan-gemm takes, either operand transposed,
+    a producer warpgroup, a persistent grid, stream-K, tile groups), an accumulator
+    that may start from values other than 0, and an element epilogue on it (or on a
+    local tile beside it) before the store. The operands are small integers, so every
+    sum wgmma forms is exact in f32 whatever its order: the model's product is the
+    GPU's bit for bit, and so is the epilogue (the module docstring's rules)."""
+    dt: str
+    ct: str
+    bm: int
+    bn: int
+    bk: int
+    threads: int
+    ta: bool
+    tb: bool
+    stages: int
+    producer: bool
+    persistent: bool
+    stream_k: bool
+    group: int           # 0: no group clause
+    init: tuple          # ("zero",) | ("fill", text) | ("index", a, b, c, m): exact values, multiples of 0.5
+    epilogue: list       # statements of a parallel over (BM, BN)
+    out: bool            # the epilogue writes `local out: ct[BM, BN]`, stored instead of acc
+
+    def tiles(self):
+        ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
+        if self.out:
+            ts.append(Tile("out", "local", self.ct, (self.bm, self.bn)))
+        return {t.name: t for t in ts}
+
+    def init_text(self):
+        if self.init[0] == "fill":
+            return f"    fill(acc, {self.init[1]});\n"
+        text = "    fill(acc, 0);\n"
+        if self.init[0] == "index":
+            a, b, c, m = self.init[1:]
+            text += (f"    parallel (i, j) in (BM, BN) {{\n"
+                     f"        acc[i, j] = f32((i * {a} + j * {b} + bx * {c} + by) % {m}) * 0.5 - 1.5;\n    }}\n")
+        return text
+
+    def text(self, prog):
+        a_dims, b_dims = ("K, M" if self.ta else "M, K"), ("N, K" if self.tb else "K, N")
+        grid = "grid (bx, by) = (cdiv(N, BN), cdiv(M, BM))"
+        if self.persistent:
+            grid += ", persistent = 1"
+        if self.stream_k:
+            grid += ", stream_k = 1"
+        if self.group:
+            grid += f", group = {self.group}"
+        flags = (", transpose_a = true" if self.ta else "") + (", transpose_b = true" if self.tb else "")
+        lines = []
+        Program._emit(prog, self.epilogue, lines, 2)
+        epilogue = ""
+        if self.epilogue:
+            epilogue = "    parallel (i, j) in (BM, BN) {\n" + "\n".join(lines) + "\n    }\n"
+        return (f"kernel {prog.name}(A: {self.dt}[{a_dims}], B: {self.dt}[{b_dims}], C: {self.ct}[M, N], "
+                f"alpha: f32, n: i32) {{\n"
+                f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
+                f"    {grid};\n"
+                f"    threads {self.threads};\n"
+                f"    shared a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
+                f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
+                f"    local acc: f32[BM, BN];\n"
+                + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
+                + self.init_text()
+                + f"    for k in pipelined(cdiv(K, BK), stages = {self.stages}"
+                + (", producer = 1" if self.producer else "") + ") {\n"
+                f"        copy(A[{'k * BK, by * BM' if self.ta else 'by * BM, k * BK'}], a);\n"
+                f"        copy(B[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
+                f"        gemm(a, b, acc{flags});\n"
+                f"    }}\n"
+                + epilogue
+                + f"    copy({'out' if self.out else 'acc'}, C[by * BM, bx * BN]);\n}}\n")
+
+    def inputs(self, prog, rng):
+        out = {}
+        for t in prog.tensors:
+            if t.role == "in":
+                out[t.name] = rng.integers(-2, 3, prog.tensor_shape(t)).astype(F32).astype(NP[t.dtype])
+        return out
+
+    def tma(self, prog):
+        return {("A", False), ("B", False)}
+
+    def may_fall_back(self, prog, views):
+        """C's store is a TMA store or thread stores, as plan-gemm decides: a C that
+        breaks a TMA rule may fall back."""
+        c = next(t for t in prog.tensors if t.name == "C")
+        n = prog.sizes["N"]
+        return (not c.align if views else n * ELSIZE[self.ct] % 16 != 0) or n * ELSIZE[self.ct] < 16
+
+    def reference(self, prog, inputs, outputs):
+        M, N, K = (prog.sizes[x] for x in "MNK")
+        BM, BN = self.bm, self.bn
+        gy, gx = -(-M // BM), -(-N // BN)
+        a = decode(inputs["A"], self.dt).astype(F64)
+        b = decode(inputs["B"], self.dt).astype(F64)
+        a, b = (a.T if self.ta else a), (b.T if self.tb else b)
+        prod = np.zeros((gy * BM, gx * BN))
+        prod[:M, :N] = a @ b                       # exact: small integers
+        nb = gx * gy
+        blocks = prod.reshape(gy, BM, gx, BN).transpose(0, 2, 1, 3).reshape(nb, BM, BN)
+        by = (np.arange(nb) // gx).astype(np.int32).reshape(nb, 1, 1)
+        bx = (np.arange(nb) % gx).astype(np.int32).reshape(nb, 1, 1)
+        i = np.arange(BM, dtype=np.int32).reshape(1, BM, 1)
+        j = np.arange(BN, dtype=np.int32).reshape(1, 1, BN)
+        if self.init[0] == "fill":
+            init = np.full((nb, BM, BN), float(self.init[1]))
+        elif self.init[0] == "index":
+            ca, cb, cc, m = self.init[1:]
+            init = np.broadcast_to(((i * ca + j * cb + bx * cc + by) % m) * 0.5 - 1.5, (nb, BM, BN))
+        else:
+            init = np.zeros((nb, BM, BN))
+        tiles = self.tiles()
+        state = {"acc": (init + blocks).astype(F32), "acc@mag": None}
+        if self.out:
+            state["out"] = np.full((nb, BM, BN), np.nan).astype(NP[self.ct])
+            state["out@mag"] = None
+        scalars = {n_: dt for n_, dt, _ in prog.scalars}
+        env = {"i": i, "j": j, "bx": bx, "by": by}
+        env.update({n_: (np.float32 if dt == "f32" else np.int32)(v) for n_, dt, v in prog.scalars})
+        run_lanes(tiles, state, scalars, self.epilogue, env, np.ones((nb, BM, BN), bool))
+        src = "out" if self.out else "acc"
+        vals = convert_copy(state[src], tiles[src].dtype, self.ct)
+        whole = vals.reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)
+        want = whole[:M, :N].copy()
+        tol = None
+        if state[src + "@mag"] is not None:
+            mag = state[src + "@mag"].reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)
+            tol = store_tolerance(self.ct, [t.dtype for t in tiles.values()], mag[:M, :N])
+        return {"C": (want, tol)}
+
+
+# (BM, BN, BK, threads) beyond tests/gemm_shapes.py's: the shipped examples' big tiles
+BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
+
+
+@st.composite
+def gemm_program(draw):
+    from gemm_shapes import SHAPES, refused
+    f8 = draw(st.integers(0, 5)) == 0
+    if f8:
+        dt = draw(st.sampled_from(["f8e4m3", "f8e5m2"]))
+        bm, bn, threads = draw(st.sampled_from([(128, 128, 256), (64, 128, 128), (128, 256, 256), (64, 64, 128)]))
+        bk, ta, tb = 128, False, True              # wgmma reads 8-bit operands K-major only
+    else:
+        dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
+        bm, bn, bk, threads = draw(st.sampled_from(SHAPES + BIG_GEMM_TILES))
+        ta, tb = draw(st.booleans()), draw(st.booleans())
+        if refused(bn, threads, bm, tb, ta):
+            tb = not tb if not refused(bn, threads, bm, not tb, ta) else tb
+            ta = ta if not refused(bn, threads, bm, tb, ta) else not ta
+    ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
+    persistent = draw(st.booleans())
+    stream_k = persistent and draw(st.booleans())
+    producer = draw(st.booleans())
+    big = bm * bk + bk * bn > 128 * 64 + 64 * 256 // 2
+    stages = draw(st.sampled_from([2, 3, 4] if big else [1, 2, 3, 4, 6]))
+    if producer and stages < 2:
+        stages = 2
+    group = draw(st.sampled_from([0, 0, 1, 2, 8]))
+    init = draw(st.sampled_from([("zero",)] * 3 + [("fill", "1.5"), ("fill", "-2.0")]
+                                + [("index", draw(st.integers(1, 5)), draw(st.integers(1, 5)),
+                                    draw(st.integers(0, 3)), draw(st.integers(2, 9)))]))
+    if stream_k:                                   # stream-K sums partial accumulators: they start from 0
+        init = ("zero",)
+    regs = min(255, 65536 // (threads + 128 * producer))      # a thread's registers, as plan-gemm counts them
+    out = 2 * bm * bn // threads + 26 <= regs and draw(st.integers(0, 3)) == 0   # a local beside acc
+    scalars = [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
+    tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
+    if out:
+        tiles["out"] = Tile("out", "local", ct, (bm, bn))
+    ctx = Ctx(tiles, {"acc": False}, 2, ["bx", "by", "n"], ["alpha"])
+    if out:
+        epilogue = body(draw, ctx, "out", ct, False, depth=2)
+    elif draw(st.booleans()):
+        epilogue = body(draw, ctx, "acc", "f32", True, depth=2)
+    else:
+        epilogue = []
+    spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, stages, producer, persistent, stream_k, group, init,
+                epilogue, out)
+
+    def size(t):
+        return draw(st.sampled_from(sorted({1, max(1, t - 1), t, t + 1, 2 * t + 3, 3 * t - 1})))
+    k_steps = draw(st.sampled_from([0, 1, 1, 2, 3, 5, 9]))
+    K = max(0, k_steps * bk - draw(st.sampled_from([0, 0, 8, 16, 1]))) if k_steps else 0
+    sizes = {"M": size(bm), "N": size(bn), "K": K}
+    unaligned = draw(st.integers(0, 5)) == 0
+    align = lambda: not (unaligned and draw(st.booleans()))        # noqa: E731
+    tensors = [Tensor("A", dt, ["K", "M"] if ta else ["M", "K"], "in", align()),
+               Tensor("B", dt, ["N", "K"] if tb else ["K", "N"], "in", align()),
+               Tensor("C", ct, ["M", "N"], "out", align())]
+    return Program("gemm_r", tensors, list(tiles.values()), [], (), sizes, threads, scalars, template=spec,
+                   run_fallback=draw(st.sampled_from([False] * 4 + [True])),
+                   data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="gemm")
 
 
 # ================================================================ element expressions, drawn
@@ -1258,6 +1480,9 @@ def tile_program(draw):
 
 @st.composite
 def program(draw):
-    if draw(st.integers(0, 9)) == 0:
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
         return draw(im2col_program())
+    if kind == 1:
+        return draw(gemm_program())
     return draw(tile_program())

@@ -170,6 +170,9 @@ def _torch(a, dt):
     import torch
     if dt == "bf16":
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if dt in ("f8e4m3", "f8e5m2"):
+        f8 = torch.float8_e4m3fn if dt == "f8e4m3" else torch.float8_e5m2
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).view(f8)
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
