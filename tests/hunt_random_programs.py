@@ -4,7 +4,7 @@ $OUT/hunt_SEED.log (or /tmp), with the launches; a CUDA fault ends the process n
 the program (CUDA_LAUNCH_BLOCKING=1), other failures are logged and the hunt goes on.
 
     python tests/hunt_random_programs.py 11 500      (on the GPU machine, from the repo root)
-    python tests/hunt_random_programs.py 11 500 gemm (gemm programs only)
+    python tests/hunt_random_programs.py 11 500 gemm (gemm programs only; `conv`: convolutions)
 
 Session 22's findings with it: tests/random_programs_findings.md."""
 import os
@@ -13,7 +13,7 @@ os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
 sys.path.insert(0, "tests")
 import test_random_programs as t  # noqa: E402
 from hypothesis import given, seed as hseed, settings  # noqa: E402
-from random_programs import gemm_program, program  # noqa: E402
+from random_programs import conv_program, gemm_program, program  # noqa: E402
 
 LOG = os.path.join(os.environ.get("OUT", "/tmp"), f"hunt_{sys.argv[1]}.log")
 from tilec.runtime import host  # noqa: E402
@@ -48,6 +48,6 @@ def body(p):
             f.write(f"FAIL #{count[0]}: {msg[:3000]}\n")
 
 
-strategy = gemm_program() if sys.argv[3:] == ["gemm"] else program()
+strategy = {"gemm": gemm_program, "conv": conv_program}.get((sys.argv[3:] or [""])[0], program)()
 hseed(int(sys.argv[1]))(settings(max_examples=int(sys.argv[2]), **t.SETTINGS)(given(strategy)(body)))()
 print(f"seed {sys.argv[1]}: ran {count[0]}, failed {count[1]}", flush=True)

@@ -1007,9 +1007,18 @@ class Gemm:
                      f"        acc[i, j] = f32((i * {a} + j * {b} + bx * {c} + by) % {m}) * 0.5 - 1.5;\n    }}\n")
         return text
 
-    def text(self, prog):
+    names = ("A", "B", "C")
+
+    def head(self, prog):
+        """The parameters, consts and lets before the grid; the grid's extents; A's region at step k."""
         a_dims, b_dims = ("K, M" if self.ta else "M, K"), ("N, K" if self.tb else "K, N")
-        grid = "grid (bx, by) = (cdiv(N, BN), cdiv(M, BM))"
+        params = f"A: {self.dt}[{a_dims}], B: {self.dt}[{b_dims}], C: {self.ct}[M, N]"
+        return params, "", ("N", "M", "K"), f"A[{'k * BK, by * BM' if self.ta else 'by * BM, k * BK'}]"
+
+    def text(self, prog):
+        params, decls, (n, m, k), a_region = self.head(prog)
+        A, B, C = self.names
+        grid = f"grid (bx, by) = (cdiv({n}, BN), cdiv({m}, BM))"
         if self.persistent:
             grid += ", persistent = 1"
         if self.stream_k:
@@ -1022,9 +1031,9 @@ class Gemm:
         epilogue = ""
         if self.epilogue:
             epilogue = "    parallel (i, j) in (BM, BN) {\n" + "\n".join(lines) + "\n    }\n"
-        return (f"kernel {prog.name}(A: {self.dt}[{a_dims}], B: {self.dt}[{b_dims}], C: {self.ct}[M, N], "
-                f"alpha: f32, n: i32) {{\n"
-                f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
+        return (f"kernel {prog.name}({params}, alpha: f32, n: i32) {{\n"
+                + decls
+                + f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
                 f"    {grid};\n"
                 f"    threads {self.threads};\n"
                 f"    shared a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
@@ -1032,14 +1041,14 @@ class Gemm:
                 f"    local acc: f32[BM, BN];\n"
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + self.init_text()
-                + f"    for k in pipelined(cdiv(K, BK), stages = {self.stages}"
+                + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
                 + (", producer = 1" if self.producer else "") + ") {\n"
-                f"        copy(A[{'k * BK, by * BM' if self.ta else 'by * BM, k * BK'}], a);\n"
-                f"        copy(B[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
+                f"        copy({a_region}, a);\n"
+                f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
                 f"        gemm(a, b, acc{flags});\n"
                 f"    }}\n"
                 + epilogue
-                + f"    copy({'out' if self.out else 'acc'}, C[by * BM, bx * BN]);\n}}\n")
+                + f"    copy({'out' if self.out else 'acc'}, {C}[by * BM, bx * BN]);\n}}\n")
 
     def inputs(self, prog, rng):
         out = {}
@@ -1054,17 +1063,21 @@ class Gemm:
     def may_fall_back(self, prog, views):
         """C's store is a TMA store or thread stores, as plan-gemm decides: a C that
         breaks a TMA rule may fall back."""
-        c = next(t for t in prog.tensors if t.name == "C")
-        n = prog.sizes["N"]
+        c = next(t for t in prog.tensors if t.name == self.names[2])
+        n = prog.tensor_shape(c)[1]
         return (not c.align if views else n * ELSIZE[self.ct] % 16 != 0) or n * ELSIZE[self.ct] < 16
 
-    def reference(self, prog, inputs, outputs):
-        M, N, K = (prog.sizes[x] for x in "MNK")
-        BM, BN = self.bm, self.bn
-        gy, gx = -(-M // BM), -(-N // BN)
+    def operands(self, prog, inputs):
+        """The product's operands as [M, K] and [K, N] matrices (float64, exact)."""
         a = decode(inputs["A"], self.dt).astype(F64)
         b = decode(inputs["B"], self.dt).astype(F64)
-        a, b = (a.T if self.ta else a), (b.T if self.tb else b)
+        return (a.T if self.ta else a), (b.T if self.tb else b)
+
+    def reference(self, prog, inputs, outputs):
+        a, b = self.operands(prog, inputs)
+        M, N = a.shape[0], b.shape[1]
+        BM, BN = self.bm, self.bn
+        gy, gx = -(-M // BM), -(-N // BN)
         prod = np.zeros((gy * BM, gx * BN))
         prod[:M, :N] = a @ b                       # exact: small integers
         nb = gx * gy
@@ -1097,11 +1110,90 @@ class Gemm:
         if state[src + "@mag"] is not None:
             mag = state[src + "@mag"].reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)
             tol = store_tolerance(self.ct, [t.dtype for t in tiles.values()], mag[:M, :N])
-        return {"C": (want, tol)}
+        return {self.names[2]: (want, tol)}
+
+
+@dataclass
+class Conv(Gemm):
+    """A convolution as implicit gemm (examples/conv2d.tile's form): A is an im2col
+    view of an N, spatial..., C input (1-3 spatial dims, any kernel, stride, pad and
+    dilation), B the [taps * C, F] weights (or [F, taps * C], transpose_b)."""
+    spatial: int = 2
+    n: int = 1
+    sizes: tuple = ()
+    c: int = 8
+    f: int = 8
+    k: int = 3
+    s: int = 1
+    p: int = 1
+    d: int = 1
+    names = ("X", "Wt", "Y")
+
+    def view(self):
+        return Im2col(self.spatial, self.dt, self.n, self.sizes, self.c, self.k, self.s, self.p, self.d, self.bm,
+                      False)
+
+    def head(self, prog):
+        dims = SPATIAL[self.spatial]
+        taps = " * ".join(["KK"] * self.spatial)
+        outs = [f"(({d} + 2 * P - DIL * (KK - 1) - 1) / S + 1)" for d in dims]
+        kernel = "KK" if self.spatial == 1 else "(" + ", ".join(["KK"] * self.spatial) + ")"
+        w = f"F, {taps} * C" if self.tb else f"{taps} * C, F"
+        params = f"X: {self.dt}[N, {', '.join(dims)}, C], Wt: {self.dt}[{w}], Y: {self.ct}[NP, F]"
+        decls = (f"    const KK = {self.k}, S = {self.s}, P = {self.p}, DIL = {self.d};\n"
+                 f"    require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};\n"
+                 f"    let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);\n")
+        return params, decls, ("F", "NP", f"{taps} * C"), "Xc[by * BM, k * BK]"
+
+    def tma(self, prog):
+        return {("X", False), ("Wt", False)}
+
+    def may_fall_back(self, prog, views):
+        return True          # the im2col view's pixel box may break a launch rule
+
+    def operands(self, prog, inputs):
+        a = decode(self.view().matrix(inputs["X"]), self.dt).astype(F64)
+        b = decode(inputs["Wt"], self.dt).astype(F64)
+        return a, (b.T if self.tb else b)
 
 
 # (BM, BN, BK, threads) beyond tests/gemm_shapes.py's: the shipped examples' big tiles
 BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
+
+
+def _schedule(draw, bm, bn, bk, threads, ct):
+    """Drawn pipeline and grid options, the accumulator's start and the epilogue, as Gemm's fields."""
+    persistent = draw(st.booleans())
+    stream_k = persistent and draw(st.booleans())
+    producer = draw(st.booleans())
+    big = bm * bk + bk * bn > 128 * 64 + 64 * 256 // 2
+    stages = draw(st.sampled_from([2, 3, 4] if big else [1, 2, 3, 4, 6]))
+    if producer and stages < 2:
+        stages = 2
+    group = draw(st.sampled_from([0, 0, 1, 2, 8]))
+    init = draw(st.sampled_from([("zero",)] * 3 + [("fill", "1.5"), ("fill", "-2.0")]
+                                + [("index", draw(st.integers(1, 5)), draw(st.integers(1, 5)),
+                                    draw(st.integers(0, 3)), draw(st.integers(2, 9)))]))
+    if stream_k:                                   # stream-K sums partial accumulators: they start from 0
+        init = ("zero",)
+    regs = min(255, 65536 // (threads + 128 * producer))      # a thread's registers, as plan-gemm counts them
+    out = 2 * bm * bn // threads + 26 <= regs and draw(st.integers(0, 3)) == 0   # a local beside acc
+    tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
+    if out:
+        tiles["out"] = Tile("out", "local", ct, (bm, bn))
+    ctx = Ctx(tiles, {"acc": False}, 2, ["bx", "by", "n"], ["alpha"])
+    if out:
+        epilogue = body(draw, ctx, "out", ct, False, depth=2)
+    elif draw(st.booleans()):
+        epilogue = body(draw, ctx, "acc", "f32", True, depth=2)
+    else:
+        epilogue = []
+    return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
+                init=init, epilogue=epilogue, out=out), list(tiles.values())
+
+
+def _scalars(draw):
+    return [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
 
 
 @st.composite
@@ -1120,34 +1212,8 @@ def gemm_program(draw):
             tb = not tb if not refused(bn, threads, bm, not tb, ta) else tb
             ta = ta if not refused(bn, threads, bm, tb, ta) else not ta
     ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
-    persistent = draw(st.booleans())
-    stream_k = persistent and draw(st.booleans())
-    producer = draw(st.booleans())
-    big = bm * bk + bk * bn > 128 * 64 + 64 * 256 // 2
-    stages = draw(st.sampled_from([2, 3, 4] if big else [1, 2, 3, 4, 6]))
-    if producer and stages < 2:
-        stages = 2
-    group = draw(st.sampled_from([0, 0, 1, 2, 8]))
-    init = draw(st.sampled_from([("zero",)] * 3 + [("fill", "1.5"), ("fill", "-2.0")]
-                                + [("index", draw(st.integers(1, 5)), draw(st.integers(1, 5)),
-                                    draw(st.integers(0, 3)), draw(st.integers(2, 9)))]))
-    if stream_k:                                   # stream-K sums partial accumulators: they start from 0
-        init = ("zero",)
-    regs = min(255, 65536 // (threads + 128 * producer))      # a thread's registers, as plan-gemm counts them
-    out = 2 * bm * bn // threads + 26 <= regs and draw(st.integers(0, 3)) == 0   # a local beside acc
-    scalars = [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
-    tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
-    if out:
-        tiles["out"] = Tile("out", "local", ct, (bm, bn))
-    ctx = Ctx(tiles, {"acc": False}, 2, ["bx", "by", "n"], ["alpha"])
-    if out:
-        epilogue = body(draw, ctx, "out", ct, False, depth=2)
-    elif draw(st.booleans()):
-        epilogue = body(draw, ctx, "acc", "f32", True, depth=2)
-    else:
-        epilogue = []
-    spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, stages, producer, persistent, stream_k, group, init,
-                epilogue, out)
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct)
+    spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 
     def size(t):
         return draw(st.sampled_from(sorted({1, max(1, t - 1), t, t + 1, 2 * t + 3, 3 * t - 1})))
@@ -1159,9 +1225,43 @@ def gemm_program(draw):
     tensors = [Tensor("A", dt, ["K", "M"] if ta else ["M", "K"], "in", align()),
                Tensor("B", dt, ["N", "K"] if tb else ["K", "N"], "in", align()),
                Tensor("C", ct, ["M", "N"], "out", align())]
-    return Program("gemm_r", tensors, list(tiles.values()), [], (), sizes, threads, scalars, template=spec,
+    return Program("gemm_r", tensors, tiles, [], (), sizes, threads, _scalars(draw), template=spec,
                    run_fallback=draw(st.sampled_from([False] * 4 + [True])),
                    data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="gemm")
+
+
+@st.composite
+def conv_program(draw):
+    """examples/conv2d.tile's implicit gemm over 1-3 spatial dims, random geometry and tiles."""
+    from gemm_shapes import SHAPES, refused
+    spatial = draw(st.sampled_from([1, 2, 2, 3]))
+    dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
+    bm, bn, bk, threads = draw(st.sampled_from([x for x in SHAPES + BIG_GEMM_TILES if x[2] != 48]))  # one chunk
+    tb = draw(st.booleans())
+    if refused(bn, threads, bm, tb):
+        tb = not tb
+    ct = draw(st.sampled_from(["f16", "f16", "f32", "bf16"]))
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct)
+    c = draw(st.sampled_from([4, 8, 16, 24, 32, 64, 72, 128]))
+    f = draw(st.sampled_from([8, 16, 24, 64, 100, 128, 136, 264]))
+    k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))
+    s_, p_, d_ = draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([0, 1, 1, 2])), draw(st.sampled_from([1, 1, 2]))
+    n = draw(st.integers(1, 3))
+    sizes = tuple(draw(st.sampled_from([1, 4, 7, 9, 13] if spatial < 3 else [1, 4, 5])) for _ in range(spatial))
+    spec = Conv(dt, ct, bm, bn, bk, threads, False, tb, **sched, spatial=spatial, n=n, sizes=sizes, c=c, f=f, k=k,
+                s=s_, p=p_, d=d_)
+    dims = SPATIAL[spatial]
+    sym = dict(zip(("N", *dims, "C", "F"), (n, *sizes, c, f)))
+    sym["NP"] = n * math.prod(max(0, o) for o in spec.view().outs())
+    taps = k ** spatial
+    unaligned = draw(st.integers(0, 5)) == 0
+    align = lambda: not (unaligned and draw(st.booleans()))        # noqa: E731
+    tensors = [Tensor("X", dt, ["N", *dims, "C"], "in", align()),
+               Tensor("Wt", dt, ["F", f"{taps} * C"] if tb else [f"{taps} * C", "F"], "in", align()),
+               Tensor("Y", ct, ["NP", "F"], "out", align())]
+    return Program("conv_r", tensors, tiles, [], (), sym, threads, _scalars(draw), template=spec,
+                   run_fallback=draw(st.sampled_from([False] * 4 + [True])),
+                   data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="conv")
 
 
 # ================================================================ element expressions, drawn
@@ -1484,5 +1584,5 @@ def program(draw):
     if kind == 0:
         return draw(im2col_program())
     if kind == 1:
-        return draw(gemm_program())
+        return draw(gemm_program() if draw(st.booleans()) else conv_program())
     return draw(tile_program())
