@@ -9,7 +9,9 @@ what the Python wrapper passes to the driver for the same tensors (the real
 runtime.host code, with a stand-in cuda.bindings that records its calls), and
 its launch the kernel's parameters in abi.kernel_params' order; for bad ones
 its error code and message must be the Python wrapper's (the interpreter's
-launch checks, which are the wrapper's) word for word.
+launch checks, which are the wrapper's) word for word. The same comparison runs
+on tests/random_programs.py's programs with random views of their shapes
+(TILEC_RANDOM_EXPORTS examples, seed TILEC_RANDOM_EXPORTS_SEED).
 
 On the GPU (marked gpu): the launcher built with -lcuda and a C++ main, run on
 data the test writes, against the Python launch of the same kernel, bit for bit,
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings as hyp_settings, strategies as st
 
 import tilec
 from tilec.codegen import export as tilec_export
@@ -40,6 +43,7 @@ from tilec.runtime import tensormap
 from conftest import ROOT, TILEC
 from test_filecheck import FILECHECK
 from test_interpret import im2col_reference
+from random_programs import program as random_program
 
 EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d", "rowsum"]
 # Host expressions the examples do not have: requires over scalars, a division that
@@ -687,16 +691,23 @@ def stub_programs(exported, tmp_path_factory):
     def program(name):
         if name not in built:
             d, k = exported[name]
-            main = work / f"{name}_main.cc"
-            main.write_text(main_source(k.kernel_ir, gpu=False))
-            exe = work / f"{name}_stub"
-            p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
-                                str(d / f"{k.name}.cc"), str(work / "stub.cc"), "-o", str(exe)],
-                               capture_output=True, text=True, timeout=600)
-            assert p.returncode == 0, p.stderr
-            built[name] = exe
+            built[name] = build_stub(d, k, work, name)
         return built[name]
     return program
+
+
+def build_stub(d, k, work, name):
+    """The test main + the export in `d` + STUB (written to `work` first), built: the executable."""
+    if not (work / "stub.cc").exists():
+        (work / "stub.cc").write_text(STUB)
+    main = work / f"{name}_main.cc"
+    main.write_text(main_source(k.kernel_ir, gpu=False))
+    exe = work / f"{name}_stub"
+    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
+                        str(d / f"{k.name}.cc"), str(work / "stub.cc"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return exe
 
 
 def param_sizes(k: ir.Kernel) -> str:
@@ -706,8 +717,13 @@ def param_sizes(k: ir.Kernel) -> str:
 def run_stub(exported, stub_programs, name, args, err_len=4096, workspace=None, **env):
     """workspace: (pointer, bytes), a stream-K export's first arguments."""
     d, k = exported[name]
+    return run_stub_exe(stub_programs(name), k, args, name != "copy2d_strict", err_len, workspace, **env)
+
+
+def run_stub_exe(exe, k, args, with_fallback=True, err_len=4096, workspace=None, **env):
+    """Run a built stub program of kernel `k`'s export on `args`: (rc, err, the stub's lines)."""
     variants = [(k.cubin, k.kernel_ir)] + ([(k.fallback.cubin, k.fallback.kernel_ir)]
-                                           if name != "copy2d_strict" and k.kernel_ir.tensor_maps else [])
+                                           if with_fallback and k.kernel_ir.tensor_maps else [])
     spec = ";".join(f"{len(c)}={param_sizes(ir_)}" for c, ir_ in variants)
     argv = [hex(workspace[0]), str(workspace[1])] if workspace is not None else []
     for p, a in zip(k.kernel_ir.params, args):
@@ -718,7 +734,7 @@ def run_stub(exported, stub_programs, name, args, err_len=4096, workspace=None, 
             argv.append(str(a))
     argv.append(str(err_len))
     full_env = dict(os.environ, STUB_PARAMS=spec, **env)
-    p = subprocess.run([str(stub_programs(name)), *argv], capture_output=True, text=True, timeout=60, env=full_env)
+    p = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=60, env=full_env)
     assert p.returncode == 0, p.stderr
     out = p.stdout.splitlines()
     rc = int(next(line for line in out if line.startswith("rc="))[3:])
@@ -740,6 +756,11 @@ class _Enum:
 def python_driver(monkeypatch):
     """A stand-in cuda.bindings.driver that records the runtime's encode calls, in
     the stub's words; the list of those lines."""
+    return fake_driver(monkeypatch)
+
+
+def fake_driver(monkeypatch):
+    """python_driver's stand-in, installed with `monkeypatch`."""
     calls = []
     cu = types.ModuleType("cuda.bindings.driver")
     cu.CUtensorMapDataType = _Enum("CU_TENSOR_MAP_DATA_TYPE_")
@@ -849,7 +870,7 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
     for value in params:
         if isinstance(value, _Map):
             lines.append(f"param map#{value.index}")
-        elif ctypes.sizeof(value) == 8 and not isinstance(value, ctypes.c_double):
+        elif ctypes.sizeof(value) == 8:     # the stub prints every 8-byte parameter as a long long, f64 too
             lines.append(f"param {ctypes.c_longlong.from_buffer_copy(value).value}")
         else:
             raw = bytes(value) + bytes(8 - ctypes.sizeof(value))
@@ -1079,6 +1100,86 @@ def test_gpu_main_plumbing_on_the_stub(exported, tmp_path):
     assert (tmp_path / "B.bin.out").read_bytes() == b.tobytes()
     base = re.search(r"encode tiled map#1 .* address=(0x[0-9a-f]+)", p.stdout)
     assert base is not None
+
+
+# ---------------------------------------------------------------- random programs
+
+RANDOM_BASE = 0x7f0000000000
+
+
+def random_arguments(p, draw):
+    """Arguments for random program `p` (tests/random_programs.py) as the stub takes them:
+    per tensor (pointer, shape, strides), each 256 MiB apart, at the program's shape;
+    rows padded or not, and an unaligned view where the program has one (its start a
+    few elements past a 16-byte boundary); then the scalars."""
+    from random_programs import ELSIZE
+    out = []
+    for i, t in enumerate(p.tensors):
+        shape = p.tensor_shape(t)
+        es = ELSIZE[t.dtype]
+        ptr = RANDOM_BASE + i * (1 << 28) + (0 if t.align else es * draw(st.integers(1, max(1, 16 // es - 1))))
+        strides = list(contiguous(shape))
+        if len(shape) >= 2 and draw(st.booleans()):
+            pad = draw(st.sampled_from([1, 3, 16 // es, 64]))
+            row = shape[-1] + pad
+            for d in range(len(shape) - 2, -1, -1):
+                strides[d] = row
+                row *= shape[d]
+        out.append((ptr, tuple(shape), tuple(strides)))
+    return out + p.scalar_values()
+
+
+@needs_cxx
+@hyp_seed(int(os.environ.get("TILEC_RANDOM_EXPORTS_SEED", 20270104)))
+@hyp_settings(max_examples=int(os.environ.get("TILEC_RANDOM_EXPORTS", 6)), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])  # seconds a try: no shrinking
+@given(random_program(), st.data())
+def test_random_programs_launch_as_python(tmp_path_factory, p, data):
+    """tests/random_programs.py's programs (copies, element math, reductions, im2col, gemms
+    and convolutions on any schedule) exported, on random views of their shapes: the
+    launcher does what the Python wrapper does, encode for encode, launch for launch (a
+    stream-K workspace where Python has its own), or fails with its message word for word;
+    where a view breaks a TMA rule both run the thread-copy variant, the launcher saying so."""
+    k = tilec.compile(p.text(), arch="sm_90a", debug=False)
+    work = tmp_path_factory.mktemp("random_export")
+    tilec_export.generate(k).write(work)
+    exe = build_stub(work, k, work, "random")
+    args = random_arguments(p, data.draw)
+    workspace = (SK_WORKSPACE, stream_k_need(k)) if k.kernel_ir.stream_k else None
+    rc, err, calls = run_stub_exe(exe, k, args, workspace=workspace)
+    with pytest.MonkeyPatch.context() as mp:        # the real cuda.bindings again after each example
+        driver = fake_driver(mp)
+        strict = python_launch(k, args, driver, mp)
+        with_fallback = python_launch(k, args, driver, mp, fallback=True)
+    context = f"{p.text()}arguments {args}\nstub: rc={rc} err={err}\n" + "\n".join(calls)
+    if strict[0] == "error":
+        kind, cubin, lines = with_fallback
+        if kind == "error":                 # not a TMA rule: the launcher's error, word for word
+            assert (rc, err) == (1, cubin), context
+            return
+        assert (rc, err) == (0, f"{strict[1]}: TMA cannot copy it, so kernel {k.name} ran its thread-copy "
+                                "variant (correct, slower)"), context
+        ran = k.fallback
+    else:
+        kind, cubin, lines = strict
+        assert (rc, err) == (0, ""), context
+        ran = k
+    if k.kernel_ir.stream_k:                # the size query loaded every variant, before the launch
+        q = next(i for i, c in enumerate(calls) if c.startswith("need_rc="))
+        query, calls = calls[:q], calls[q + 1:]
+        variants = [k] + ([k.fallback] if k.kernel_ir.tensor_maps else [])
+        assert [c for c in query if c.startswith("load")] == [f"load {len(v.cubin)}" for v in variants], context
+    if cubin is None:                       # an empty grid: encodes at most, no launch
+        assert not any(c.startswith(("launch", "load")) for c in calls), context
+        assert calls == [line for line in lines if line.startswith("encode")], context
+        return
+    want = lines if k.kernel_ir.stream_k else stub_expectation(ran, cubin, lines)
+    if ran.kernel_ir.stream_k:
+        at = next(i for i, c in enumerate(want) if c.startswith("launch"))
+        slot = at + 1 + [x.kind for x in kernel_params(ran.kernel_ir)].index("workspace")
+        assert want[slot] == "param 0"      # Python's rt.Workspace, before a launch points it at its own
+        want[slot] = f"param {SK_WORKSPACE}"
+    assert calls == want, context
 
 
 # ---------------------------------------------------------------- README

@@ -3,8 +3,11 @@
 clip, f16/bf16/f32/f64/i8/i32, fill, parallel bodies of element math on one or
 two tiles and scalars, for loops (pipelined too) and ifs, local tiles, shared ->
 shared conversions, sums over a K dim, unaligned views (the thread-copy
-variant) and im2col loads. Each program comes with a numpy model of what it
-computes, written from its description, not from tilec.
+variant), im2col loads, and gemms and convolutions (implicit gemm over an im2col
+view) on any tile shape and schedule plan-gemm takes, with element epilogues, on
+small-integer operands so that every product is exact whatever wgmma's order.
+Each program comes with a numpy model of what it computes, written from its
+description, not from tilec.
 
 1. CPU: the interpreter against the model, bit for bit (NaN as NaN, whatever
    its payload), every output and input a guarded view whose padding must stay.
