@@ -820,6 +820,8 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
     fallback: pass the thread-copy variant's wrapper, as tilec.compile does."""
     def tensor(self, obj, name, dtype, rank):
         arg = rt.TensorArg(name, obj[0], tuple(obj[1]), tuple(obj[2]), dtype, 0)
+        if name in self.writes:     # what Call.tensor checks of the strides it reads
+            rt.check_distinct(name, arg.shape, arg.strides)
         self.args.append(arg)
         return arg
 
@@ -907,6 +909,7 @@ GOOD = {
     # dim 1 of extent 1: its stride is free (TensorArg.tma_strides makes it legal)
     "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
+GOOD["copy2d expanded"] = [t(0x7f0000000000, (100, 1000), (0, 1)), t(0x7f0000100000, (100, 1000))]  # A read as it is
 
 
 def stub_expectation(k, cubin, launch_lines):
@@ -922,15 +925,15 @@ def stub_expectation(k, cubin, launch_lines):
 
 
 @needs_cxx
-@pytest.mark.parametrize("name", EXAMPLES + list(PROGRAMS))
+@pytest.mark.parametrize("name", EXAMPLES + list(PROGRAMS) + ["copy2d expanded"])
 def test_stub_good_arguments_encode_and_launch_as_python(exported, stub_programs, python_driver, monkeypatch,
                                                         name):
-    d, k = exported[name]
+    d, k = exported[name.split()[0]]
     args = GOOD[name]
     kind, cubin, lines = python_launch(k, args, python_driver, monkeypatch)
     assert kind == "launch" and cubin == k.cubin
     assert len([x for x in lines if x.startswith("encode")]) == len(k.kernel_ir.tensor_maps)
-    rc, err, calls = run_stub(exported, stub_programs, name, args)
+    rc, err, calls = run_stub(exported, stub_programs, name.split()[0], args)
     assert (rc, err) == (0, "")
     assert calls == stub_expectation(k, cubin, lines)
 
@@ -980,6 +983,9 @@ BAD = {
                            "aligned strides); row stride 4 bytes"),
     "plain bind": ("plain", [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (999,))], 1,
                    "argument Y: dim 0 is 999 but N = 1000 (from X dim 0)"),
+    "expanded output": ("copy2d", [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 1000), (0, 1))], 1,
+                        "argument B: dim 0 has stride 0, so its 100 elements share one address (an expanded or "
+                        "broadcast view); the kernel writes B, and its writes there would race"),
     "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
                                    t(0x7f0000200000, (180, 128))], 2,
                         "72 channels is not a multiple of the K tile width 64"),
@@ -1110,8 +1116,9 @@ RANDOM_BASE = 0x7f0000000000
 def random_arguments(p, draw):
     """Arguments for random program `p` (tests/random_programs.py) as the stub takes them:
     per tensor (pointer, shape, strides), each 256 MiB apart, at the program's shape;
-    rows padded or not, and an unaligned view where the program has one (its start a
-    few elements past a 16-byte boundary); then the scalars."""
+    rows padded or not, now and then dim 0 expanded (stride 0), and an unaligned view
+    where the program has one (its start a few elements past a 16-byte boundary); then
+    the scalars."""
     from random_programs import ELSIZE
     out = []
     for i, t in enumerate(p.tensors):
@@ -1119,7 +1126,9 @@ def random_arguments(p, draw):
         es = ELSIZE[t.dtype]
         ptr = RANDOM_BASE + i * (1 << 28) + (0 if t.align else es * draw(st.integers(1, max(1, 16 // es - 1))))
         strides = list(contiguous(shape))
-        if len(shape) >= 2 and draw(st.booleans()):
+        if draw(st.integers(0, 15)) == 0:   # an expanded view: read as it is, refused where written
+            strides[0] = 0
+        elif len(shape) >= 2 and draw(st.booleans()):
             pad = draw(st.sampled_from([1, 3, 16 // es, 64]))
             row = shape[-1] + pad
             for d in range(len(shape) - 2, -1, -1):

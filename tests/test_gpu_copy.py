@@ -309,6 +309,41 @@ def test_fallback_copy_over_2_pow_31_elements():
     torch.cuda.empty_cache()
 
 
+def test_expanded_views_and_negative_strides():
+    """torch's expand(): read as it is where the kernel reads it (TMA takes a stride of 0),
+    refused with the reason where the kernel writes it (its writes would race), nothing
+    written; cupy views with a negative stride (cuda.core reads them as unsigned): the
+    thread-copy variant runs, and the message names the stride as it is."""
+    import torch
+    cp = pytest.importorskip("cupy")
+    k = tilec.compile(ROOT / "examples/copy2d.tile")
+    row = torch.arange(130, device="cuda", dtype=torch.float32)[None, :]
+    out = guarded((64, 130), "f32", fill=float("nan"))
+    k(row.expand(64, 130), out.view)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view, row.expand(64, 130))
+    out.check()
+    target = guarded((1, 130), "f32", fill=-1.0)
+    with pytest.raises(tilec.LaunchError, match="argument B: dim 0 has stride 0, so its 64 elements share one "
+                                                "address"):
+        k(torch.ones(64, 130, device="cuda"), target.view.expand(64, 130))
+    torch.cuda.synchronize()
+    assert (target.view == -1).all()
+    target.check()
+    a = cp.arange(64 * 128, dtype=cp.float32).reshape(64, 128)
+    b = guarded(a.shape, "f32", like="cupy", fill=float("nan"))
+    with pytest.warns(tilec.TmaFallbackWarning, match="argument A: dim 0 stride -512 bytes is outside TMA's"):
+        k(a[::-1], b.view)
+    cp.cuda.get_current_stream().synchronize()
+    assert bool((b.view == a[::-1]).all())
+    b.check()
+    whole = cp.full((64, 128), cp.nan, dtype=cp.float32)
+    with pytest.warns(tilec.TmaFallbackWarning, match="argument B: dim 0 stride -512 bytes"):
+        k(a, whole[::-1])
+    cp.cuda.get_current_stream().synchronize()
+    assert bool((whole[::-1] == a).all())
+
+
 def test_cupy_arguments():
     """cupy arrays through __cuda_array_interface__ / DLPack (cuda.core's StridedMemoryView)."""
     cp = pytest.importorskip("cupy")

@@ -379,6 +379,27 @@ def test_copy_of_a_strided_numpy_view():
     b.check()
 
 
+def test_an_expanded_output_is_refused_an_expanded_input_is_read():
+    """A written tensor whose dim has stride 0 (np.broadcast_to made writable, torch's
+    expand) has elements at one address: its writes would race, so the launch refuses it
+    (as torch does); the same view as an input is read as it is."""
+    k = interp(EXAMPLES / "copy2d.tile")
+    a = np.arange(64 * 130, dtype=np.float32).reshape(64, 130)
+    row = np.full(130, -1.0, np.float32)
+    b = np.lib.stride_tricks.as_strided(row, (64, 130), (0, 4), writeable=True)
+    with pytest.raises(tilec.LaunchError, match=r"^error: argument B: dim 0 has stride 0, so its 64 elements share "
+                       r"one address \(an expanded or broadcast view\); the kernel writes B, and its writes there "
+                       r"would race: pass a tensor whose elements are distinct$"):
+        k(a, b)
+    assert (row == -1).all()
+    out = guarded(a.shape, np.float32, like="numpy")
+    k(np.broadcast_to(a[3], a.shape), out.view)
+    assert (out.view == a[3]).all()
+    out.check()
+    empty = np.lib.stride_tricks.as_strided(row, (0, 130), (0, 4), writeable=True)     # no element: nothing races
+    k(np.zeros((0, 130), np.float32), empty)
+
+
 SHIFT = """
 kernel shift(A: {dt}[M, N], B: {dt}[M, N]) {{
     const BM = 16, BN = {bn}, LY = {ly}, LX = {lx}, SY = {sy}, SX = {sx};

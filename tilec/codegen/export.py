@@ -16,6 +16,7 @@ from .._version import __version__
 from ..arch import get as get_arch
 from ..errors import TilecError, os_reason
 from ..ir import nodes as ir
+from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
@@ -378,10 +379,12 @@ def generate(kernel, fallback: bool = True) -> Export:
         entry += ["  if (workspace == 0)",
                   fail("TILEC_EARG", "workspace: a null pointer; a stream_k = 1 kernel needs a zeroed workspace "
                        f"of {function}_workspace_bytes() bytes")]
-    entry += ["  // what a Python tensor cannot break: negative dims, a null pointer to elements"]
+    entry += ["  // what a Python tensor cannot break: negative dims, a null pointer to elements;",
+              "  // and no two elements of a written tensor at one address"]
+    written = written_tensors(k)
     for t in k.tensors:
         entry.append(f"  if (int rc = check_tensor({_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
-                     "err, err_len))")
+                     f"{t.name}_strides, {'true' if t.name in written else 'false'}, err, err_len))")
         entry.append("    return rc;")
     lines = entry + bindings + lines
 

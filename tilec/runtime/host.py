@@ -99,6 +99,29 @@ class TensorArg:
         return tuple(s)
 
 
+def check_distinct(name, shape, strides):
+    """A tensor the kernel writes must not have two elements at one address: a dim of
+    stride 0 (an expanded or broadcast view) puts all of its elements at one, and the
+    kernel's writes to them would race (torch refuses such in-place writes too). An
+    empty tensor has no elements to write."""
+    if 0 in shape:
+        return
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        if s == 0 and n > 1:
+            raise LaunchError(f"argument {name}: dim {d} has stride 0, so its {n} elements share one address "
+                              f"(an expanded or broadcast view); the kernel writes {name}, and its writes there "
+                              "would race: pass a tensor whose elements are distinct")
+
+
+def _signed_strides(strides, itemsize):
+    """Element strides as signed ints: cuda.core's StridedMemoryView gives a negative
+    stride (a reversed cupy view) as its unsigned 64-bit byte value divided by the
+    element size (seen on the H100: -128 f32 elements read as 2^62 - 128). No real
+    byte stride reaches 2^63."""
+    wrap = (1 << 64) // itemsize
+    return tuple(s - wrap if s >= (1 << 63) // itemsize else s for s in strides)
+
+
 def _c_strides(shape):
     out, acc = [], 1
     for n in reversed(shape):
@@ -180,6 +203,8 @@ class Call:
             raise LaunchError(f"argument {name}: dtype {arg.dtype} does not match the declared {dtype}")
         if len(arg.shape) != rank:
             raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
+        if name in self.writes:     # a numpy array's own strides (bytes): the copy tilec makes is dense
+            check_distinct(name, arg.shape, obj.strides if mod.startswith("numpy") else arg.strides)
         if self.device is None:
             self.device = arg.device
         elif arg.device != self.device:
@@ -238,7 +263,8 @@ class Call:
         if dtype is None:
             raise LaunchError(f"argument {name}: element type {view.dtype} has no tilec dtype")
         shape = tuple(view.shape)
-        strides = tuple(view.strides) if view.strides is not None else _c_strides(shape)
+        strides = _signed_strides(view.strides, view.dtype.itemsize) if view.strides is not None else \
+            _c_strides(shape)
         stream = None
         if type(obj).__module__.startswith("cupy"):
             import cupy

@@ -174,6 +174,9 @@ class InterpretCall(host.Call):
 
     def tensor(self, obj, name, dtype, rank):
         t = _tensor(obj, name, dtype, rank)
+        if name in self.writes:     # as passed: a torch tensor's strides, a numpy array's own (bytes)
+            for strides in (t.strides, t.array.strides):
+                host.check_distinct(name, t.shape, strides)
         self.tensors[name] = t
         return t.tma_arg()
 
