@@ -384,9 +384,9 @@ def test_an_expanded_output_is_refused_an_expanded_input_is_read():
     expand) has elements at one address: its writes would race, so the launch refuses it
     (as torch does); the same view as an input is read as it is."""
     k = interp(EXAMPLES / "copy2d.tile")
-    a = np.arange(64 * 130, dtype=np.float32).reshape(64, 130)
-    row = np.full(130, -1.0, np.float32)
-    b = np.lib.stride_tricks.as_strided(row, (64, 130), (0, 4), writeable=True)
+    a = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+    row = np.full(128, -1.0, np.float32)
+    b = np.lib.stride_tricks.as_strided(row, (64, 128), (0, 4), writeable=True)
     with pytest.raises(tilec.LaunchError, match=r"^error: argument B: dim 0 has stride 0, so its 64 elements share "
                        r"one address \(an expanded or broadcast view\); the kernel writes B, and its writes there "
                        r"would race: pass a tensor whose elements are distinct$"):
@@ -396,8 +396,8 @@ def test_an_expanded_output_is_refused_an_expanded_input_is_read():
     k(np.broadcast_to(a[3], a.shape), out.view)
     assert (out.view == a[3]).all()
     out.check()
-    empty = np.lib.stride_tricks.as_strided(row, (0, 130), (0, 4), writeable=True)     # no element: nothing races
-    k(np.zeros((0, 130), np.float32), empty)
+    empty = np.lib.stride_tricks.as_strided(row, (0, 128), (0, 4), writeable=True)     # no element: nothing races
+    k(np.zeros((0, 128), np.float32), empty)
 
 
 SHIFT = """
