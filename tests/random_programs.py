@@ -886,6 +886,7 @@ class Im2col:
     d: int
     bm: int
     scale: bool          # a parallel body t = t * alpha + t[i, j] (an element op on the loaded tile)
+
     def may_fall_back(self, prog, views):
         return True          # its pixel box may break a launch rule
 
@@ -895,22 +896,30 @@ class Im2col:
     def outs(self):
         return [(i + 2 * self.p - self.d * (self.k - 1) - 1) // self.s + 1 for i in self.sizes]
 
-    def text(self, prog):
+    def declarations(self):
+        """A program of this view's spatial dims, its taps' count (text), and its const, require
+        and let statements (Conv prints them too)."""
         dims = SPATIAL[self.spatial]
-        ks = " * ".join(["KK"] * self.spatial)
         outs = [f"(({d} + 2 * P - DIL * (KK - 1) - 1) / S + 1)" for d in dims]
         kernel = "KK" if self.spatial == 1 else "(" + ", ".join(["KK"] * self.spatial) + ")"
+        return dims, " * ".join(["KK"] * self.spatial), (
+            f"const KK = {self.k}, S = {self.s}, P = {self.p}, DIL = {self.d};",
+            f"require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};",
+            f"let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);")
+
+    def text(self, prog):
+        dims, ks, (consts, require, let) = self.declarations()
         body = ""
         if self.scale:
             body = ("\n    parallel (i, j) in (BM, BK) {\n"
                     "        t[i, j] = t[i, j] * alpha + f32(i % 3 - j % 2);\n    }")
         return f"""kernel {prog.name}(X: {self.dt}[N, {', '.join(dims)}, C], Y: {self.dt}[NP, {ks} * C], alpha: f32) {{
-    const KK = {self.k}, S = {self.s}, P = {self.p}, DIL = {self.d};
+    {consts}
     const BM = {self.bm}, BK = {min(self.c, 64)};
-    require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};
+    {require}
     grid (bx, by) = (cdiv({ks} * C, BK), cdiv(NP, BM));
     threads 128;
-    let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);
+    {let}
     shared t: {self.dt}[BM, BK];
     copy(Xc[by * BM, bx * BK], t);{body}
     copy(t, Y[by * BM, bx * BK]);
@@ -1058,7 +1067,7 @@ class Gemm:
         return out
 
     def tma(self, prog):
-        return {("A", False), ("B", False)}
+        return {(self.names[0], False), (self.names[1], False)}     # the loads; C's store: may_fall_back
 
     def may_fall_back(self, prog, views):
         """C's store is a TMA store or thread stores, as plan-gemm decides: a C that
@@ -1078,9 +1087,12 @@ class Gemm:
         M, N = a.shape[0], b.shape[1]
         BM, BN = self.bm, self.bn
         gy, gx = -(-M // BM), -(-N // BN)
+        nb = gx * gy
+
+        def whole(x):                              # [blocks, BM, BN] -> the [M, N] matrix they tile
+            return x.reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)[:M, :N]
         prod = np.zeros((gy * BM, gx * BN))
         prod[:M, :N] = a @ b                       # exact: small integers
-        nb = gx * gy
         blocks = prod.reshape(gy, BM, gx, BN).transpose(0, 2, 1, 3).reshape(nb, BM, BN)
         by = (np.arange(nb) // gx).astype(np.int32).reshape(nb, 1, 1)
         bx = (np.arange(nb) % gx).astype(np.int32).reshape(nb, 1, 1)
@@ -1103,13 +1115,10 @@ class Gemm:
         env.update({n_: (np.float32 if dt == "f32" else np.int32)(v) for n_, dt, v in prog.scalars})
         run_lanes(tiles, state, scalars, self.epilogue, env, np.ones((nb, BM, BN), bool))
         src = "out" if self.out else "acc"
-        vals = convert_copy(state[src], tiles[src].dtype, self.ct)
-        whole = vals.reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)
-        want = whole[:M, :N].copy()
+        want = whole(convert_copy(state[src], tiles[src].dtype, self.ct)).copy()
         tol = None
         if state[src + "@mag"] is not None:
-            mag = state[src + "@mag"].reshape(gy, gx, BM, BN).transpose(0, 2, 1, 3).reshape(gy * BM, gx * BN)
-            tol = store_tolerance(self.ct, [t.dtype for t in tiles.values()], mag[:M, :N])
+            tol = store_tolerance(self.ct, [t.dtype for t in tiles.values()], whole(state[src + "@mag"]))
         return {self.names[2]: (want, tol)}
 
 
@@ -1134,19 +1143,11 @@ class Conv(Gemm):
                       False)
 
     def head(self, prog):
-        dims = SPATIAL[self.spatial]
-        taps = " * ".join(["KK"] * self.spatial)
-        outs = [f"(({d} + 2 * P - DIL * (KK - 1) - 1) / S + 1)" for d in dims]
-        kernel = "KK" if self.spatial == 1 else "(" + ", ".join(["KK"] * self.spatial) + ")"
+        dims, taps, statements = self.view().declarations()
         w = f"F, {taps} * C" if self.tb else f"{taps} * C, F"
         params = f"X: {self.dt}[N, {', '.join(dims)}, C], Wt: {self.dt}[{w}], Y: {self.ct}[NP, F]"
-        decls = (f"    const KK = {self.k}, S = {self.s}, P = {self.p}, DIL = {self.d};\n"
-                 f"    require NP == N * {' * '.join(f'max(0, {o})' for o in outs)};\n"
-                 f"    let Xc = im2col(X, kernel = {kernel}, stride = S, pad = P, dilation = DIL);\n")
+        decls = "".join(f"    {x}\n" for x in statements)
         return params, decls, ("F", "NP", f"{taps} * C"), "Xc[by * BM, k * BK]"
-
-    def tma(self, prog):
-        return {("X", False), ("Wt", False)}
 
     def may_fall_back(self, prog, views):
         return True          # the im2col view's pixel box may break a launch rule
