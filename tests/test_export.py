@@ -1182,12 +1182,7 @@ def test_random_programs_launch_as_python(tmp_path_factory, p, data):
         assert not any(c.startswith(("launch", "load")) for c in calls), context
         assert calls == [line for line in lines if line.startswith("encode")], context
         return
-    want = lines if k.kernel_ir.stream_k else stub_expectation(ran, cubin, lines)
-    if ran.kernel_ir.stream_k:
-        at = next(i for i, c in enumerate(want) if c.startswith("launch"))
-        slot = at + 1 + [x.kind for x in kernel_params(ran.kernel_ir)].index("workspace")
-        assert want[slot] == "param 0"      # Python's rt.Workspace, before a launch points it at its own
-        want[slot] = f"param {SK_WORKSPACE}"
+    want = with_caller_workspace(lines, ran) if k.kernel_ir.stream_k else stub_expectation(ran, cubin, lines)
     assert calls == want, context
 
 
@@ -1514,6 +1509,18 @@ def stream_k_need(k) -> int:
     return WORKSPACE_FLAG_BYTES + STUB_RESIDENT * workspace_bytes_per_block(k.kernel_ir)
 
 
+def with_caller_workspace(lines, k):
+    """Python's launch lines of stream-K kernel `k` with the caller's workspace (SK_WORKSPACE)
+    as the launcher passes it, where Python's rt.Workspace reads 0 before a launch points it
+    at its own."""
+    lines = list(lines)
+    at = next(i for i, c in enumerate(lines) if c.startswith("launch"))
+    slot = at + 1 + [p.kind for p in kernel_params(k.kernel_ir)].index("workspace")
+    assert lines[slot] == "param 0"
+    lines[slot] = f"param {SK_WORKSPACE}"
+    return lines
+
+
 @needs_cxx
 def test_stub_stream_k_launch_passes_the_workspace(exported, stub_programs, python_driver, monkeypatch):
     """gemm with stream_k = 1: the size query answers the flags plus a slot per resident
@@ -1527,11 +1534,8 @@ def test_stub_stream_k_launch_passes_the_workspace(exported, stub_programs, pyth
     assert f"need_rc=0 need={need}" in calls
     encodes = [c for c in calls if c.startswith("encode")]
     assert encodes == [line for line in lines if line.startswith("encode")]
-    at = next(i for i, c in enumerate(lines) if c.startswith("launch"))
-    want = lines[at:]
-    slot = 1 + [p.kind for p in kernel_params(k.kernel_ir)].index("workspace")
-    assert want[slot] == "param 0"              # Python's rt.Workspace, before a launch points it at its own
-    want[slot] = f"param {SK_WORKSPACE}"
+    lines = with_caller_workspace(lines, k)
+    want = lines[next(i for i, c in enumerate(lines) if c.startswith("launch")):]
     assert calls[next(i for i, c in enumerate(calls) if c.startswith("launch")):] == want
     assert f" grid={STUB_RESIDENT},1,1 " in want[0]
 
