@@ -337,11 +337,12 @@ def test_expanded_views_and_negative_strides():
     cp.cuda.get_current_stream().synchronize()
     assert bool((b.view == a[::-1]).all())
     b.check()
-    whole = cp.full((64, 128), cp.nan, dtype=cp.float32)
-    with pytest.warns(tilec.TmaFallbackWarning, match="argument B: dim 0 stride -512 bytes"):
-        k(a, whole[::-1])
+    rev = guarded(a.shape, "f32", like="cupy", fill=float("nan"))       # written reversed, inside its margin
+    with pytest.warns(tilec.TmaFallbackWarning, match=f"argument B: dim 0 stride -{rev.view.strides[0]} bytes"):
+        k(a, rev.view[::-1])
     cp.cuda.get_current_stream().synchronize()
-    assert bool((whole[::-1] == a).all())
+    assert bool((rev.view[::-1] == a).all())
+    rev.check()
 
 
 def test_cupy_arguments():
