@@ -820,8 +820,8 @@ def python_launch(kernel, args, calls, monkeypatch, fallback=False):
     fallback: pass the thread-copy variant's wrapper, as tilec.compile does."""
     def tensor(self, obj, name, dtype, rank):
         arg = rt.TensorArg(name, obj[0], tuple(obj[1]), tuple(obj[2]), dtype, 0)
-        if name in self.writes:     # what Call.tensor checks of the strides it reads
-            rt.check_distinct(name, arg.shape, arg.strides)
+        size = ir.DTYPES[dtype].size     # what Call.tensor remembers of a device tensor
+        self.remember(name, "cuda:0", arg.ptr, arg.shape, tuple(s * size for s in arg.strides), size)
         self.args.append(arg)
         return arg
 
@@ -901,7 +901,7 @@ GOOD = {
     "gemm": [t(0x7f0000000000, (300, 264)), t(0x7f0000100000, (264, 196), (200, 1)),
              t(0x7f0000200000, (300, 196), (200, 1))],
     "conv2d": [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)), t(0x7f0000200000, (180, 128))],
-    "rowsum": [t(0x7f0000000000, (300, 1000), (1004, 1)), t(0x7f0000100000, (300,)), t(0x7f0000200000, (300,), (2,))],
+    "rowsum": [t(0x7f0000000000, (300, 1000), (1004, 1)), t(0x7f0000200000, (300,)), t(0x7f0000300000, (300,), (2,))],
     "weird": [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.375],
     "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
     "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
@@ -910,6 +910,8 @@ GOOD = {
     "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
 GOOD["copy2d expanded"] = [t(0x7f0000000000, (100, 1000), (0, 1)), t(0x7f0000100000, (100, 1000))]  # A read as it is
+GOOD["copy2d in place"] = [t(0x7f0000000000, (100, 1000)), t(0x7f0000000000, (100, 1000))]  # one tensor: mark-in-place
+GOOD["copy2d halves"] = [t(0x7f0000000000, (100, 1000), (2000, 1)), t(0x7f0000000000 + 4000, (100, 1000), (2000, 1))]
 
 
 def stub_expectation(k, cubin, launch_lines):
@@ -949,7 +951,7 @@ BAD = {
                 "require NP == N * OH * OW failed (H = 9, N = 2, NP = 179, W = 10)"),
     "require conv2d": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 64)), t(0x7f0000100000, (576, 128)),
                                   t(0x7f0000200000, (181, 128))], 1, "require NP == N * OH * OW failed"),
-    "grid": ("copy2d", [t(0x7f0000000000, (65535 * 64 + 1, 4)), t(0x7f0000100000, (65535 * 64 + 1, 4))], 1,
+    "grid": ("copy2d", [t(0x7f0000000000, (65535 * 64 + 1, 4)), t(0x7f1000000000, (65535 * 64 + 1, 4))], 1,
              "grid [1, 65536, 1] is over CUDA's limits (2^31-1, 65535, 65535)"),
     "empty tensor": ("gemm", [t(0, (300, 0)), t(0, (0, 196)), t(0x7f0000200000, (300, 196), (200, 1))], 2,
                      "argument A: it is empty (shape [300, 0]); a TMA tensor map cannot describe an empty tensor"),
@@ -963,7 +965,7 @@ BAD = {
                      "argument A: innermost dim 1 has stride 2 elements; TMA needs it contiguous (stride 1)"),
     "several rules": ("copy2d", [t(0x7f0000000004, (100, 1000), (1001, 1)), t(0x7f0000100000, (100, 1000))], 2,
                       "is not 16-byte aligned (TMA requires 16-byte aligned tensors); row stride 4004 bytes"),
-    "huge dim": ("copy2d", [t(0x7f0000000000, (3, 2**32 + 4), (2**32 + 8, 1)), t(0x7f0000100000, (3, 2**32 + 4),
+    "huge dim": ("copy2d", [t(0x7f0000000000, (3, 2**32 + 4), (2**32 + 8, 1)), t(0x7f1000000000, (3, 2**32 + 4),
                                                                                 (2**32 + 8, 1))], 2,
                  "argument A: dim 1 is 4294967300; TMA dims are 1 .. 2^32"),
     "huge stride": ("copy2d", [t(0x7f0000000000, (3, 64), (2**38, 1)), t(0x7f0000100000, (3, 64))], 2,
@@ -986,6 +988,20 @@ BAD = {
     "expanded output": ("copy2d", [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 1000), (0, 1))], 1,
                         "argument B: dim 0 has stride 0, so its 100 elements share one address (an expanded or "
                         "broadcast view); the kernel writes B, and its writes there would race"),
+    "overlapping output": ("copy2d", [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 1000), (500, 1))], 1,
+                           "argument B: some of its elements share memory (shape (100, 1000), strides (2000, 4) bytes, "
+                           "elements of 4 bytes); the kernel writes B, and its writes there would race"),
+    "partial overlap": ("copy2d", [t(0x7f0000000000, (100, 1000)), t(0x7f0000000000 + 4000 * 50, (100, 1000))], 1,
+                        "arguments A and B share memory but are not the same view; the kernel writes B, so its "
+                        "writes would race with the reads of A: pass tensors that do not overlap"),
+    "gemm in place": ("gemm", [t(0x7f0000000000, (264, 264)), t(0x7f0000100000, (264, 264)),
+                               t(0x7f0000000000, (264, 264))], 1,
+                      "arguments A and C are one tensor (the same memory, shape and strides), but kernel gemm cannot "
+                      "run in place: it reads A (line"),
+    "two outputs in one": ("rowsum", [t(0x7f0000000000, (300, 1000)), t(0x7f0000200000, (300,)),
+                                      t(0x7f0000200000, (300,))], 1,
+                           "arguments RowSum and RowMax are one tensor (the same memory, shape and strides), and the "
+                           "kernel writes both: their writes would race: pass separate tensors"),
     "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
                                    t(0x7f0000200000, (180, 128))], 2,
                         "72 channels is not a multiple of the K tile width 64"),
@@ -1028,7 +1044,7 @@ def test_stub_grid_is_checked_after_the_maps(exported, stub_programs, python_dri
     """A grid over CUDA's limits and a TMA rule broken: without the thread-copy
     variant the rule is the error, with it the grid (as Call.launch checks the
     grid after the maps, the variant's launch too)."""
-    args = [t(0x7f0000000000, (65535 * 64 + 1, 4), (5, 1)), t(0x7f0000100000, (65535 * 64 + 1, 4))]
+    args = [t(0x7f0000000000, (65535 * 64 + 1, 4), (5, 1)), t(0x7f1000000000, (65535 * 64 + 1, 4))]
     d, k = exported["copy2d"]
     strict = python_launch(k, args, python_driver, monkeypatch)
     assert strict == ("error", "argument A: row stride 20 bytes is not a multiple of 16 (TMA requires 16-byte "
@@ -1115,7 +1131,8 @@ RANDOM_BASE = 0x7f0000000000
 
 def random_arguments(p, draw):
     """Arguments for random program `p` (tests/random_programs.py) as the stub takes them:
-    per tensor (pointer, shape, strides), each 256 MiB apart, at the program's shape;
+    per tensor (pointer, shape, strides), each 256 MiB apart or now and then in an earlier
+    one's memory (the same start or a little past it), at the program's shape;
     rows padded or not, now and then dim 0 expanded (stride 0), and an unaligned view
     where the program has one (its start a few elements past a 16-byte boundary); then
     the scalars."""
@@ -1126,6 +1143,8 @@ def random_arguments(p, draw):
         es = ELSIZE[t.dtype]
         ptr = RANDOM_BASE + i * (1 << 28) + (0 if t.align else es * draw(st.integers(1, max(1, 16 // es - 1))))
         strides = list(contiguous(shape))
+        if i and draw(st.integers(0, 7)) == 0:    # in an earlier tensor's memory: in place, or overlapping it
+            ptr = out[draw(st.integers(0, i - 1))][0] + es * draw(st.sampled_from([0, 0, 1, 64]))
         if draw(st.integers(0, 15)) == 0:   # an expanded view: read as it is, refused where written
             strides[0] = 0
         elif len(shape) >= 2 and draw(st.booleans()):

@@ -360,3 +360,47 @@ def test_cupy_arguments():
     cp.cuda.get_current_stream().synchronize()
     assert bool((a == sliced.view).all())
     sliced.check()
+
+
+def test_arguments_that_share_memory():
+    """On the GPU, with more tiles than the GPU holds at once (blocks of later waves read
+    what earlier ones wrote, were the kernel not in place): scale in place equals torch,
+    on one wave and on a persistent grid, inside its guard; a gemm writing into A, a
+    written view over part of the input and a written view whose elements overlap are
+    refused with the reason, nothing written; column halves of one buffer run."""
+    import torch
+    scale = tilec.compile(ROOT / "examples/scale.tile")
+    persistent = tilec.compile((ROOT / "examples/scale.tile").read_text().replace(
+        "cdiv(M, BM));", "cdiv(M, BM)), persistent = 1;"))
+    for k in (scale, persistent):
+        x = guarded((4096, 2048), "f32", fill=float("nan"))
+        x.view.copy_(torch.randn(4096, 2048, device="cuda"))
+        want = x.view * 0.5 + 1.0
+        k(x.view, x.view, 0.5)
+        torch.cuda.synchronize()
+        assert torch.equal(x.view, want)
+        x.check()
+    buf = guarded((4096 + 64, 2048), "f32", fill=float("nan"))
+    buf.view.copy_(torch.randn(4096 + 64, 2048, device="cuda"))
+    before = buf.view.clone()
+    with pytest.raises(tilec.LaunchError, match="arguments X and Y share memory but are not the same view; the "
+                                                "kernel writes Y, so its writes would race with the reads of X"):
+        scale(buf.view[:4096], buf.view[64:], 0.5)
+    overlapping = buf.view.as_strided((4096, 2048), (1024, 1))
+    with pytest.raises(tilec.LaunchError, match=r"argument Y: some of its elements share memory \(shape \(4096, "
+                                                r"2048\), strides \(4096, 4\) bytes"):
+        scale(before[:4096], overlapping, 0.5)
+    halves = guarded((4096, 4096), "f32", fill=0.0)
+    scale(before[:4096], halves.view[:, 2048:], 0.5)
+    torch.cuda.synchronize()
+    assert torch.equal(halves.view[:, 2048:], before[:4096] * 0.5 + 1.0) and (halves.view[:, :2048] == 0).all()
+    halves.check()
+    gemm = tilec.compile(ROOT / "examples/gemm_128x256.tile")
+    a = guarded((1024, 1024), "f16", fill=1.0)
+    with pytest.raises(tilec.LaunchError, match=r"arguments A and C are one tensor \(the same memory, shape and "
+                                                r"strides\), but kernel gemm_128x256 cannot run in place: it reads A"):
+        gemm(a.view, torch.ones(1024, 1024, device="cuda", dtype=torch.float16), a.view)
+    torch.cuda.synchronize()
+    assert torch.equal(buf.view, before) and (a.view == 1).all()
+    buf.check()
+    a.check()

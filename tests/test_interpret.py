@@ -400,6 +400,50 @@ def test_an_expanded_output_is_refused_an_expanded_input_is_read():
     k(np.zeros((0, 128), np.float32), empty)
 
 
+def test_arguments_that_share_memory():
+    """A written tensor shares memory with no other argument, but for one case: the same
+    view as a tensor the kernel reads only where it then writes it (scale in place). A
+    gemm writing into A, two outputs in one buffer, overlapping slices and a written
+    view whose elements overlap are refused, nothing written; column halves of one
+    buffer share no element and run."""
+    scale = interp(EXAMPLES / "scale.tile")
+    x = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
+    want = x * 2 + 1
+    scale(x, x, 2.0)
+    assert np.array_equal(x, want)
+    buf = np.arange(96 * 256, dtype=np.float32).reshape(96, 256)
+    before = buf.copy()
+    with pytest.raises(tilec.LaunchError, match=r"^error: arguments X and Y share memory but are not the same view; "
+                       r"the kernel writes Y, so its writes would race with the reads of X: pass tensors that do "
+                       r"not overlap$"):
+        scale(buf[:64], buf[32:], 2.0)
+    halves = guarded((64, 512), np.float32, like="numpy", fill=0)
+    scale(halves.view[:, :256], halves.view[:, 256:], 2.0)
+    assert (halves.view[:, 256:] == 1).all() and (halves.view[:, :256] == 0).all()
+    halves.check()
+    overlapping = np.lib.stride_tricks.as_strided(buf, (64, 256), (512, 4), writeable=True)
+    with pytest.raises(tilec.LaunchError, match=r"^error: argument Y: some of its elements share memory \(shape "
+                       r"\(64, 256\), strides \(512, 4\) bytes, elements of 4 bytes\)"):
+        scale(x, overlapping, 2.0)
+    gemm = interp(EXAMPLES / "gemm_128x256.tile")
+    a = np.ones((256, 256), np.float16)
+    with pytest.raises(tilec.LaunchError, match=r"^error: arguments A and C are one tensor \(the same memory, shape "
+                       r"and strides\), but kernel gemm_128x256 cannot run in place: it reads A \(line 12\) and "
+                       r"writes C \(line 16\) in different tiles, so a block may overwrite elements of A that another "
+                       r"block, or a later step, still reads: pass a separate C$"):
+        gemm(a, a.copy(), a)
+    rowsum = interp(EXAMPLES / "rowsum.tile")
+    out = np.zeros(256, np.float32)
+    with pytest.raises(tilec.LaunchError, match=r"^error: arguments RowSum and RowMax are one tensor \(the same "
+                       r"memory, shape and strides\), and the kernel writes both: their writes would race: pass "
+                       r"separate tensors$"):
+        rowsum(np.ones((128, 64), np.float32), out[:128], out[:128])
+    with pytest.raises(tilec.LaunchError, match=r"^error: arguments RowSum and RowMax share memory but are not the "
+                       r"same view; the kernel writes RowSum, so its writes would race with the writes of RowMax"):
+        rowsum(np.ones((128, 64), np.float32), out[:128], out[1:129])
+    assert np.array_equal(buf, before) and (out == 0).all() and (a == 1).all()
+
+
 SHIFT = """
 kernel shift(A: {dt}[M, N], B: {dt}[M, N]) {{
     const BM = 16, BN = {bn}, LY = {ly}, LX = {lx}, SY = {sy}, SX = {sx};

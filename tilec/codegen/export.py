@@ -316,6 +316,7 @@ def generate(kernel, fallback: bool = True) -> Export:
             ex.names.add(n)
         lines.append(f"  if (!({ex(r.cond)}))")
         lines.append(fail("TILEC_EARG", f"require {r.text} failed (", *shown, ")"))
+    grid_at = len(lines)      # the overlap checks go here, after the shapes' (codegen/host.py's order)
     grid = [ex(g) for g in k.grid] + ["1"] * (3 - len(k.grid))
     lines += _source_comment(k.grid[0].span if k.grid and k.grid[0].span else None)
     for g in k.grid:
@@ -383,10 +384,13 @@ def generate(kernel, fallback: bool = True) -> Export:
               "  // and no two elements of a written tensor at one address"]
     written = written_tensors(k)
     for t in k.tensors:
-        entry.append(f"  if (int rc = check_tensor({_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
-                     f"{t.name}_strides, {'true' if t.name in written else 'false'}, err, err_len))")
+        entry.append(f"  const Tensor t_{t.name}{{{_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
+                     f"{t.name}_strides, {t.dtype.size}, {'true' if t.name in written else 'false'}}};")
+    for t in k.tensors:
+        entry.append(f"  if (int rc = check_tensor(t_{t.name}, err, err_len))")
         entry.append("    return rc;")
-    lines = entry + bindings + lines
+    pairs = _overlap_checks(k, written)
+    lines = entry + bindings + lines[:grid_at] + pairs + lines[grid_at:]
 
     doc, args = [], []
     for p in k.params:
@@ -419,13 +423,31 @@ def generate(kernel, fallback: bool = True) -> Export:
     source = _env().get_template("export.cc.j2").render(
         **common, runs_on=runs_on, runs_on_note=runs_on_note, lines=lines, maps=decls, tiled="tiled" in kinds,
         im2col="im2col" in kinds, rounded=rounded,
-        helpers=sorted(helpers),
+        helpers=sorted(helpers), overlaps=bool(written), pairs=bool(pairs),
         persistent=bool(k.persistent), balanced=balanced_grid(k),
         variants=[dict(var=v, file=f, size=len(c), smem=s, threads=t, what=w, rows=_byte_rows(c))
                   for v, f, c, s, t, w in variants])
     files = {f"{k.name}.h": header, f"{k.name}.cc": source}
     files.update({f: c for _, f, c, *_ in variants})
     return Export(k.name, files)
+
+
+def _overlap_checks(k: ir.Kernel, written) -> list:
+    """rt.Call.check_overlaps: each pair of tensors of which the kernel writes one."""
+    tensors = [t.name for t in k.tensors]
+    why = dict(k.in_place)
+    lines = []
+    for i, x in enumerate(tensors):
+        for y in tensors[i + 1:]:
+            if x in written or y in written:
+                w, r = (x, y) if x in written else (y, x)
+                reason = "nullptr" if r in written or why.get((w, r), "") is None else \
+                    _c_string(why.get((w, r), "it does not read it"))
+                lines.append(f"  if (int rc = check_pair(t_{x}, t_{y}, {reason}, err, err_len))")
+                lines.append("    return rc;")
+    if lines:
+        lines[:0] = ["  // no written tensor shares memory with another argument, unless in place (mark-in-place)"]
+    return lines
 
 
 def _runs_on(arch: str) -> tuple:

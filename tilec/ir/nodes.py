@@ -641,6 +641,8 @@ class Kernel:
                                 # then needs a workspace (kernel param tl_workspace)
     group: object = 1           # grid ..., group = G: tiles numbered in groups of G rows of the second
                                 # grid index, the first one fastest inside a group (make-persistent)
+    in_place: tuple = ()        # mark-in-place: ((written tensor, read tensor), None or why not), ...): may the
+                                # launch pass one tensor as both (runtime.host.Call.check_overlaps)
     check_notes: tuple = ()     # what check-barriers left unchecked (paths past its limit), as messages:
                                 # tilec.CheckIncompleteWarning at every compile, disk-cache hits included
 

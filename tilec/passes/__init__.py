@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import (check_barriers, check_smem, check_types, fold_consts, insert_barriers, lower_copies, make_persistent,
-               plan_gemm, plan_pipeline, plan_smem, plan_tma)
+               mark_in_place, plan_gemm, plan_pipeline, plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
     make_persistent,    # grid ..., persistent = 1: resident blocks looping over the tiles
     check_types,        # memory spaces, ranks, dtypes, where names may be used
+    mark_in_place,      # which written tensors may be passed as a tensor the kernel reads
     plan_gemm,          # gemm -> wgmma warpgroups; operand and accumulator layouts
     plan_pipeline,      # which pipelined loops become TMA rings; their tiles' stages
     lower_copies,       # copy -> TMA load / TMA store / thread copy

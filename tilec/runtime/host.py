@@ -10,7 +10,7 @@ import sys
 
 from ..errors import DeviceError, LaunchError
 from ..ir.nodes import DTYPES
-from . import driver
+from . import driver, overlap
 from .driver import check
 from .tensormap import TmaRuleError, check_im2col, check_tiled, encode_im2col, encode_tiled
 
@@ -99,11 +99,12 @@ class TensorArg:
         return tuple(s)
 
 
-def check_distinct(name, shape, strides):
+def check_distinct(name, shape, strides, itemsize):
     """A tensor the kernel writes must not have two elements at one address: a dim of
-    stride 0 (an expanded or broadcast view) puts all of its elements at one, and the
-    kernel's writes to them would race (torch refuses such in-place writes too). An
-    empty tensor has no elements to write."""
+    stride 0 (an expanded or broadcast view) puts all of its elements at one, strides
+    that step inside one another (as_strided) put some at one, and the kernel's
+    writes to them would race (torch refuses the first kind of in-place write too).
+    `strides` in bytes. An empty tensor has no elements to write."""
     if 0 in shape:
         return
     for d, (n, s) in enumerate(zip(shape, strides)):
@@ -111,6 +112,14 @@ def check_distinct(name, shape, strides):
             raise LaunchError(f"argument {name}: dim {d} has stride 0, so its {n} elements share one address "
                               f"(an expanded or broadcast view); the kernel writes {name}, and its writes there "
                               "would race: pass a tensor whose elements are distinct")
+    ok = overlap.distinct(overlap.View(0, shape, strides, itemsize))
+    if not ok:
+        how = "some of its elements share memory" if ok is False else \
+            f"its strides interleave its dims too finely for tilec to check that no two elements share memory " \
+            f"(more than {overlap.LIMIT} runs)"
+        raise LaunchError(f"argument {name}: {how} (shape {tuple(shape)}, strides {tuple(strides)} bytes, elements "
+                          f"of {itemsize} bytes); the kernel writes {name}, and its writes there would race: pass a "
+                          "tensor whose elements are distinct")
 
 
 def _signed_strides(strides, itemsize):
@@ -189,6 +198,7 @@ class Call:
         self.device = None
         self.args = []
         self.keep = []
+        self.memory = {}                # name -> (memory space, (pointer, shape, byte strides, size), View)
 
     # ------------------------------------------------------------ arguments
     def tensor(self, obj, name, dtype, rank) -> TensorArg:
@@ -203,8 +213,11 @@ class Call:
             raise LaunchError(f"argument {name}: dtype {arg.dtype} does not match the declared {dtype}")
         if len(arg.shape) != rank:
             raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
-        if name in self.writes:     # a numpy array's own strides (bytes): the copy tilec makes is dense
-            check_distinct(name, arg.shape, obj.strides if mod.startswith("numpy") else arg.strides)
+        size = DTYPES[dtype].size
+        if mod.startswith("numpy"):   # a numpy array's own memory, not the dense copy tilec makes of it
+            self.remember(name, "host", obj.__array_interface__["data"][0], obj.shape, obj.strides, size)
+        else:
+            self.remember(name, f"cuda:{arg.device}", arg.ptr, arg.shape, tuple(s * size for s in arg.strides), size)
         if self.device is None:
             self.device = arg.device
         elif arg.device != self.device:
@@ -214,6 +227,49 @@ class Call:
             self.stream = arg.stream
         self.args.append(arg)
         return arg
+
+    def remember(self, name, space, ptr, shape, strides, size):
+        """Where argument `name`'s elements are (strides in bytes), for check_overlaps;
+        a tensor the kernel writes must have distinct elements (check_distinct)."""
+        if name in self.writes:
+            check_distinct(name, shape, strides, size)
+        key = (ptr, tuple(shape), tuple(strides), size)
+        self.memory[name] = (space, key, overlap.View(*key))
+
+    def check_overlaps(self, in_place):
+        """No tensor the kernel writes may share memory with another argument, but for
+        one case: the same view (pointer, shape, strides) as a tensor the kernel only
+        reads, where the compiler found the kernel reads it only where it then writes
+        (mark-in-place). `in_place`: (written, read) -> None, or why not."""
+        names = list(self.memory)
+        for i, x in enumerate(names):
+            for y in names[i + 1:]:
+                if x not in self.writes and y not in self.writes:
+                    continue
+                (space_x, key_x, view_x), (space_y, key_y, view_y) = self.memory[x], self.memory[y]
+                if space_x != space_y:
+                    continue
+                shared = overlap.share_memory(view_x, view_y)
+                if shared is False:
+                    continue
+                w, r = (x, y) if x in self.writes else (y, x)
+                if key_x == key_y:
+                    if r in self.writes:
+                        raise LaunchError(f"arguments {x} and {y} are one tensor (the same memory, shape and "
+                                          "strides), and the kernel writes both: their writes would race: pass "
+                                          "separate tensors")
+                    why = in_place.get((w, r), "it does not read it")
+                    if why is None:
+                        continue
+                    raise LaunchError(f"arguments {r} and {w} are one tensor (the same memory, shape and strides), "
+                                      f"but kernel {self.kernel_name} cannot run in place: {why}: pass a separate "
+                                      f"{w}")
+                how = "share memory but are not the same view" if shared else \
+                    f"lie in one memory range, in views too fragmented for tilec to check that they share no " \
+                    f"element (more than {overlap.LIMIT} runs)"
+                raise LaunchError(f"arguments {x} and {y} {how}; the kernel writes {w}, so its writes would race "
+                                  f"with the {'writes' if r in self.writes else 'reads'} of {r}: pass tensors that "
+                                  "do not overlap")
 
     def _torch(self, t, name):
         torch = sys.modules["torch"]

@@ -174,9 +174,11 @@ class InterpretCall(host.Call):
 
     def tensor(self, obj, name, dtype, rank):
         t = _tensor(obj, name, dtype, rank)
-        if name in self.writes:     # as passed: a torch tensor's strides, a numpy array's own (bytes)
-            for strides in (t.strides, t.array.strides):
-                host.check_distinct(name, t.shape, strides)
+        size = ir.DTYPES[dtype].size
+        if isinstance(obj, np.ndarray):     # as passed: a numpy array's own memory, a torch tensor's
+            self.remember(name, "host", obj.__array_interface__["data"][0], t.shape, obj.strides, size)
+        else:
+            self.remember(name, str(obj.device), obj.data_ptr(), t.shape, tuple(s * size for s in t.strides), size)
         self.tensors[name] = t
         return t.tma_arg()
 
