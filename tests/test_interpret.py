@@ -442,6 +442,21 @@ def test_arguments_that_share_memory():
                        r"same view; the kernel writes RowSum, so its writes would race with the writes of RowMax"):
         rowsum(np.ones((128, 64), np.float32), out[:128], out[1:129])
     assert np.array_equal(buf, before) and (out == 0).all() and (a == 1).all()
+    fills = interp(""" kernel fills(A: f32[M, N], B: f32[M, N]) {
+        const BM = 64, BN = 64;
+        grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+        threads 128;
+        shared s: f32[BM, BN];
+        fill(s, 1.0);
+        copy(s, A[by * BM, bx * BN]);
+        copy(s, B[by * BM, bx * BN]);
+    }""")     # every tensor written: no in-place pair, one buffer for both refused
+    out = np.zeros((64, 128), np.float32)
+    fills(out[:, :64], out[:, 64:])
+    assert (out == 1).all()
+    with pytest.raises(tilec.LaunchError, match=r"^error: arguments A and B are one tensor \(the same memory, shape "
+                       r"and strides\), and the kernel writes both"):
+        fills(out[:, :64], out[:, :64])
 
 
 SHIFT = """

@@ -114,7 +114,8 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         values = "{" + ", ".join(f'"{n}": {n}' for n in sorted(free_names(r.cond))) + "}"
         checks.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
     tensors = [p for p in k.params if isinstance(p, ir.TensorParam)]
-    if written_tensors(k) and len(tensors) > 1:
+    overlaps = bool(written_tensors(k)) and len(tensors) > 1
+    if overlaps:
         checks.append("call.check_overlaps(IN_PLACE)")     # after the shapes: their errors say more
     params = kernel_params(k, debug)
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
@@ -122,7 +123,8 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
                     for p in k.params)
     return _env().get_template("host.py.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, threads=k.launch_threads,
-        smem_bytes=k.smem_bytes, writes=written_tensors(k), in_place=[f"{pair!r}: {why!r}" for pair, why in k.in_place], doc=doc, debug=debug and bool(k.barriers),
+        smem_bytes=k.smem_bytes, writes=written_tensors(k), overlaps=overlaps,
+        in_place=[f"{pair!r}: {why!r}" for pair, why in k.in_place], doc=doc, debug=debug and bool(k.barriers),
         barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
         arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent), balanced=balanced_grid(k),
         stream_k=bool(k.stream_k), grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
