@@ -107,12 +107,12 @@ def check_distinct(name, shape, strides, itemsize):
     `strides` in bytes. An empty tensor has no elements to write."""
     if 0 in shape:
         return
-    for d, (n, s) in enumerate(zip(shape, strides)):
+    for d, (n, s) in enumerate(zip(shape, strides) if 0 in strides else ()):
         if s == 0 and n > 1:
             raise LaunchError(f"argument {name}: dim {d} has stride 0, so its {n} elements share one address "
                               f"(an expanded or broadcast view); the kernel writes {name}, and its writes there "
                               "would race: pass a tensor whose elements are distinct")
-    ok = overlap.distinct(overlap.View(0, shape, strides, itemsize))
+    ok = overlap.nested(shape, strides, itemsize) or overlap.distinct(overlap.View(0, shape, strides, itemsize))
     if not ok:
         how = "some of its elements share memory" if ok is False else \
             f"its strides interleave its dims too finely for tilec to check that no two elements share memory " \
@@ -198,7 +198,7 @@ class Call:
         self.device = None
         self.args = []
         self.keep = []
-        self.memory = {}                # name -> (memory space, (pointer, shape, byte strides, size), View)
+        self.memory = {}                # name -> (memory space, (pointer, shape, byte strides, size), byte range)
 
     # ------------------------------------------------------------ arguments
     def tensor(self, obj, name, dtype, rank) -> TensorArg:
@@ -234,7 +234,7 @@ class Call:
         if name in self.writes:
             check_distinct(name, shape, strides, size)
         key = (ptr, tuple(shape), tuple(strides), size)
-        self.memory[name] = (space, key, overlap.View(*key))
+        self.memory[name] = (space, key, overlap.byte_range(*key))
 
     def check_overlaps(self, in_place):
         """No tensor the kernel writes may share memory with another argument, but for
@@ -246,10 +246,11 @@ class Call:
             for y in names[i + 1:]:
                 if x not in self.writes and y not in self.writes:
                     continue
-                (space_x, key_x, view_x), (space_y, key_y, view_y) = self.memory[x], self.memory[y]
-                if space_x != space_y:
-                    continue
-                shared = overlap.share_memory(view_x, view_y)
+                (space_x, key_x, range_x), (space_y, key_y, range_y) = self.memory[x], self.memory[y]
+                if space_x != space_y or range_x is None or range_y is None or range_x[1] <= range_y[0] or \
+                        range_y[1] <= range_x[0]:
+                    continue        # apart: most calls end here
+                shared = overlap.share_memory(overlap.View(*key_x), overlap.View(*key_y))
                 if shared is False:
                     continue
                 w, r = (x, y) if x in self.writes else (y, x)

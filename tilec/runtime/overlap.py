@@ -23,20 +23,22 @@ class View:
 
     def __init__(self, ptr, shape, strides, itemsize):
         self.empty = 0 in shape
-        base, dims = ptr, []
+        base, dims, span = ptr, [], 0
         for n, s in zip(shape, strides):
-            if n > 1 and s != 0:
+            if n > 1 and s:
                 if s < 0:
-                    base += (n - 1) * s
-                dims.append((n, abs(s)))
-        dims.sort(key=lambda d: d[1])
+                    s = -s
+                    base -= (n - 1) * s
+                dims.append((s, n))
+                span += (n - 1) * s
+        dims.sort()
         run, i = itemsize, 0
-        while i < len(dims) and dims[i][1] == run:
-            run *= dims[i][0]
+        while i < len(dims) and dims[i][0] == run:
+            run *= dims[i][1]
             i += 1
-        self.base, self.dims, self.run, self.outer = base, dims, run, dims[i:]
-        self.itemsize = itemsize
-        self.lo, self.hi = base, base + sum((n - 1) * s for n, s in dims) + itemsize
+        self.dims = [(n, s) for s, n in dims]
+        self.base, self.run, self.outer, self.itemsize = base, run, self.dims[i:], itemsize
+        self.lo, self.hi = base, base + span + itemsize
 
     def runs(self, lo, hi):
         """The starts of the runs that can meet [lo, hi), sorted; None past LIMIT."""
@@ -83,17 +85,43 @@ def share_memory(a: View, b: View):
     return bool(hit.any())
 
 
+def byte_range(ptr, shape, strides, itemsize):
+    """[lo, hi): the bytes a view's elements lie in (None for an empty view), without
+    building a View: the launch's first test, enough for arguments far apart."""
+    lo, hi = ptr, ptr + itemsize
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return None
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    return lo, hi
+
+
+def nested(shape, strides, itemsize) -> bool:
+    """Does each stride step past everything the smaller ones span (the dims of a
+    dense tensor, sliced, transposed or reversed)? Then no two elements share a byte."""
+    span = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):    # innermost first: a row-major view needs no sort
+        if n > 1 and s:
+            if abs(s) < span:
+                break
+            span += (n - 1) * abs(s)
+    else:
+        return True
+    span = itemsize
+    for s, n in sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1 and s):
+        if s < span:
+            return False
+        span += (n - 1) * s
+    return True
+
+
 def distinct(v: View):
     """True if no two elements of `v` share a byte, False if two do, None if not known.
     Dims of stride 0 are left to the caller (rt.check_distinct names them)."""
-    if v.empty:
-        return True
-    span = v.itemsize
-    for n, s in v.dims:            # nested: each stride steps past everything the smaller ones span
-        if s < span:
-            break
-        span += (n - 1) * s
-    else:
+    if v.empty or nested([n for n, _ in v.dims], [s for _, s in v.dims], v.itemsize):
         return True
     starts = v.runs(v.lo, v.hi)
     if starts is None:
