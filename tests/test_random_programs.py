@@ -10,7 +10,10 @@ Each program comes with a numpy model of what it computes, written from its
 description, not from tilec.
 
 1. CPU: the interpreter against the model, bit for bit (NaN as NaN, whatever
-   its payload), every output and input a guarded view whose padding must stay.
+   its payload), every output and input a guarded view whose padding must stay;
+   where mark-in-place lets an output be an input (same dtype and shape), also
+   called in place, once with the blocks in order and once last block first: the
+   result is the model's with the output starting as the input.
 2. CPU: every program lowers, generates CUDA and compiles with NVRTC to an
    sm_90a cubin with an empty log, its thread-copy variant too.
 3. GPU (marked gpu): the compiled kernel against the interpreter on the same
@@ -20,7 +23,7 @@ description, not from tilec.
    the documented shapes, so a contraction NVRTC makes elsewhere is a
    finding, not noise); only values that exp, log or rsqrt feed get the
    model's bound (random_programs' docstring), since those may differ from
-   the GPU in the last bit.
+   the GPU in the last bit. In place too, where the program may run in place.
 
 A failure prints the program's text, its shapes and the data seed; rerun one with
 `python tests/test_random_programs.py` after pasting it into a file, or through
@@ -36,6 +39,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 import tilec
 from guard import guarded
+from tilec.runtime.interpret import blocks
 
 from random_programs import FLOATS, NP, program
 
@@ -104,6 +108,32 @@ def call(p, strict, kern, make_args, expect, check):
     check(f"default kernel, falling back ({broke}): ")
 
 
+def in_place_pair(p, kern):
+    """(W, R): a tensor the kernel writes that mark-in-place lets be the very tensor R
+    it reads (its first such pair of one dtype and shape), or None."""
+    tensors = {t.name: t for t in p.tensors}
+    for (w, r), why in kern.kernel_ir.in_place:
+        if why is None and tensors[w].dtype == tensors[r].dtype and \
+                p.tensor_shape(tensors[w]) == p.tensor_shape(tensors[r]):
+            return w, r
+    return None
+
+
+def run_in_place(p, kern, inputs, pair):
+    """`kern` (the interpreter) called with W as R's own guarded numpy view: returns the
+    numpy arguments (W's result in R's view) and the model's outputs for W starting
+    from R's contents. In place is right when it equals that out-of-place result."""
+    w, r = pair
+    ins, outs = numpy_args(p, inputs)
+    del outs[w]
+    want = p.reference(inputs, {n: g.view.copy() for n, g in outs.items()} | {w: ins[r].view.copy()})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+        kern(*[ins[r].view if n == w else (ins | outs)[n].view for n in (t.name for t in p.tensors)],
+             *p.scalar_values())
+    return ins, outs, want
+
+
 def run_cpu(p):
     inputs = p.inputs()
     text = p.text()
@@ -132,6 +162,22 @@ def run_cpu(p):
     if p.run_fallback:
         kern.fallback(*make_args(), *p.scalar_values())
         check("thread-copy variant: ")
+    pair = in_place_pair(p, kern)
+    for last_first in (False, True) if pair is not None else ():
+        # mark-in-place said W may be R: so W's result in R's memory is the model's, whichever
+        # block runs first (a kernel that reads what another block wrote would depend on that)
+        w, r = pair
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(blocks, "LAST_BLOCK_FIRST", last_first)
+            ins, outs, want = run_in_place(p, kern, inputs, pair)
+        what = f"in place ({w} is {r}{', the last block first' if last_first else ''}): "
+        for n, got in [(w, ins[r].view)] + [(n, g.view) for n, g in outs.items()]:
+            bad = differing(got, want[n][0])
+            assert not bad.any(), what + first_differences(n, got, want[n][0], bad)
+        for n, g in ins.items():
+            assert n == r or not differing(g.view, inputs[n]).any(), f"{what}input {n} was written"
+        for g in [*ins.values(), *outs.values()]:
+            g.check()
 
 
 @seed(20270101)
@@ -226,6 +272,24 @@ def run_gpu(p):
     if p.run_fallback:
         gpu.fallback(*make_args(), *p.scalar_values())
         check("thread-copy variants: ", cpu.fallback)
+    pair = in_place_pair(p, gpu)
+    if pair is not None:        # W as R's own view on the GPU, against the interpreter doing the same
+        w, r = pair
+        args = make_args()
+        order = [t.name for t in p.tensors]
+        args[order.index(w)] = args[order.index(r)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+            gpu(*args, *p.scalar_values())
+        torch.cuda.synchronize()
+        c_in, c_out, want = run_in_place(p, cpu, inputs, pair)
+        for n, g, c in [(w, state["g_in"][r], c_in[r])] + [(n, state["g_out"][n], c_out[n]) for n in c_out]:
+            got = g.view.cpu()
+            got = got.view(torch.int16).numpy().view(NP["bf16"]) if g.view.dtype == torch.bfloat16 else got.numpy()
+            bad = differing(got, c.view, want[n][1] if p.tensors[order.index(n)].dtype in FLOATS else None)
+            assert not bad.any(), f"in place ({w} is {r}): " + first_differences(n, got, c.view, bad) + \
+                " (GPU vs interpreter)"
+            g.check()
 
 
 if importlib.util.find_spec("pytest_timeout"):      # bounded: small programs; with pytest-timeout, hard-bounded

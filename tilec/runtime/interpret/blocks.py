@@ -25,6 +25,9 @@ from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _prom
                       decode, encode, storage_dtype)
 
 INTERPRETED_RESIDENT_BLOCKS = 3   # a persistent kernel's grid here: each block loops over several tiles
+LAST_BLOCK_FIRST = False          # test hook: run the blocks in the reverse order (but a stream-K kernel's:
+                                  # a block adds partial sums that lower-numbered blocks stored), so that a
+                                  # result that depends on the blocks' order differs between the two runs
 
 
 class InterpretError(DeviceError):
@@ -278,7 +281,8 @@ class _Blocks:
                                            bool(self.k.stream_k)), 1, 1)
         names = self.k.grid_vars
         self.slots = {}                     # stream-K: the workspace's slots stored and not yet added
-        for bz, by, bx in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
+        order = list(itertools.product(range(grid[2]), range(grid[1]), range(grid[0])))
+        for bz, by, bx in order[::-1] if LAST_BLOCK_FIRST and not self.k.stream_k else order:
             self.block_index = (bx, by, bz)
             env = dict(self.base_env)
             env.update(zip(names, (np.int32(bx), np.int32(by), np.int32(bz))))
