@@ -8,12 +8,15 @@ strides), and the kernel reads R only where it then writes W. That holds when
 
 - every statement that touches R is a copy out of R (no im2col view of it), and
   every statement that writes W a copy into W;
-- all of them name one tile: the same start and extent expressions;
+- all of them name one tile: the same start and extent expressions, each loop
+  variable counted by its loop's depth (so a `for k` that reads and a later
+  `for j` that writes the same tiles agree);
 - each read comes before each write in the program (a pipelined loop may then
   load the next tile early: that tile is another one, not yet written);
-- every loop around both a read and a write steps the tile: its variable (or a
-  let computed from it) is in the tile's starts, so no step reads a tile an
-  earlier step wrote.
+- every loop around both a read and a write steps the tile by a whole tile: in
+  some dim the start is `c * var + ...` with |c| at least the tile's extent
+  there (make-persistent's tile loop visits each tile once), so no step reads
+  a tile an earlier step wrote.
 
 Then each tile of W is written only by the block (and the loop step) that read
 it from R, after it did: distinct tiles of W are distinct memory, or the kernel
@@ -25,8 +28,9 @@ from dataclasses import replace
 
 from ..ir import nodes as ir
 from ..ir.effects import of, written_tensors
-from ..ir.exprs import free_names
+from ..ir.exprs import free_names, substitute
 from ..ir.printer import expr as show
+from . import make_persistent
 
 NAME = "mark-in-place"
 
@@ -79,9 +83,43 @@ def _accesses(k: ir.Kernel) -> dict:
 
 
 def _tile(a: _Access, side: str):
-    """The tile a copy reads or writes, as its start and extent expressions print."""
+    """The tile a copy reads or writes, as its start and extent expressions print, each
+    loop variable named by its loop's depth (`for k` reading and a later `for j` at the
+    same depth writing with j where k was read name one family of tiles)."""
     r = getattr(a.s, side)
-    return tuple(show(x) for x in r.starts), tuple(show(x) if x is not None else "" for x in r.extents)
+    depth = {var: ir.Var(f"@{d}", "loop") for d, (var, _) in enumerate(a.loops)}
+    return (tuple(show(substitute(x, depth)) for x in r.starts),
+            tuple(show(x) if x is not None else "" for x in r.extents))
+
+
+def _whole_steps(a: _Access, var: str) -> bool:
+    """Does each step of the loop over `var` read a tile of its own: some dim's start
+    `c * var + rest` (rest free of var, lets seen through) with |c| at least that dim's
+    extent? make-persistent's tile loop visits each tile once."""
+    if var == make_persistent.TILE:
+        return True
+    region = a.s.src
+    for start, extent in zip(region.starts, region.extents):
+        coef, other = [0], [False]
+
+        def add(x, c):
+            if isinstance(x, ir.BinOp) and x.op in "+-":
+                add(x.lhs, c)
+                add(x.rhs, c if x.op == "+" else -c)
+            elif isinstance(x, ir.UnaryOp) and x.op == "-":
+                add(x.operand, -c)
+            elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.rhs, ir.Int):
+                add(x.lhs, c * x.rhs.value)
+            elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.lhs, ir.Int):
+                add(x.rhs, c * x.lhs.value)
+            elif isinstance(x, ir.Var) and x.name == var:
+                coef[0] += c
+            elif var in _depends(free_names(x), a.lets):
+                other[0] = True                 # var inside a product, a division, a let, ...
+        add(start, 1)
+        if not other[0] and isinstance(extent, ir.Int) and abs(coef[0]) >= max(extent.value, 1):
+            return True
+    return False
 
 
 def _lines(accesses) -> str:
@@ -129,9 +167,8 @@ def _why_not(k: ir.Kernel, w: str, r: str, accesses: dict):
                 "would read elements it already overwrote")
     around_writes = {loop for a in writes for loop in a.loops}
     for a in reads:
-        used = _depends(set().union(*(free_names(x) for x in a.s.src.starts)), a.lets)
         for var, line in a.loops:
-            if (var, line) in around_writes and var not in used:
-                return (f"the loop at line {line} reads and writes the same tile of {r} in each step, so a step "
-                        "would read what an earlier step wrote")
+            if (var, line) in around_writes and not _whole_steps(a, var):
+                return (f"the loop at line {line} does not step the tile of {r} by a whole tile each time, so a "
+                        "step could read what an earlier step wrote")
     return None
