@@ -367,7 +367,8 @@ def test_arguments_that_share_memory():
     what earlier ones wrote, were the kernel not in place): scale in place equals torch,
     on one wave and on a persistent grid, inside its guard; a gemm writing into A, a
     written view over part of the input and a written view whose elements overlap are
-    refused with the reason, nothing written; column halves of one buffer run."""
+    refused with the reason, nothing written; column halves of one buffer run. tests/center.tile
+    (each row less its maximum: read in one loop, written in the next) runs in place too."""
     import torch
     scale = tilec.compile(ROOT / "examples/scale.tile")
     persistent = tilec.compile((ROOT / "examples/scale.tile").read_text().replace(
@@ -380,6 +381,14 @@ def test_arguments_that_share_memory():
         torch.cuda.synchronize()
         assert torch.equal(x.view, want)
         x.check()
+    center = tilec.compile(ROOT / "tests/center.tile")        # two passes, the second writing where it reads
+    x = guarded((16384, 1000), "f32", fill=float("nan"))
+    x.view.copy_(torch.randn(16384, 1000, device="cuda"))
+    want = x.view - x.view.max(dim=1, keepdim=True).values
+    center(x.view, x.view)
+    torch.cuda.synchronize()
+    assert torch.equal(x.view, want)
+    x.check()
     buf = guarded((4096 + 64, 2048), "f32", fill=float("nan"))
     buf.view.copy_(torch.randn(4096 + 64, 2048, device="cuda"))
     before = buf.view.clone()

@@ -19,7 +19,7 @@ from tilec.compiler import lower
 from tilec.ir import nodes as ir
 from tilec.passes import PASS_NAMES
 from tilec.runtime import interpret
-from tilec.runtime.interpret import numbers
+from tilec.runtime.interpret import blocks, numbers
 
 from guard import guarded
 
@@ -442,6 +442,16 @@ def test_arguments_that_share_memory():
                        r"same view; the kernel writes RowSum, so its writes would race with the writes of RowMax"):
         rowsum(np.ones((128, 64), np.float32), out[:128], out[1:129])
     assert np.array_equal(buf, before) and (out == 0).all() and (a == 1).all()
+    center = interp(ROOT / "tests" / "center.tile")      # two passes: read in one loop, written in the next
+    x = np.random.default_rng(1).standard_normal((200, 300)).astype(np.float32)
+    want = x - x.max(axis=1, keepdims=True)
+    for last_first in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(blocks, "LAST_BLOCK_FIRST", last_first)
+            y = guarded(x.shape, np.float32, like="numpy", fill=x)
+            center(y.view, y.view)
+        assert np.array_equal(y.view, want)
+        y.check()
     fills = interp(""" kernel fills(A: f32[M, N], B: f32[M, N]) {
         const BM = 64, BN = 64;
         grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
