@@ -407,10 +407,16 @@ class Ev:
         t = F64 if self.double else F32
         x = to_type(args[0].v, t)
         with np.errstate(all="ignore"):
-            if f == "sqrt":
-                return Val(np.sqrt(x), args[0].mag)
-            out = np.exp(x) if f == "exp" else np.log(x) if f == "log" else (t.type(1) / np.sqrt(x)).astype(t)
-        return Val(np.asarray(out, t), np.abs(np.asarray(out, F64)))
+            out = np.sqrt(x) if f == "sqrt" else np.exp(x) if f == "exp" else np.log(x) if f == "log" else \
+                (t.type(1) / np.sqrt(x)).astype(t)
+            if args[0].mag is None:         # an exact argument: sqrt is exact too, the others within a few units
+                return Val(np.asarray(out, t), None if f == "sqrt" else np.abs(np.asarray(out, F64)))
+            # an argument off by up to e = units * mag_x moves the result by about |f'(x)| * e
+            # (exp by exp(x) * e: an argument near 9 makes a unit of error nine of the result's)
+            ax, mx, ao = np.abs(x.astype(F64)), args[0].mag, np.abs(np.asarray(out, F64))
+            mag = {"sqrt": ao + 0.5 * mx / np.sqrt(ax), "exp": ao * (1 + mx), "log": ao + mx / ax,
+                   "rsqrt": ao * (1 + 0.5 * mx / ax)}[f]
+        return Val(np.asarray(out, t), mag)
 
 
 def _val_of(side, ev):
