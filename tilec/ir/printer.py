@@ -221,6 +221,9 @@ def kernel(k: ir.Kernel) -> str:
         where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
+    for (written, read), why in k.in_place:
+        if why is None:         # mark-in-place: the launch may pass one tensor as both (why not, in the host wrapper)
+            out.append(f"  in_place {written} = {read}")
     for v in k.views:
         out.append(f"  view {v.name} = im2col({v.tensor}, kernel = {v.kernel}, stride = {v.stride}, "
                    f"pad = {v.pad}, dilation = {v.dilation})")
