@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from ..ir import nodes as ir
 from ..ir.effects import of, written_tensors
-from ..ir.exprs import free_names, substitute
+from ..ir.exprs import free_names, linear, substitute
 from ..ir.printer import expr as show
 from . import make_persistent
 
@@ -83,13 +83,14 @@ def _accesses(k: ir.Kernel) -> dict:
 
 
 def _tile(a: _Access, side: str):
-    """The tile a copy reads or writes, as its start and extent expressions print, each
-    loop variable named by its loop's depth (`for k` reading and a later `for j` at the
-    same depth writing with j where k was read name one family of tiles)."""
+    """The tile a copy reads or writes, as its start and extent expressions print in
+    linear form (`64 * by + 8` and `8 + by * 64` agree), each loop variable named by its
+    loop's depth (`for k` reading and a later `for j` at the same depth writing with j
+    where k was read name one family of tiles)."""
     r = getattr(a.s, side)
     depth = {var: ir.Var(f"@{d}", "loop") for d, (var, _) in enumerate(a.loops)}
-    return (tuple(show(substitute(x, depth)) for x in r.starts),
-            tuple(show(x) if x is not None else "" for x in r.extents))
+    return (tuple(show(linear(substitute(x, depth))) for x in r.starts),
+            tuple(show(linear(x)) if x is not None else "" for x in r.extents))
 
 
 def _whole_steps(a: _Access, var: str) -> bool:
