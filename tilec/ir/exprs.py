@@ -305,9 +305,9 @@ def map_body(body, fn_stmt):
     return tuple(out)
 
 
-def linear(e):
-    """Fold `e` as a linear combination: terms that cancel are dropped, so
-    `(by * 64 + 64) - by * 64` becomes 64. Non-linear parts stay opaque terms."""
+def linear_terms(e):
+    """`e` folded as a linear combination: ({printed term: (term, coefficient)}, constant).
+    Non-linear parts (products of names, divisions, calls) are opaque terms."""
     from ..ir.printer import expr as show
 
     terms: dict = {}
@@ -332,6 +332,13 @@ def linear(e):
             terms[key] = (x, old[1] + coef)
 
     add(fold(e), 1)
+    return terms, const
+
+
+def linear(e):
+    """Fold `e` as a linear combination: terms that cancel are dropped, so
+    `(by * 64 + 64) - by * 64` becomes 64. Non-linear parts stay opaque terms."""
+    terms, const = linear_terms(e)
     out = None
     for x, coef in terms.values():
         if coef == 0:

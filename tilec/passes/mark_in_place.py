@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from ..ir import nodes as ir
 from ..ir.effects import of, written_tensors
-from ..ir.exprs import free_names, linear, substitute
+from ..ir.exprs import free_names, linear, linear_terms, substitute
 from ..ir.printer import expr as show
 from . import make_persistent
 
@@ -101,24 +101,11 @@ def _whole_steps(a: _Access, var: str) -> bool:
         return True
     region = a.s.src
     for start, extent in zip(region.starts, region.extents):
-        coef, other = [0], [False]
-
-        def add(x, c):
-            if isinstance(x, ir.BinOp) and x.op in "+-":
-                add(x.lhs, c)
-                add(x.rhs, c if x.op == "+" else -c)
-            elif isinstance(x, ir.UnaryOp) and x.op == "-":
-                add(x.operand, -c)
-            elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.rhs, ir.Int):
-                add(x.lhs, c * x.rhs.value)
-            elif isinstance(x, ir.BinOp) and x.op == "*" and isinstance(x.lhs, ir.Int):
-                add(x.rhs, c * x.lhs.value)
-            elif isinstance(x, ir.Var) and x.name == var:
-                coef[0] += c
-            elif var in _depends(free_names(x), a.lets):
-                other[0] = True                 # var inside a product, a division, a let, ...
-        add(start, 1)
-        if not other[0] and isinstance(extent, ir.Int) and abs(coef[0]) >= max(extent.value, 1):
+        terms, _ = linear_terms(start)
+        coef = sum(c for x, c in terms.values() if isinstance(x, ir.Var) and x.name == var)
+        other = any(var in _depends(free_names(x), a.lets) for x, _ in terms.values()
+                    if not (isinstance(x, ir.Var) and x.name == var))     # var in a product, a division, a let
+        if not other and isinstance(extent, ir.Int) and abs(coef) >= max(extent.value, 1):
             return True
     return False
 
