@@ -441,8 +441,8 @@ def _overlap_checks(k: ir.Kernel, written) -> list:
         for y in tensors[i + 1:]:
             if x in written or y in written:
                 w, r = (x, y) if x in written else (y, x)
-                reason = "nullptr" if r in written or why.get((w, r), "") is None else \
-                    _c_string(why.get((w, r), "it does not read it"))
+                reason = None if r in written else why.get((w, r), "it does not read it")    # None: may be one
+                reason = "nullptr" if reason is None else _c_string(reason)
                 lines.append(f"  if (int rc = check_pair(t_{x}, t_{y}, {reason}, err, err_len))")
                 lines.append("    return rc;")
     if lines:
