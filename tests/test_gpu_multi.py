@@ -146,3 +146,135 @@ def test_a_cuda_graph_captured_on_cuda1():
     b.check()
     assert torch.equal(a, b.view)
     assert np.array_equal(a.cpu().numpy(), b.view.cpu().numpy())
+
+
+GEMM_SRC = (ROOT / "examples" / "gemm.tile").read_text()
+
+
+def _gemm_inputs(dev, m, n, kk, seed=0):
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, kk, generator=gen).half().to(dev)
+    b = torch.randn(kk, n, generator=gen).half().to(dev)
+    return a, b, a.float() @ b.float()
+
+
+def _close(c, want):
+    return ((c.float() - want).norm() / want.norm()).item() < 2e-3
+
+
+@two_gpus
+def test_persistent_and_stream_k_gemms_on_each_device_in_turn():
+    """A persistent grid sized by each device's SMs, and stream-K's workspace per
+    (device, stream): cuda:1, cuda:0, cuda:1 again, each output guarded."""
+    import torch
+    from tilec.runtime import host
+    kernels = [tilec.compile(GEMM_SRC, tune=False, PERSISTENT=1, STREAM_K=s, BM=128, BN=256, STAGES=3, PRODUCER=1)
+               for s in (0, 1)]
+    for dev in ("cuda:1", "cuda:0", "cuda:1"):
+        a, b, want = _gemm_inputs(dev, 1000, 1536, 4096)
+        for k in kernels:
+            c = guarded((1000, 1536), "f16", device=dev)
+            k(a, b, c.view)
+            torch.cuda.synchronize(dev)
+            c.check()
+            assert _close(c.view, want), (dev, k)
+    assert {d for d, _ in host._WORKSPACES} >= {0, 1}
+    assert all(set(k._loaded) == {0, 1} for k in kernels)
+
+
+@two_gpus
+def test_a_tuned_gemm_tunes_on_cuda1_on_a_stream_of_its_own_and_cuda0_reuses_the_choice(monkeypatch, tmp_path):
+    """gemm.tile as shipped, first called on cuda:1 (the current device is cuda:0)
+    with stream= a stream of cuda:1: the candidates are timed and their outputs
+    restored there. The same key on cuda:0 (the same GPU model) takes the choice."""
+    import torch
+    from tilec import autotune
+    from tilec import kernel as kernel_mod
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILEC_AUTOTUNE", raising=False)
+    kernel_mod._CACHE.clear()
+    autotune._CHOICES.clear()
+    assert torch.cuda.current_device() == 0
+    k = tilec.compile(str(ROOT / "examples" / "gemm.tile"))
+    a, b, want = _gemm_inputs("cuda:1", 768, 1024, 2048)
+    c = guarded((768, 1024), "f16", device="cuda:1", fill=float("nan"))
+    s = torch.cuda.Stream(device=1)
+    k(a, b, c.view, stream=s.cuda_stream)
+    s.synchronize()
+    c.check()
+    assert _close(c.view, want)
+    chosen, tuned = dict(k.best_config), len(autotune._CHOICES)
+    a0, b0, want0 = _gemm_inputs("cuda:0", 768, 1024, 2048, seed=1)
+    c0 = guarded((768, 1024), "f16", device="cuda:0", fill=float("nan"))
+    k(a0, b0, c0.view)
+    torch.cuda.synchronize(0)
+    c0.check()
+    assert _close(c0.view, want0)
+    assert k.best_config == chosen and len(autotune._CHOICES) == tuned
+
+
+@two_gpus
+def test_the_torch_operator_on_cuda1_plain_and_in_a_cuda_graph():
+    import torch
+    import tilec.torch  # noqa: F401
+    op = tilec.compile(str(ROOT / "examples" / "scale.tile")).as_torch_op()
+    with torch.cuda.device(1):
+        x = torch.randn(300, 700, device="cuda:1")
+        y = guarded((300, 700), "f32", device="cuda:1")
+        op(x, y.view, 2.0)
+        torch.cuda.synchronize(1)
+        assert torch.equal(y.view, x * 2.0 + 1.0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            op(x, y.view, 2.0)
+        x.copy_(torch.randn(300, 700, device="cuda:1"))
+        graph.replay()
+        torch.cuda.synchronize(1)
+    y.check()
+    assert torch.equal(y.view, x * 2.0 + 1.0)
+
+
+@two_gpus
+def test_cupy_arrays_on_device1_with_device0_current():
+    cupy = pytest.importorskip("cupy")
+    k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"))
+    with cupy.cuda.Device(1):
+        a = cupy.random.standard_normal((300, 515), dtype=cupy.float32)
+        b = guarded((300, 515), "f32", like="cupy")
+    assert cupy.cuda.runtime.getDevice() == 0
+    k(a, b.view)
+    with cupy.cuda.Device(1):
+        cupy.cuda.Device(1).synchronize()
+        b.check()
+        assert bool((a == b.view).all())
+    assert set(k._loaded) == {1}
+
+
+@two_gpus
+def test_numpy_arguments_go_to_the_device_of_the_gpu_tensors_wherever_they_stand():
+    """copy2d(A, B) with A a numpy array and B on cuda:1: A is copied to cuda:1 (the
+    device of the GPU tensors), not to cuda:0, though it comes first."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"))
+    a = np.random.default_rng(0).standard_normal((200, 300)).astype(np.float32)
+    b = guarded((200, 300), "f32", device="cuda:1")
+    k(a, b.view)
+    torch.cuda.synchronize(1)
+    b.check()
+    assert np.array_equal(b.view.cpu().numpy(), a)
+    assert set(k._loaded) == {1}
+
+
+@two_gpus
+def test_in_place_and_overlap_checks_on_cuda1():
+    import torch
+    k = tilec.compile(str(ROOT / "examples" / "scale.tile"))
+    x = guarded((256, 512), "f32", device="cuda:1", fill=torch.randn(256, 512))
+    want = x.view * 3.0 + 1.0
+    k(x.view, x.view, 3.0)              # in place: mark-in-place allows it
+    torch.cuda.synchronize(1)
+    x.check()
+    assert torch.equal(x.view, want)
+    with pytest.raises(LaunchError, match="share memory but are not the same view"):
+        k(x.view[:-1], x.view[1:], 3.0)

@@ -675,8 +675,9 @@ def _settle(args):
     """Wait for the GPU (CUDA torch arguments): a launch on the caller's stream=
     and the restores and comparisons, on torch's current stream, must not overlap."""
     torch = sys.modules.get("torch")
-    if torch is not None and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-        torch.cuda.synchronize()
+    if torch is not None:
+        for device in {a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda}:
+            torch.cuda.synchronize(device)      # the arguments' device, not the current one
 
 
 # ---- the candidates' outputs compared

@@ -136,13 +136,14 @@ class Kernel(Program):
                                             debug=self.debug)
         return self._fallback
 
-    def _call(self, stream, fallback):
-        """The runtime.host.Call through which the host wrapper makes one launch."""
-        return host.Call(self.name, self._module, stream, self._writes, self._debug_info, fallback)
+    def _call(self, stream, fallback, args):
+        """The runtime.host.Call through which the host wrapper makes one launch of `args`."""
+        return host.Call(self.name, self._module, stream, self._writes, self._debug_info, fallback,
+                         home=host.home_device(args))
 
     def _run_fallback(self, *args, stream=None):
         fb = self.fallback
-        return fb._launch(fb._call(stream, None), *args)
+        return fb._launch(fb._call(stream, None, args), *args)
 
     def __call__(self, *args, stream=None):
         key = host.torch_call_key(args) if stream is None else None
@@ -154,7 +155,7 @@ class Kernel(Program):
         if _capturing():
             raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None
-        prepared = self._launch(self._call(stream, fb), *args)
+        prepared = self._launch(self._call(stream, fb, args), *args)
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()

@@ -180,14 +180,28 @@ def torch_call_key(args):
     return tuple(key)
 
 
+def home_device(args):
+    """The device of the first torch or cupy GPU tensor in `args` (None if none): where
+    numpy arguments are copied to, whatever their place among the arguments."""
+    torch = sys.modules.get("torch")
+    for a in args:
+        if torch is not None and isinstance(a, torch.Tensor):
+            if a.is_cuda:
+                return a.get_device()
+        elif type(a).__module__.startswith("cupy"):
+            return a.device.id
+    return None
+
+
 class Call:
     """The state of one launch: its arguments, device, stream, and host copies.
     A generated host wrapper's `launch(call, *args)` reads, checks, encodes and
     launches through it. `fallback`: what runs the kernel's thread-copy variant
     on the same arguments when a TMA rule rules a map out (None: raise)."""
 
-    def __init__(self, kernel_name, loaded, stream, writes, debug=None, fallback=None):
+    def __init__(self, kernel_name, loaded, stream, writes, debug=None, fallback=None, home=None):
         self.fallback = fallback
+        self.home = home            # the device of the GPU tensors among the arguments (home_device)
         self.debug = debug          # debug build: (barrier names, source name), else None
         self.record = None
         self.kernel_name = kernel_name
@@ -293,7 +307,7 @@ class Call:
         if dtype is None:
             raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
         host = np.ascontiguousarray(a)
-        dev = self.device or 0
+        dev = self.device if self.device is not None else self.home or 0
         driver.make_current(dev)
         from cuda.bindings import driver as cu
         nbytes = max(host.nbytes, 16)
@@ -325,7 +339,8 @@ class Call:
         stream = None
         if type(obj).__module__.startswith("cupy"):
             import cupy
-            stream = cupy.cuda.get_current_stream().ptr
+            with cupy.cuda.Device(view.device_id):      # its device's current stream, not the current device's
+                stream = cupy.cuda.get_current_stream().ptr
         return TensorArg(name, view.ptr, shape, strides, dtype, view.device_id, stream, keep=obj)
 
     # ------------------------------------------------------------ checks
