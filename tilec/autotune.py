@@ -550,14 +550,12 @@ def _can_time(args) -> bool:
 
 
 def _device_name(args) -> str:
-    torch = sys.modules.get("torch")
-    for a in args:
-        if torch is not None and isinstance(a, torch.Tensor) and a.is_cuda:
-            return torch.cuda.get_device_name(a.device)
+    """The model of the GPU the arguments live on (device 0 for numpy arguments alone)."""
     from cuda.bindings import driver as cu
     from .runtime.driver import check
+    from .runtime.host import home_device
     check(cu.cuInit(0), "cuInit")
-    dev = check(cu.cuDeviceGet(0), "cuDeviceGet")
+    dev = check(cu.cuDeviceGet(home_device(args) or 0), "cuDeviceGet")
     return check(cu.cuDeviceGetName(64, dev), "cuDeviceGetName").rstrip(b"\0").decode()
 
 

@@ -146,6 +146,12 @@ class Kernel(Program):
         return fb._launch(fb._call(stream, None, args), *args)
 
     def __call__(self, *args, stream=None):
+        if driver.several_devices():    # launch in the arguments' device's context, then give the thread its own back
+            with driver.context_kept():
+                return self._call_now(args, stream)
+        return self._call_now(args, stream)
+
+    def _call_now(self, args, stream):
         key = host.torch_call_key(args) if stream is None else None
         if key is not None:
             prepared = self._prepared.get(key)

@@ -106,6 +106,26 @@ def make_current(device: int) -> None:
     _THREAD.device = device
 
 
+class context_kept:
+    """`with context_kept():` the calling thread's current CUDA context when the
+    block is left is the one it had on entry. A launch makes its device's primary
+    context current (make_current); torch and cupy read their current device from
+    that context (cudaGetDevice), so without this a call on cuda:1 tensors would
+    leave the caller's later `device="cuda"` allocations on cuda:1."""
+    __slots__ = ("entered",)
+
+    def __enter__(self):
+        from cuda.bindings import driver as cu
+        self.entered = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+    def __exit__(self, *exc):
+        from cuda.bindings import driver as cu
+        if int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.entered):
+            check(cu.cuCtxSetCurrent(self.entered), "cuCtxSetCurrent")
+            _THREAD.device = None
+        return False
+
+
 def launcher(loaded, grid, threads, smem_bytes, params, name):
     """A function of the stream that launches `loaded` with these parameters
     through cuda.bindings' cuLaunchKernel (measured on the H100: 2 to 4 us less
