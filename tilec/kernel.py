@@ -146,12 +146,6 @@ class Kernel(Program):
         return fb._launch(fb._call(stream, None, args), *args)
 
     def __call__(self, *args, stream=None):
-        if driver.several_devices():    # launch in the arguments' device's context, then give the thread its own back
-            with driver.context_kept():
-                return self._call_now(args, stream)
-        return self._call_now(args, stream)
-
-    def _call_now(self, args, stream):
         key = host.torch_call_key(args) if stream is None else None
         if key is not None:
             prepared = self._prepared.get(key)
@@ -161,7 +155,11 @@ class Kernel(Program):
         if _capturing():
             raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None
-        prepared = self._launch(self._call(stream, fb, args), *args)
+        if driver.several_devices():    # the arguments' device's context for the while, then the caller's again
+            with driver.context_kept():
+                prepared = self._launch(self._call(stream, fb, args), *args)
+        else:
+            prepared = self._launch(self._call(stream, fb, args), *args)
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()

@@ -95,7 +95,8 @@ def make_current(device: int) -> None:
     this thread. With one GPU, checked with the driver once per thread; with
     several, every time: torch switches the thread's context on its own
     (torch.cuda.set_device, `with torch.cuda.device(i)`), and a kernel launched
-    in another device's context would run there, on pointers it cannot use."""
+    in another device's context would run there, on pointers it cannot use.
+    With several GPUs, callers give the thread its context back (context_kept)."""
     if getattr(_THREAD, "device", None) == device and not several_devices():
         return
     from cuda.bindings import driver as cu
@@ -108,10 +109,12 @@ def make_current(device: int) -> None:
 
 class context_kept:
     """`with context_kept():` the calling thread's current CUDA context when the
-    block is left is the one it had on entry. A launch makes its device's primary
-    context current (make_current); torch and cupy read their current device from
-    that context (cudaGetDevice), so without this a call on cuda:1 tensors would
-    leave the caller's later `device="cuda"` allocations on cuda:1."""
+    block is left is the one it had on entry. make_current switches to a device's
+    primary context; torch and cupy read their current device from the current
+    context (cudaGetDevice), so without this a call on cuda:1 tensors would leave
+    the caller's later `device="cuda"` allocations on cuda:1. Only needed where
+    the machine has several GPUs (with one, every context tilec makes current is
+    the one device's, the current device torch and cupy see already)."""
     __slots__ = ("entered",)
 
     def __enter__(self):
@@ -122,7 +125,7 @@ class context_kept:
         from cuda.bindings import driver as cu
         if int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.entered):
             check(cu.cuCtxSetCurrent(self.entered), "cuCtxSetCurrent")
-            _THREAD.device = None
+            _THREAD.device = None       # make_current's memory of this thread's context is stale now
         return False
 
 
@@ -131,21 +134,39 @@ def launcher(loaded, grid, threads, smem_bytes, params, name):
     through cuda.bindings' cuLaunchKernel (measured on the H100: 2 to 4 us less
     than calling libcuda through ctypes): everything but the stream decided
     once, for the replayed launch of a call with the same arguments (~0.3 us
-    over a bare cuLaunchKernel)."""
+    over a bare cuLaunchKernel). With several GPUs it launches in its device's
+    primary context and gives the thread back the context it found."""
     from cuda.bindings import driver as cu
     call, success = cu.cuLaunchKernel, cu.CUresult.CUDA_SUCCESS
     head = (loaded.function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes)
     address = ctypes.addressof(params)
     device = loaded.device
-    several = several_devices()
 
     def launch_on(stream):
-        if several or getattr(_THREAD, "device", None) != device:
+        if getattr(_THREAD, "device", None) != device:
             make_current(device)
         err = call(*head, stream, address, 0)[0]
         if err is not success and int(err):     # identity first: the common case costs no int()
             check((err,), f"launching {name}")
-    return launch_on
+
+    if not several_devices():
+        return launch_on
+    ctx, get_current, set_current = primary_context(device), cu.cuCtxGetCurrent, cu.cuCtxSetCurrent
+    ctx_id = int(ctx)
+
+    def launch_on_its_device(stream):
+        found = get_current()[1]
+        if int(found) == ctx_id:
+            err = call(*head, stream, address, 0)[0]
+        else:
+            check(set_current(ctx), "cuCtxSetCurrent")
+            try:
+                err = call(*head, stream, address, 0)[0]
+            finally:
+                set_current(found)
+        if err is not success and int(err):
+            check((err,), f"launching {name}")
+    return launch_on_its_device
 
 
 class LoadedKernel:

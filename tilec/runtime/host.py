@@ -543,6 +543,13 @@ def workspace(device, stream, nbytes) -> int:
         if capturing:
             have.captured = True            # the graph being captured points at it
         return have.ptr
+    if driver.several_devices():    # a replayed launch's first on this stream: the caller's context after
+        with driver.context_kept():
+            return _new_workspace(cu, key, have, device, stream, nbytes, capturing)
+    return _new_workspace(cu, key, have, device, stream, nbytes, capturing)
+
+
+def _new_workspace(cu, key, have, device, stream, nbytes, capturing):
     driver.make_current(device)
     if capturing:
         new = _Buffer(_workspace_beside_a_capture(nbytes), nbytes, True)
