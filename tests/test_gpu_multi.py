@@ -1,8 +1,13 @@
 """Kernels on every GPU of a machine: a kernel called on tensors of cuda:1 loads
 its cubin there, encodes maps for that device's pointers, launches on that
 device's current torch stream, keeps per-device launches apart, and refuses
-tensors of two devices. The tests that need two GPUs skip saying so on a machine
-with one; the one-GPU tests check that the device index is threaded through."""
+tensors of two devices, and leaves the caller's current device as it found it.
+Two-GPU tests: copy2d, im2col and gemm.tile on cuda:1 against cuda:0, two threads
+each driving one device, mixed devices refused, a CUDA graph captured on cuda:1,
+persistent and stream-K gemms on each device in turn, a tune on cuda:1 on a stream
+of its own, the torch operator, cupy arrays and numpy arguments beside cuda:1
+tensors, in place and overlap checks; they skip saying so on a machine with one
+GPU, where the one-GPU tests check that the device index is threaded through."""
 import threading
 
 import numpy as np
