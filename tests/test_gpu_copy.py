@@ -362,6 +362,54 @@ def test_cupy_arguments():
     sliced.check()
 
 
+class _DLPackOnly:
+    """An array known only by DLPack (as JAX's are)."""
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, **kw):
+        return self.t.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class _InterfaceOnly:
+    """An array known only by __cuda_array_interface__ (as numba's are), read-only if asked."""
+    def __init__(self, t, readonly=False):
+        self.__cuda_array_interface__ = dict(t.__cuda_array_interface__)
+        self.__cuda_array_interface__["data"] = (t.data_ptr(), readonly)
+        self.t = t
+
+
+def test_dlpack_and_cuda_array_interface_producers():
+    """design.md §4: anything with DLPack or __cuda_array_interface__ (cuda.core's
+    StridedMemoryView reads both): inputs and outputs (padded views, so strides travel),
+    and a producer's read-only mark kept: a read-only output raises, nothing written."""
+    import torch
+    k = tilec.compile(ROOT / "examples/scale.tile")
+    x = torch.randn(300, 520, device="cuda")
+    for wrap_in, wrap_out in ((_DLPackOnly, _InterfaceOnly), (_InterfaceOnly, _DLPackOnly)):
+        y = guarded(x.shape, "f32", fill=float("nan"))
+        k(wrap_in(x), wrap_out(y.view), 2.0)
+        torch.cuda.synchronize()
+        assert torch.equal(y.view, x * 2.0 + 1.0)       # x * 2 is exact: one rounding either way
+        y.check()
+    y = guarded(x.shape, "f32", fill=-1.0)
+    with pytest.raises(tilec.LaunchError, match=r"argument Y: the _InterfaceOnly is read-only \(its producer "
+                                                r"exports it read-only\), and kernel scale writes it"):
+        k(x, _InterfaceOnly(y.view, readonly=True), 2.0)
+    k(_InterfaceOnly(x, readonly=True), y.view, 2.0)        # read-only input: read
+    torch.cuda.synchronize()
+    assert torch.equal(y.view, x * 2.0 + 1.0)
+    y.check()
+    host_out = np.full((300, 520), -1.0, np.float32)
+    host_out.flags.writeable = False
+    with pytest.raises(tilec.LaunchError, match=r"argument Y: the numpy array is read-only"):
+        k(x, host_out, 2.0)
+    assert (host_out == -1).all()
+
+
 def test_arguments_that_share_memory():
     """On the GPU, with more tiles than the GPU holds at once (blocks of later waves read
     what earlier ones wrote, were the kernel not in place): scale in place equals torch,

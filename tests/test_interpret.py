@@ -400,6 +400,25 @@ def test_an_expanded_output_is_refused_an_expanded_input_is_read():
     k(np.zeros((0, 128), np.float32), empty)
 
 
+def test_a_read_only_output_is_refused_a_read_only_input_is_read():
+    """numpy's read-only mark is kept: a written array with flags.writeable False raises
+    before anything runs (on the GPU tilec would copy the kernel's result into it);
+    np.broadcast_to's read-only view as an input is read."""
+    k = interp(EXAMPLES / "scale.tile")
+    x = np.arange(32 * 64, dtype=np.float32).reshape(32, 64)
+    y = np.full_like(x, -1.0)
+    y.flags.writeable = False
+    with pytest.raises(tilec.LaunchError, match=r"^error: argument Y: the numpy array is read-only \(its "
+                       r"flags.writeable is False\), and kernel scale writes it: pass a writable one$"):
+        k(x, y, 2.0)
+    assert (y == -1).all()
+    x.flags.writeable = False
+    out = guarded(x.shape, np.float32, like="numpy")
+    k(x, out.view, 2.0)
+    assert np.array_equal(out.view, x * 2 + 1)
+    out.check()
+
+
 def test_arguments_that_share_memory():
     """A written tensor shares memory with no other argument, but for one case: the same
     view as a tensor the kernel reads only where it then writes it (scale in place). A

@@ -229,6 +229,7 @@ class Call:
             raise LaunchError(f"argument {name}: rank {len(arg.shape)} does not match the declared rank {rank}")
         size = DTYPES[dtype].size
         if mod.startswith("numpy"):   # a numpy array's own memory, not the dense copy tilec makes of it
+            self.check_writable(name, obj.flags.writeable, "numpy array", "its flags.writeable is False")
             self.remember(name, "host", obj.__array_interface__["data"][0], obj.shape, obj.strides, size)
         else:
             self.remember(name, f"cuda:{arg.device}", arg.ptr, arg.shape, tuple(s * size for s in arg.strides), size)
@@ -241,6 +242,13 @@ class Call:
             self.stream = arg.stream
         self.args.append(arg)
         return arg
+
+    def check_writable(self, name, writable, what, why):
+        """A tensor the kernel writes must be writable: its producer's read-only mark is
+        kept (a read-only numpy array, a DLPack or __cuda_array_interface__ export marked so)."""
+        if name in self.writes and not writable:
+            raise LaunchError(f"argument {name}: the {what} is read-only ({why}), and kernel {self.kernel_name} "
+                              "writes it: pass a writable one")
 
     def remember(self, name, space, ptr, shape, strides, size):
         """Where argument `name`'s elements are (strides in bytes), for check_overlaps;
@@ -330,6 +338,8 @@ class Call:
                               f"(needs DLPack or __cuda_array_interface__): {e}") from None
         if not view.is_device_accessible or view.device_id < 0:
             raise LaunchError(f"argument {name}: the array is in host memory where a GPU tensor is required")
+        self.check_writable(name, not getattr(view, "readonly", False), type(obj).__name__,
+                            "its producer exports it read-only")
         dtype = _NP_NAMES.get(view.dtype.name) if view.dtype is not None else None
         if dtype is None:
             raise LaunchError(f"argument {name}: element type {view.dtype} has no tilec dtype")

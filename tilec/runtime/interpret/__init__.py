@@ -176,6 +176,7 @@ class InterpretCall(host.Call):
         t = _tensor(obj, name, dtype, rank)
         size = ir.DTYPES[dtype].size
         if isinstance(obj, np.ndarray):     # as passed: a numpy array's own memory, a torch tensor's
+            self.check_writable(name, obj.flags.writeable, "numpy array", "its flags.writeable is False")
             self.remember(name, "host", obj.__array_interface__["data"][0], t.shape, obj.strides, size)
         else:
             self.remember(name, str(obj.device), obj.data_ptr(), t.shape, tuple(s * size for s in t.strides), size)
