@@ -404,3 +404,91 @@ def test_readme_snippet_on_the_gpu(monkeypatch):
     torch.cuda.synchronize()
     torch.testing.assert_close(y.view, 2 * x + 1)
     y.check()
+
+
+# ------------------------------------------------------------------ autograd
+
+
+def _written_under_grad(call, x, y):
+    with pytest.raises(tilec.LaunchError, match=r"argument Y requires grad, and kernel scale writes it: autograd "
+                                                r"does not see a tilec kernel's writes, so gradients through Y "
+                                                r"would be wrong: write it under torch.no_grad\(\)"):
+        call(x, y, 2.0)
+
+
+@pytest.mark.gpu
+def test_a_written_tensor_that_requires_grad_is_refused_unless_grad_mode_is_off():
+    """As torch refuses an in-place op on a leaf that requires grad: the plain kernel,
+    the TorchOp and the operator through the dispatcher, first call and replay (a replay
+    of a launch first made under no_grad); under torch.no_grad() (an optimizer step) it
+    runs. Nothing is written when it raises."""
+    k = tilec.compile(SCALE)
+    op = k.as_torch_op()
+    x = rand(64, 256)
+    for call in (k, op):
+        guard = guarded((64, 256), "f32", fill=5.0)
+        y = guard.view.requires_grad_()
+        _written_under_grad(call, x, y)             # a first call
+        torch.cuda.synchronize()
+        assert bool((y == 5.0).all())
+        with torch.no_grad():
+            call(x, y, 2.0)
+        torch.cuda.synchronize()
+        assert torch.equal(y.detach(), x * 2.0 + 1.0)
+        _written_under_grad(call, x, y)             # its replay, now with grad mode on
+        guard.check()
+    y = torch.full((64, 256), 5.0, device="cuda", requires_grad=True)
+    with pytest.raises((tilec.LaunchError, RuntimeError), match="requires grad"):
+        op.op(x, y, 2.0)        # through the dispatcher: its autograd fallback may refuse first, or tilec does
+    torch.cuda.synchronize()
+    assert bool((y == 5.0).all())
+
+
+@pytest.mark.gpu
+def test_a_tensor_saved_for_backward_and_overwritten_makes_backward_raise():
+    """The kernel bumps the version counter of every torch tensor it writes, on the first
+    call and on replays, as torch's in-place ops do: backward through an op that saved the
+    overwritten tensor raises instead of using the kernel's values. Inference tensors have
+    no version counter and are written as they are."""
+    k = tilec.compile(SCALE)
+    op = k.as_torch_op()
+    x = rand(64, 256)
+    for call in (k, op):
+        w = torch.randn(64, 256, device="cuda", requires_grad=True)
+        y = torch.randn(64, 256, device="cuda")
+        loss = (w * y).sum()                        # saves y for w's gradient
+        v = y._version
+        call(x, y, 2.0)
+        call(x, y, 2.0)                             # the replay
+        assert y._version >= v + 2                  # (through the dispatcher torch may bump it too)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    with torch.inference_mode():
+        y = torch.empty(64, 256, device="cuda")
+        k(x, y, 2.0)
+        k(x, y, 2.0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, x * 2.0 + 1.0)
+
+
+@pytest.mark.gpu
+def test_a_tuned_kernel_refuses_an_output_that_requires_grad_before_it_times_anything(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
+    k = tilec.compile(SCALE, tune={"BM": (16, 32)}, key=("M", "N"))
+    x = rand(64, 256)
+    y = torch.full((64, 256), 5.0, device="cuda", requires_grad=True)
+    _written_under_grad(k, x, y)
+    assert bool((y == 5.0).all())
+    with torch.no_grad():
+        k(x, y, 2.0)
+    assert torch.equal(y.detach(), x * 2.0 + 1.0)
+
+
+def test_the_interpreter_refuses_a_cpu_tensor_that_requires_grad():
+    k = tilec.compile(SCALE, backend="interpret")
+    x = torch.randn(8, 16)
+    y = torch.zeros(8, 16, requires_grad=True)
+    _written_under_grad(k, x, y)
+    with torch.no_grad():
+        k(x, y, 2.0)
+    assert torch.equal(y.detach(), x * 2.0 + 1.0)

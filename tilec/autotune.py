@@ -53,7 +53,7 @@ from . import kernel as kernel_mod
 from ._version import __version__
 from .compiler import program_key
 from .errors import CaptureError, TilecError, TuneMismatchWarning
-from .runtime import cache, nvrtc, workers
+from .runtime import cache, host, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
 _CHOICES_LOCK = threading.Lock()
@@ -994,6 +994,11 @@ class TunedKernel:
             raise
         sig = signature(self.source)
         writes = _written_args(sig, compiled.values())
+        try:        # before any output is saved or restored: a tensor that requires grad is refused
+            host.mark_written(args, tuple((i, sig[i][0]) for i in writes), next(iter(compiled.values())).name)
+        except TilecError:
+            progress.finish("an output requires grad")
+            raise
         saved = {i: _save(args[i]) for i in writes}
         ready, reference, mismatched = [], None, {}
         try:

@@ -76,7 +76,8 @@ class Kernel(Program):
         if w is None:
             namespace = {}
             exec(self._host_code_object(), namespace)
-            w = self._wrapper = (namespace["launch"], namespace["WRITES"], namespace.get("DEBUG"))
+            launch, writes = namespace["launch"], namespace["WRITES"]
+            w = self._wrapper = (launch, writes, namespace.get("DEBUG"), host.written_params(launch, writes))
         return w
 
     def _host_code_object(self):
@@ -100,6 +101,11 @@ class Kernel(Program):
     @property
     def _debug_info(self):
         return self._host()[2]
+
+    @property
+    def _written_params(self):
+        """((position, name), ...) of the tensors the kernel writes (host.mark_written)."""
+        return self._host()[3]
 
     # ---- inspection
     @property
@@ -150,8 +156,10 @@ class Kernel(Program):
         if key is not None:
             prepared = self._prepared.get(key)
             if prepared is not None:          # the same arguments again: replay the launch
+                host.mark_written(args, self._written_params, self.name)
                 prepared()
                 return None
+        host.mark_written(args, self._written_params, self.name)
         if _capturing():
             raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None

@@ -59,6 +59,7 @@ class TorchOp:
             # its launch as Kernel.__call__ does, without the dispatcher's ~1 us
             prepared = self.kernel._prepared.get(_call_key(args))
             if prepared is not None:
+                rt.mark_written(args, self.kernel._written_params, self.kernel.name)
                 prepared()
                 return None
         return self.op(*args)            # traced, a first call, meta or CPU tensors: the operator

@@ -180,6 +180,39 @@ def torch_call_key(args):
     return tuple(key)
 
 
+def written_params(launch, writes) -> tuple:
+    """((position, name), ...) of the tensor parameters the kernel writes, in the call's
+    order: the generated wrapper's `launch(call, ...)` parameters that WRITES names."""
+    code = launch.__code__
+    return tuple((i, n) for i, n in enumerate(code.co_varnames[1:code.co_argcount]) if n in writes)
+
+
+def mark_written(args, written, kernel_name) -> None:
+    """Before a launch (replayed or not), for each torch tensor the kernel writes
+    (`written`: written_params): refuse one that requires grad while grad mode is on,
+    as torch refuses an in-place op on a leaf that requires grad (autograd cannot see
+    the kernel's writes, so gradients through it would be silently wrong), and bump its
+    version counter, as torch's in-place ops do, so that autograd raises where the
+    kernel overwrote a tensor an earlier op saved for backward instead of using the
+    new values. Inference tensors keep no version counter."""
+    torch = sys.modules.get("torch")
+    if torch is None or not written:
+        return
+    tensor, grad, touched = torch.Tensor, torch.is_grad_enabled(), []
+    for i, name in written:
+        t = args[i] if i < len(args) else None
+        if not isinstance(t, tensor) or t.is_inference():
+            continue
+        if grad and t.requires_grad:
+            raise LaunchError(f"argument {name} requires grad, and kernel {kernel_name} writes it: autograd does "
+                              f"not see a tilec kernel's writes, so gradients through {name} would be wrong: write "
+                              "it under torch.no_grad() (as an optimizer step does), or pass a tensor that does not "
+                              "require grad")
+        touched.append(t)
+    if touched:
+        torch.autograd.graph.increment_version(touched)
+
+
 def home_device(args):
     """The device of the first torch or cupy GPU tensor in `args` (None if none): where
     numpy arguments are copied to, whatever their place among the arguments."""

@@ -128,6 +128,8 @@ class InterpretedKernel(Program):
         if len(args) != len(k.params):
             raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
                             f"({', '.join(p.name for p in k.params)}), got {len(args)}")
+        written = set(written_tensors(k))
+        host.mark_written(args, tuple((i, p.name) for i, p in enumerate(k.params) if p.name in written), k.name)
         return self._launch(InterpretCall(k, self._run_fallback if self._fallback_allowed else None), *args)
 
     def tune_report(self, key=None) -> str:
