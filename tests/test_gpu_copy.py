@@ -379,6 +379,7 @@ class _InterfaceOnly:
     def __init__(self, t, readonly=False):
         self.__cuda_array_interface__ = dict(t.__cuda_array_interface__)
         self.__cuda_array_interface__["data"] = (t.data_ptr(), readonly)
+        self.__cuda_array_interface__["version"] = 3        # torch says 2; cuda.core reads 3 and later
         self.t = t
 
 

@@ -195,22 +195,49 @@ def mark_written(args, written, kernel_name) -> None:
     version counter, as torch's in-place ops do, so that autograd raises where the
     kernel overwrote a tensor an earlier op saved for backward instead of using the
     new values. Inference tensors keep no version counter."""
-    torch = sys.modules.get("torch")
-    if torch is None or not written:
+    if not written:
         return
-    tensor, grad, touched = torch.Tensor, torch.is_grad_enabled(), []
+    torch = _autograd_hooks()
+    if torch is None:
+        return
+    tensor, grad_enabled, bump = torch
+    touched = []
     for i, name in written:
         t = args[i] if i < len(args) else None
-        if not isinstance(t, tensor) or t.is_inference():
+        if type(t) is not tensor and not isinstance(t, tensor) or t.is_inference():
             continue
-        if grad and t.requires_grad:
+        if t.requires_grad and grad_enabled():
             raise LaunchError(f"argument {name} requires grad, and kernel {kernel_name} writes it: autograd does "
                               f"not see a tilec kernel's writes, so gradients through {name} would be wrong: write "
                               "it under torch.no_grad() (as an optimizer step does), or pass a tensor that does not "
                               "require grad")
         touched.append(t)
     if touched:
-        torch.autograd.graph.increment_version(touched)
+        bump(touched)
+
+
+_AUTOGRAD = None
+
+
+def _autograd_hooks():
+    """(torch.Tensor, torch.is_grad_enabled, a function that bumps the version counters
+    of a list of tensors), looked up once torch is imported; None before. The bump is
+    torch._C._increment_version where it takes a sequence (it does from torch 2.4;
+    about half the cost of the public torch.autograd.graph.increment_version, which
+    calls it), else the public one."""
+    global _AUTOGRAD
+    if _AUTOGRAD is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        bump = getattr(torch._C, "_increment_version", None)
+        try:
+            bump([])
+        except Exception:       # an older torch: one tensor at a time
+            one = torch.autograd.graph.increment_version
+            bump = lambda tensors: [one(t) for t in tensors]       # noqa: E731
+        _AUTOGRAD = (torch.Tensor, torch.is_grad_enabled, bump)
+    return _AUTOGRAD
 
 
 def home_device(args):
