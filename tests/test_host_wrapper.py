@@ -87,3 +87,14 @@ kernel shift(A: i32[N], B: i32[N], n: i32) {
     assert (dst == src + 7).all()
     with pytest.raises(LaunchError, match="argument n: expected an integer for i32, got float32"):
         shift(src, dst, np.float32(7))
+
+
+@pytest.mark.parametrize("example, written", [("copy2d", ((1, "B"),)), ("scale", ((1, "Y"),)),
+                                              ("gemm_128x256", ((2, "C"),)), ("rowsum", ((1, "RowSum"), (2, "RowMax")))])
+def test_written_params_are_the_wrappers_parameters_its_writes_name(example, written):
+    """What host.mark_written checks and bumps on every call (the autograd rule, GPU-tested
+    in test_torch_op.py): the positions of the written tensors among the call's arguments."""
+    from conftest import ROOT
+    k = tilec.compile(ROOT / "examples" / f"{example}.tile", arch="sm_90a")
+    assert k._written_params == written
+    assert tuple(n for _, n in written) == tuple(k._writes)
