@@ -153,20 +153,16 @@ class Kernel(Program):
 
     def __call__(self, *args, stream=None):
         key = host.torch_call_key(args) if stream is None else None
+        host.mark_written(args, self._written_params, self.name)
         if key is not None:
             prepared = self._prepared.get(key)
             if prepared is not None:          # the same arguments again: replay the launch
-                host.mark_written(args, self._written_params, self.name)
                 prepared()
                 return None
-        host.mark_written(args, self._written_params, self.name)
         if _capturing():
             raise self._capture_error()
         fb = self._run_fallback if self._fallback_allowed else None
-        if driver.several_devices():    # the arguments' device's context for the while, then the caller's again
-            with driver.context_kept():
-                prepared = self._launch(self._call(stream, fb, args), *args)
-        else:
+        with driver.context_kept():     # the arguments' device's context for the while, then the caller's again
             prepared = self._launch(self._call(stream, fb, args), *args)
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:

@@ -112,16 +112,20 @@ class context_kept:
     block is left is the one it had on entry. make_current switches to a device's
     primary context; torch and cupy read their current device from the current
     context (cudaGetDevice), so without this a call on cuda:1 tensors would leave
-    the caller's later `device="cuda"` allocations on cuda:1. Only needed where
-    the machine has several GPUs (with one, every context tilec makes current is
-    the one device's, the current device torch and cupy see already)."""
+    the caller's later `device="cuda"` allocations on cuda:1. Nothing to do where
+    the machine has one GPU (every context tilec makes current is the one
+    device's, the current device torch and cupy see already)."""
     __slots__ = ("entered",)
 
     def __enter__(self):
-        from cuda.bindings import driver as cu
-        self.entered = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        self.entered = None
+        if several_devices():
+            from cuda.bindings import driver as cu
+            self.entered = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
 
     def __exit__(self, *exc):
+        if self.entered is None:
+            return False
         from cuda.bindings import driver as cu
         if int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.entered):
             check(cu.cuCtxSetCurrent(self.entered), "cuCtxSetCurrent")

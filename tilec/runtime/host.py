@@ -613,10 +613,8 @@ def workspace(device, stream, nbytes) -> int:
         if capturing:
             have.captured = True            # the graph being captured points at it
         return have.ptr
-    if driver.several_devices():    # a replayed launch's first on this stream: the caller's context after
-        with driver.context_kept():
-            return _new_workspace(cu, key, have, device, stream, nbytes, capturing)
-    return _new_workspace(cu, key, have, device, stream, nbytes, capturing)
+    with driver.context_kept():     # a replayed launch's first on this stream: the caller's context after
+        return _new_workspace(cu, key, have, device, stream, nbytes, capturing)
 
 
 def _new_workspace(cu, key, have, device, stream, nbytes, capturing):

@@ -128,8 +128,7 @@ class InterpretedKernel(Program):
         if len(args) != len(k.params):
             raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
                             f"({', '.join(p.name for p in k.params)}), got {len(args)}")
-        written = set(written_tensors(k))
-        host.mark_written(args, tuple((i, p.name) for i, p in enumerate(k.params) if p.name in written), k.name)
+        host.mark_written(args, self._written_params, k.name)
         return self._launch(InterpretCall(k, self._run_fallback if self._fallback_allowed else None), *args)
 
     def tune_report(self, key=None) -> str:
@@ -161,6 +160,11 @@ class InterpretedKernel(Program):
         namespace = {}
         exec(compile(self.host_source, f"<tilec host wrapper of {self.name}>", "exec"), namespace)
         return namespace["launch"]
+
+    @functools.cached_property
+    def _written_params(self):
+        """((position, name), ...) of the tensors the kernel writes, as Kernel._written_params."""
+        return host.written_params(self._launch, written_tensors(self.kernel_ir))
 
 
 class InterpretCall(host.Call):
