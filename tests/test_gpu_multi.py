@@ -63,13 +63,14 @@ def test_a_call_leaves_the_callers_current_device_as_it_was():
     for dev, current in (("cuda:1", 0), ("cuda:0", 1)):
         with torch.cuda.device(current):
             a = torch.randn(64, 128, device=dev)
-            b = torch.empty_like(a)
+            b = guarded((64, 128), "f32", device=dev)
             for _ in range(2):                  # the first call, then the replay
-                k(a, b)
+                k(a, b.view)
                 assert torch.cuda.current_device() == current
                 assert torch.empty(1, device="cuda").device.index == current
             torch.cuda.synchronize(dev)
-            assert torch.equal(a, b)
+            assert torch.equal(a, b.view)
+            b.check()
     assert torch.cuda.current_device() == 0
 
 
@@ -127,10 +128,11 @@ def test_two_threads_each_driving_one_device():
                 k(x, y.view, float(i % 7))
             torch.cuda.synchronize(dev)
             y.check()
-            want = torch.empty_like(x)
-            k(x, want, float(999 % 7))      # the last call's alpha, into a tensor of its own
+            want = guarded((512, 700), "f32", device=dev)
+            k(x, want.view, float(999 % 7))     # the last call's alpha, into a tensor of its own
             torch.cuda.synchronize(dev)
-            assert torch.equal(y.view, want) and y.view.device == x.device
+            want.check()
+            assert torch.equal(y.view, want.view) and y.view.device == x.device
             assert torch.allclose(y.view, x * float(999 % 7) + 1.0, atol=1e-6)    # one rounding against two
         except Exception as e:      # reported by the main thread
             errors.append((dev, e))
@@ -301,11 +303,12 @@ def test_in_place_and_overlap_checks_on_cuda1():
     import torch
     k = tilec.compile(str(ROOT / "examples" / "scale.tile"))
     x = guarded((256, 512), "f32", device="cuda:1", fill=torch.randn(256, 512))
-    want = torch.empty_like(x.view)
-    k(x.view, want, 3.0)                # out of place, for comparison (the kernel's fma rounds once)
+    want = guarded((256, 512), "f32", device="cuda:1")
+    k(x.view, want.view, 3.0)           # out of place, for comparison (the kernel's fma rounds once)
     k(x.view, x.view, 3.0)              # in place: mark-in-place allows it
     torch.cuda.synchronize(1)
     x.check()
-    assert torch.equal(x.view, want)
+    want.check()
+    assert torch.equal(x.view, want.view)
     with pytest.raises(LaunchError, match="share memory but are not the same view"):
         k(x.view[:-1], x.view[1:], 3.0)

@@ -455,7 +455,8 @@ def test_a_tensor_saved_for_backward_and_overwritten_makes_backward_raise():
     x = rand(64, 256)
     for call in (k, op):
         w = torch.randn(64, 256, device="cuda", requires_grad=True)
-        y = torch.randn(64, 256, device="cuda")
+        guard = guarded((64, 256), "f32", fill=torch.randn(64, 256, device="cuda"))
+        y = guard.view
         loss = (w * y).sum()                        # saves y for w's gradient
         v = y._version
         call(x, y, 2.0)
@@ -463,12 +464,15 @@ def test_a_tensor_saved_for_backward_and_overwritten_makes_backward_raise():
         assert y._version >= v + 2                  # (through the dispatcher torch may bump it too)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
+        torch.cuda.synchronize()
+        guard.check()
     with torch.inference_mode():
-        y = torch.empty(64, 256, device="cuda")
-        k(x, y, 2.0)
-        k(x, y, 2.0)
-    torch.cuda.synchronize()
-    assert torch.equal(y, x * 2.0 + 1.0)
+        guard = guarded((64, 256), "f32")
+        k(x, guard.view, 2.0)
+        k(x, guard.view, 2.0)
+        torch.cuda.synchronize()
+        assert torch.equal(guard.view, x * 2.0 + 1.0)
+        guard.check()
 
 
 @pytest.mark.gpu
@@ -476,19 +480,25 @@ def test_a_tuned_kernel_refuses_an_output_that_requires_grad_before_it_times_any
     monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path / "cache"))
     k = tilec.compile(SCALE, tune={"BM": (16, 32)}, key=("M", "N"))
     x = rand(64, 256)
-    y = torch.full((64, 256), 5.0, device="cuda", requires_grad=True)
+    guard = guarded((64, 256), "f32", fill=5.0)
+    y = guard.view.requires_grad_()
     _written_under_grad(k, x, y)
     assert bool((y == 5.0).all())
     with torch.no_grad():
         k(x, y, 2.0)
+    torch.cuda.synchronize()
     assert torch.equal(y.detach(), x * 2.0 + 1.0)
+    guard.check()
 
 
 def test_the_interpreter_refuses_a_cpu_tensor_that_requires_grad():
     k = tilec.compile(SCALE, backend="interpret")
     x = torch.randn(8, 16)
-    y = torch.zeros(8, 16, requires_grad=True)
+    guard = guarded((8, 16), "f32", device="cpu", fill=0.0)
+    y = guard.view.requires_grad_()
     _written_under_grad(k, x, y)
+    assert bool((y == 0.0).all())
     with torch.no_grad():
         k(x, y, 2.0)
     assert torch.equal(y.detach(), x * 2.0 + 1.0)
+    guard.check()
