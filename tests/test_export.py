@@ -492,7 +492,34 @@ CUresult cuCtxGetCurrent(CUcontext* c) {
   *c = getenv("STUB_NO_CONTEXT") ? nullptr : reinterpret_cast<CUcontext>(0x1000);
   return CUDA_SUCCESS;
 }
-CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; return CUDA_SUCCESS; }
+CUresult cuCtxGetDevice(CUdevice* d) {
+  *d = 0;
+  return getenv("STUB_NO_CONTEXT") ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+// STUB_MEMORY (host, none, device1, managed; else device 0's memory) and STUB_RANGE
+// ("start,size" of its allocation; else all of memory) say what the pointer is.
+CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* which, void** values, CUdeviceptr) {
+  const std::string memory = getenv("STUB_MEMORY") ? getenv("STUB_MEMORY") : "";
+  const char* range = getenv("STUB_RANGE");
+  for (unsigned i = 0; i < n; ++i) {
+    switch (which[i]) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *static_cast<unsigned*>(values[i]) = memory == "host" ? CU_MEMORYTYPE_HOST : memory == "none" ? 0
+                                                                                   : CU_MEMORYTYPE_DEVICE;
+        break;
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned*>(values[i]) = memory == "managed"; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(values[i]) = memory == "device1"; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *static_cast<CUdeviceptr*>(values[i]) = range ? strtoull(range, nullptr, 0) : 0;
+        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *static_cast<size_t*>(values[i]) = range ? strtoull(strchr(range, ',') + 1, nullptr, 0) : 1ULL << 62;
+        break;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return env_result("STUB_POINTER_RESULT");
+}
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, int, size_t) {
   *blocks = 1;
   return CUDA_SUCCESS;
@@ -511,6 +538,11 @@ CUresult cuStreamCreate(CUstream* s, unsigned) { *s = reinterpret_cast<CUstream>
 CUresult cuStreamSynchronize(CUstream) { return CUDA_SUCCESS; }
 CUresult cuMemAlloc(CUdeviceptr* p, size_t n) { *p = reinterpret_cast<CUdeviceptr>(malloc(n)); return CUDA_SUCCESS; }
 CUresult cuMemFree(CUdeviceptr p) { free(reinterpret_cast<void*>(p)); return CUDA_SUCCESS; }
+CUresult cuMemAllocHost(void** p, size_t n) { *p = malloc(n); return CUDA_SUCCESS; }
+CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  memcpy(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), n);
+  return CUDA_SUCCESS;
+}
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
   memset(reinterpret_cast<void*>(d), v, n);
   return CUDA_SUCCESS;
@@ -594,11 +626,13 @@ def _scalar_arg(dt: ir.DType) -> str:
 
 def main_source(k: ir.Kernel, gpu: bool) -> str:
     """A C++ main that calls tilec_<kernel> with the arguments of its command line:
-    per tensor `pointer d0.. s0..` (gpu: `file offset_bytes d0.. s0..`: the whole
-    buffer is read from the file onto the device, the tensor starts offset bytes
+    per tensor `pointer d0.. s0..` (gpu: `[where:]file offset_bytes d0.. s0..`: the whole
+    buffer is read from the file into memory of the kind `where` names (place() in
+    the source: device memory unless it says otherwise), the tensor starts offset bytes
     into it, and after the kernel the buffer is written to file.out), per scalar
     its value, then err_len. Prints rc= and err= lines."""
-    lines = ['#include "%s.h"' % k.name, "#include <cstdio>", "#include <cstdlib>", "#include <fstream>",
+    lines = ['#include "%s.h"' % k.name, "#include <cstdio>", "#include <cstdlib>", "#include <cstring>",
+             "#include <fstream>",
              "#include <iterator>", "#include <string>", "#include <vector>", "",
              "static void check(CUresult r, const char* what) {",
              "  if (r == CUDA_SUCCESS) return;",
@@ -606,8 +640,40 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
              "  cuGetErrorName(r, &name);",
              "  fprintf(stderr, \"%s failed: %s\\n\", what, name);",
              "  exit(2);",
-             "}", "",
-             "int main(int argc, char** argv) {",
+             "}", ""]
+    if gpu:
+        lines += ["// A buffer of `data`'s bytes where `where` says: \"pinned\" (cuMemAllocHost), \"malloc\",",
+                  "// \"cuda1\" (device 1's memory), else device memory of the current context's device.",
+                  "static CUdeviceptr place(const std::string& where, const std::vector<char>& data, CUcontext ctx) {",
+                  "  const size_t n = data.size();",
+                  "  void* host = nullptr;",
+                  "  if (where == \"pinned\") check(cuMemAllocHost(&host, n), \"cuMemAllocHost\");",
+                  "  if (where == \"malloc\") host = malloc(n);",
+                  "  if (host != nullptr) {",
+                  "    memcpy(host, data.data(), n);",
+                  "    return reinterpret_cast<CUdeviceptr>(host);",
+                  "  }",
+                  "  CUcontext other = ctx;",
+                  "  if (where == \"cuda1\") {",
+                  "    CUdevice one;",
+                  "    check(cuDeviceGet(&one, 1), \"cuDeviceGet(1)\");",
+                  "    check(cuDevicePrimaryCtxRetain(&other, one), \"cuDevicePrimaryCtxRetain(1)\");",
+                  "  }",
+                  "  check(cuCtxSetCurrent(other), \"cuCtxSetCurrent\");",
+                  "  CUdeviceptr buffer;",
+                  "  check(cuMemAlloc(&buffer, n), \"cuMemAlloc\");",
+                  "  check(cuMemcpyHtoD(buffer, data.data(), n), \"cuMemcpyHtoD\");",
+                  "  check(cuCtxSetCurrent(ctx), \"cuCtxSetCurrent\");",
+                  "  return buffer;",
+                  "}", "",
+                  "// The buffer's bytes back into `data` (cuMemcpy: any device's memory, under unified addressing).",
+                  "static void fetch(const std::string& where, CUdeviceptr buffer, std::vector<char>& data) {",
+                  "  if (where == \"pinned\" || where == \"malloc\")",
+                  "    memcpy(data.data(), reinterpret_cast<const void*>(buffer), data.size());",
+                  "  else",
+                  "    check(cuMemcpy(reinterpret_cast<CUdeviceptr>(data.data()), buffer, data.size()), \"cuMemcpy\");",
+                  "}", ""]
+    lines += ["int main(int argc, char** argv) {",
              "  int i = 1;",
              "  (void)argc;"]
     if gpu:
@@ -645,14 +711,16 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
             r = len(p.shape)
             n = p.name
             if gpu:
-                lines += [f"  const std::string {n}_file = argv[i++];",
+                lines += [f"  std::string {n}_file = argv[i++], {n}_where;  // [where:]file",
+                          f"  if ({n}_file.find(':') != std::string::npos) {{",
+                          f"    {n}_where = {n}_file.substr(0, {n}_file.find(':'));",
+                          f"    {n}_file.erase(0, {n}_where.size() + 1);",
+                          "  }",
                           f"  const long long {n}_offset = strtoll(argv[i++], nullptr, 0);",
                           f"  std::ifstream {n}_in({n}_file, std::ios::binary);",
                           f"  std::vector<char> {n}_host((std::istreambuf_iterator<char>({n}_in)), "
                           "std::istreambuf_iterator<char>());",
-                          f"  CUdeviceptr {n}_buffer;",
-                          f"  check(cuMemAlloc(&{n}_buffer, {n}_host.size()), \"cuMemAlloc\");",
-                          f"  check(cuMemcpyHtoD({n}_buffer, {n}_host.data(), {n}_host.size()), \"cuMemcpyHtoD\");",
+                          f"  const CUdeviceptr {n}_buffer = place({n}_where, {n}_host, ctx);",
                           f"  const CUdeviceptr {n} = {n}_buffer + {n}_offset;"]
             else:
                 lines += [f"  const CUdeviceptr {n} = strtoull(argv[i++], nullptr, 0);"]
@@ -674,7 +742,7 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
         lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
         for p in k.tensors:
             n = p.name
-            lines += [f"  check(cuMemcpyDtoH({n}_host.data(), {n}_buffer, {n}_host.size()), \"cuMemcpyDtoH\");",
+            lines += [f"  fetch({n}_where, {n}_buffer, {n}_host);",
                       f"  std::ofstream({n}_file + \".out\", std::ios::binary).write({n}_host.data(), "
                       f"{n}_host.size());"]
     lines += ["  return 0;", "}", ""]
@@ -1083,6 +1151,49 @@ def test_stub_c_only_rules(exported, stub_programs, case, args, message):
 
 @needs_cxx
 @pytest.mark.parametrize("env, message", [
+    ({"STUB_MEMORY": "host"}, "argument A: pointer 0x7f0000000000 is pinned host memory, where device memory is "
+                              "required"),
+    ({"STUB_MEMORY": "none"}, "argument A: pointer 0x7f0000000000 is not memory CUDA allocated or registered (host "
+                              "memory from malloc or new?), where device memory is required"),
+    ({"STUB_MEMORY": "device1"}, "argument A: its memory is on device 1, but the current context is device 0's: "
+                                 "make device 1's context current, or pass memory of device 0"),
+    # A's 100 rows of 1000 f32 end at 0x7f0000000000 + 400000 (0x61a80): one byte short, one element past
+    ({"STUB_RANGE": "0x7f0000000000,399999"}, "argument A: its elements (pointer 0x7f0000000000, shape (100, 1000), "
+                                              "strides (1000, 1) elements) reach past its memory allocation "
+                                              "[0x7f0000000000, 0x7f0000061a7f): the kernel would read or write "
+                                              "memory that is not the tensor's"),
+    ({"STUB_RANGE": "0x7f0000000004,0x100000"}, "argument A: its elements (pointer 0x7f0000000000, shape (100, "
+                                                "1000), strides (1000, 1) elements) reach past its memory "
+                                                "allocation [0x7f0000000004, 0x7f0000100004)"),
+])
+def test_stub_memory_rules(exported, stub_programs, env, message):
+    """What the pointer's attributes tell (a Python tensor's framework knows it): memory
+    of the current device, inside its allocation. Nothing is encoded or launched."""
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"], **env)
+    assert rc == 1 and err.startswith(message), err
+    assert calls == []
+
+
+@needs_cxx
+@pytest.mark.parametrize("env", [{"STUB_MEMORY": "managed"}, {"STUB_RANGE": "0x7f0000000000,400000"}],
+                         ids=["managed", "exactly its allocation"])
+def test_stub_memory_that_is_the_tensors_launches(exported, stub_programs, env):
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"][:1] + [
+        t(0x7f0000000000 + (100 * 1000 - 1) * 4, (100, 1000), (-1000, -1))], **env)      # B: A's bytes, reversed
+    assert rc == 1 and "share memory" in err, err          # past the memory rules, to the overlap check
+    if "STUB_MEMORY" in env:        # (the stub gives every pointer one range: not B's own)
+        rc, err, calls = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"], **env)
+        assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls)
+
+
+@needs_cxx
+def test_stub_pointer_query_failure_is_named(exported, stub_programs):
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"], STUB_POINTER_RESULT="1")
+    assert (rc, err, calls) == (3, "argument A: cuPointerGetAttributes failed: CUDA_ERROR_INVALID_VALUE", [])
+
+
+@needs_cxx
+@pytest.mark.parametrize("env, message", [
     ({"STUB_NO_CONTEXT": "1"}, "no CUDA context is current in this thread"),
     ({"STUB_MAJOR": "8", "STUB_MINOR": "6"}, "kernel copy2d was compiled for sm_90a, which does not run on device "
                                              "0 (compute capability 8.6): export it for that device's architecture"),
@@ -1428,6 +1539,51 @@ def test_gpu_bad_argument_from_cpp(tmp_path):
     p = run_gpu_main(exe, k.kernel_ir, [x.arg() for x in inputs], tmp_path)
     assert "rc=1\nerr=argument B: dim 1 is 999 but N = 1000 (from A dim 1)\n" in p.stdout, p.stdout
     inputs[1].read_back()
+    assert np.array_equal(g.buffer.view(np.uint32), before.view(np.uint32))
+
+
+def _gpu_count():
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+@pytest.mark.gpu
+@needs_cxx
+@pytest.mark.parametrize("where", ["pinned", "malloc", "past its allocation", "cuda1"])
+def test_gpu_memory_that_is_not_the_tensors_from_cpp(tmp_path, where):
+    """On the real driver: a tensor in host memory (pinned, which the GPU could write
+    through; or from malloc), one on another device, one whose shape runs past its
+    allocation: refused with its code and the rule, nothing written."""
+    from guard import guarded
+    if where == "cuda1" and _gpu_count() < 2:
+        pytest.skip("needs two GPUs; this machine has fewer")
+    d = tmp_path / "export"
+    k = compile_kernel("copy2d")
+    tilec_export.generate(k).write(d)
+    exe = build_gpu_main(d, k.kernel_ir, tmp_path)
+    rows = 1000 if where == "past its allocation" else 100         # A's file holds 100 rows, 400 KB
+    a = np.ones((100, 1000), np.float32)
+    g = guarded((rows, 1000), "f32", like="numpy")
+    before = g.buffer.copy()
+    A, B = _Placed(tmp_path / "A.bin", a, a), _Placed(tmp_path / "B.bin", g.buffer, g.view)
+    a_arg = (A.path, A.offset, (rows, 1000), A.strides)
+    b_arg = B.arg()
+    if where in ("pinned", "malloc", "cuda1"):
+        b_arg = (f"{where}:{B.path}",) + b_arg[1:]
+    p = run_gpu_main(exe, k.kernel_ir, [a_arg, b_arg], tmp_path)
+    message = {"pinned": r"argument B: pointer 0x[0-9a-f]+ is pinned host memory, where device memory is required",
+               "malloc": r"argument B: pointer 0x[0-9a-f]+ is not memory CUDA allocated or registered \(host memory "
+                         r"from malloc or new\?\), where device memory is required",
+               "past its allocation": r"argument A: its elements \(pointer (0x[0-9a-f]+), shape \(1000, 1000\), "
+                                      r"strides \(1000, 1\) elements\) reach past its memory allocation \[\1, "
+                                      r"0x[0-9a-f]+\): the kernel would read or write memory that is not the tensor's",
+               "cuda1": r"argument B: its memory is on device 1, but the current context is device 0's: make device "
+                        r"1's context current, or pass memory of device 0"}[where]
+    assert re.search(r"rc=1\nerr=" + message + r"\n", p.stdout), p.stdout
+    B.read_back()
     assert np.array_equal(g.buffer.view(np.uint32), before.view(np.uint32))
 
 

@@ -411,6 +411,31 @@ def test_dlpack_and_cuda_array_interface_producers():
     assert (host_out == -1).all()
 
 
+def test_sparse_and_nested_tensors_are_refused():
+    """A sparse or nested torch tensor has no elements at data_ptr() and stride(): refused
+    with a tilec error naming it, on the first call and after a replay of dense arguments,
+    nothing written."""
+    import torch
+    k = tilec.compile(ROOT / "examples/scale.tile")
+    x = torch.randn(300, 520, device="cuda")
+    y = guarded(x.shape, "f32", fill=-1.0)
+    sparse = x.to_sparse()
+    nested = torch.nested.nested_tensor([x[:100], x[:200]], layout=torch.jagged)
+    for attempt in range(2):
+        for bad, kind in ((sparse, "sparse_coo"), (x.to_sparse_csr(), "sparse_csr"), (nested, "nested")):
+            with pytest.raises(tilec.LaunchError, match=rf"argument X: a {kind} tensor, where tilec takes dense "
+                                                        r"\(strided\) tensors: pass a dense one \(X.to_dense\(\)"):
+                k(bad, y.view, 2.0)
+        torch.cuda.synchronize()
+        y.check()
+        assert (y.view == -1).all()
+        k(x, y.view, 2.0)       # dense arguments: a replay is prepared, and the next round goes past it
+        torch.cuda.synchronize()
+        assert torch.equal(y.view, x * 2.0 + 1.0)
+        y.view.fill_(-1.0)
+    y.check()
+
+
 def test_arguments_that_share_memory():
     """On the GPU, with more tiles than the GPU holds at once (blocks of later waves read
     what earlier ones wrote, were the kernel not in place): scale in place equals torch,

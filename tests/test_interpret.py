@@ -977,6 +977,16 @@ def test_torch_cpu_tensors_are_written_in_place():
     y.check()
 
 
+def test_sparse_torch_tensors_are_refused():
+    torch = pytest.importorskip("torch")
+    k = interp(EXAMPLES / "copy2d.tile")
+    b = guarded((100, 300), torch.float32, device="cpu", fill=0)
+    with pytest.raises(tilec.LaunchError, match=r"argument A: a sparse_coo tensor, where tilec takes dense"):
+        k(torch.randn(100, 300).to_sparse(), b.view)
+    b.check()
+    assert (b.view == 0).all()
+
+
 # ---------------------------------------------------------------- the arithmetic helpers
 
 def exact_round(value: Fraction, dtype):

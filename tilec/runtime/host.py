@@ -170,9 +170,12 @@ def torch_call_key(args):
     for a in args:              # one flat tuple: 4 entries per tensor, 2 per number
         t = type(a)
         if t is tensor or isinstance(a, tensor):
-            if not a.is_cuda:
+            if not a.is_cuda or (t is not tensor and (a.is_nested or a.layout is not torch.strided)):
+                return None         # (a subclass may be a nested tensor: Call.tensor names it)
+            try:
+                key += (a.data_ptr(), a.shape, a.stride(), a.dtype)
+            except RuntimeError:    # no strides or storage (a sparse tensor): Call.tensor names it
                 return None
-            key += (a.data_ptr(), a.shape, a.stride(), a.dtype)
         elif t is int or t is float:
             key += (t, a)
         else:
@@ -238,6 +241,16 @@ def _autograd_hooks():
             bump = lambda tensors: [one(t) for t in tensors]       # noqa: E731
         _AUTOGRAD = (torch.Tensor, torch.is_grad_enabled, bump)
     return _AUTOGRAD
+
+
+def check_dense(t, name) -> None:
+    """A torch tensor tilec can read: elements at a pointer and strides (torch.strided),
+    not a sparse or nested tensor, whose data_ptr() and stride() say nothing of its elements."""
+    torch = sys.modules["torch"]
+    if t.layout is not torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise LaunchError(f"argument {name}: a {kind} tensor, where tilec takes dense (strided) tensors: pass a dense "
+                          f"one ({name}.to_dense(), or to_padded_tensor for a nested tensor)")
 
 
 def home_device(args):
@@ -358,6 +371,7 @@ class Call:
         torch = sys.modules["torch"]
         if not isinstance(t, torch.Tensor):
             return self._strided(t, name)
+        check_dense(t, name)
         dtype = _torch_dtype_name(t.dtype)
         if dtype is None:
             raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")

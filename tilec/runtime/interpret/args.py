@@ -39,6 +39,7 @@ _TORCH_SAME_SIZE = {"bf16": "int16", "u16": "int16", "u32": "int32", "u64": "int
 
 def _torch_tensor(t, name):
     torch = sys.modules["torch"]
+    host.check_dense(t, name)
     dtype = host._torch_dtype_name(t.dtype)
     if dtype is None:
         raise LaunchError(f"argument {name}: torch dtype {t.dtype} has no tilec dtype")
