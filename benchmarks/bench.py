@@ -660,6 +660,7 @@ def bench_host(rows):
     us_sk = host_time_per_call(lambda: stream_k(x, y, z))
     rows.append(("host per call: gemm stream-K, 256^3", "persistent", us_sk, us_pe, "us", us_pe / us_sk,
                  f"{us_sk - us_pe:+.2f} us"))
+    _export_host(rows)
     try:
         import triton
         import triton.language as tl
@@ -675,6 +676,31 @@ def bench_host(rows):
     us_triton = host_time_per_call(lambda: triton_copy[(triton.cdiv(n, 1024),)](a, b, n, BLOCK=1024))
     rows.append(("host time per call: triton copy kernel", "triton", us_tilec, us_triton, "us",
                  us_triton / us_tilec))
+
+
+def _export_host(rows):
+    """The exported C++ launcher (tilec export, benchmarks/export_host.cc) against
+    cuMemcpyDtoDAsync of the same bytes from the same C++ program: host time per call.
+    Needs g++ and cuda.h (found as tests/test_export.py finds them); skipped without."""
+    import subprocess
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_export import CUDA_INCLUDE, CXX, libcuda_link_args
+    from tilec.codegen import export
+    if CXX is None or CUDA_INCLUDE is None:
+        print("host: no g++ or cuda.h, so no exported-launcher row", file=sys.stderr)
+        return
+    with tempfile.TemporaryDirectory() as work:
+        export.export(str(ROOT / "examples/copy2d.tile"), work)
+        exe = Path(work) / "export_host"
+        subprocess.run([CXX, "-std=c++17", "-O2", f"-I{work}", f"-I{CUDA_INCLUDE}",
+                        str(ROOT / "benchmarks/export_host.cc"), str(Path(work) / "copy2d.cc"),
+                        *libcuda_link_args(), "-o", str(exe)], check=True, capture_output=True, timeout=600)
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300).stdout
+    rounds = [tuple(map(float, line.split())) for line in out.splitlines()]
+    us_export = statistics.median(t for t, _ in rounds)
+    us_memcpy = statistics.median(m for _, m in rounds)
+    rows.append(("host per call: exported C++ launcher, copy2d 64x128", "cuMemcpyDtoDAsync", us_export, us_memcpy,
+                 "us", us_memcpy / us_export, " / ".join(f"{t:.2f}" for t, _ in rounds)))
 
 
 def bench_compile(rows):
