@@ -691,16 +691,18 @@ def _export_host(rows):
         return
     with tempfile.TemporaryDirectory() as work:
         export.export(str(ROOT / "examples/copy2d.tile"), work)
-        exe = Path(work) / "export_host"
-        subprocess.run([CXX, "-std=c++17", "-O2", f"-I{work}", f"-I{CUDA_INCLUDE}",
-                        str(ROOT / "benchmarks/export_host.cc"), str(Path(work) / "copy2d.cc"),
-                        *libcuda_link_args(), "-o", str(exe)], check=True, capture_output=True, timeout=600)
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300).stdout
-    rounds = [tuple(map(float, line.split())) for line in out.splitlines()]
-    us_export = statistics.median(t for t, _ in rounds)
-    us_memcpy = statistics.median(m for _, m in rounds)
-    rows.append(("host per call: exported C++ launcher, copy2d 64x128", "cuMemcpyDtoDAsync", us_export, us_memcpy,
-                 "us", us_memcpy / us_export, " / ".join(f"{t:.2f}" for t, _ in rounds)))
+        for label, flags in (("", []), (", -DTILEC_UNCHECKED_POINTERS", ["-DTILEC_UNCHECKED_POINTERS"])):
+            exe = Path(work) / "export_host"
+            subprocess.run([CXX, "-std=c++17", "-O2", *flags, f"-I{work}", f"-I{CUDA_INCLUDE}",
+                            str(ROOT / "benchmarks/export_host.cc"), str(Path(work) / "copy2d.cc"),
+                            *libcuda_link_args(), "-o", str(exe)], check=True, capture_output=True, timeout=600)
+            out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300).stdout
+            rounds = [tuple(map(float, line.split())) for line in out.splitlines()]
+            us_export = statistics.median(t for t, _ in rounds)
+            us_memcpy = statistics.median(m for _, m in rounds)
+            rows.append((f"host per call: exported C++ launcher{label}, copy2d 64x128", "cuMemcpyDtoDAsync",
+                         us_export, us_memcpy, "us", us_memcpy / us_export,
+                         " / ".join(f"{t:.2f}" for t, _ in rounds)))
 
 
 def bench_compile(rows):

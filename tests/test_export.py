@@ -380,9 +380,10 @@ def test_templates_print_no_unused_helper(exported):
 def test_generated_cpp_compiles(exported, name):
     d, k = exported[name]
     cc = d / f"{k.name}.cc"
-    p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
-                        str(cc)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    for flags in ([], ["-DTILEC_UNCHECKED_POINTERS"]):
+        p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *flags,
+                            f"-I{CUDA_INCLUDE}", str(cc)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
     if CC is not None:      # the header is C
         p = subprocess.run([CC, "-x", "c", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
                             str(d / f"{k.name}.h")], capture_output=True, text=True, timeout=120)
@@ -764,14 +765,15 @@ def stub_programs(exported, tmp_path_factory):
     return program
 
 
-def build_stub(d, k, work, name):
-    """The test main + the export in `d` + STUB (written to `work` first), built: the executable."""
+def build_stub(d, k, work, name, flags=()):
+    """The test main + the export in `d` + STUB (written to `work` first), built with
+    `flags`: the executable."""
     if not (work / "stub.cc").exists():
         (work / "stub.cc").write_text(STUB)
     main = work / f"{name}_main.cc"
     main.write_text(main_source(k.kernel_ir, gpu=False))
     exe = work / f"{name}_stub"
-    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
+    p = subprocess.run([CXX, "-std=c++17", "-O0", *flags, f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
                         str(d / f"{k.name}.cc"), str(work / "stub.cc"), "-o", str(exe)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -1184,6 +1186,17 @@ def test_stub_memory_that_is_the_tensors_launches(exported, stub_programs, env):
     if "STUB_MEMORY" in env:        # (the stub gives every pointer one range: not B's own)
         rc, err, calls = run_stub(exported, stub_programs, "copy2d", GOOD["copy2d"], **env)
         assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls)
+
+
+@needs_cxx
+def test_stub_unchecked_pointers_leave_the_memory_rules_out(exported, tmp_path):
+    """-DTILEC_UNCHECKED_POINTERS: no pointer query, so memory the rules refuse is
+    launched on (the caller's part); every other rule still holds."""
+    d, k = exported["copy2d"]
+    exe = build_stub(d, k, tmp_path, "copy2d_unchecked", flags=["-DTILEC_UNCHECKED_POINTERS"])
+    rc, err, calls = run_stub_exe(exe, k, GOOD["copy2d"], STUB_MEMORY="host", STUB_POINTER_RESULT="1")
+    assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls)
+    assert run_stub_exe(exe, k, BAD["bind"][1])[:2] == (1, BAD["bind"][3])
 
 
 @needs_cxx
