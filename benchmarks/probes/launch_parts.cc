@@ -8,45 +8,11 @@
 //   ./a.out build/copy2d.cubin
 #include "copy2d.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-static void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = "?";
-  cuGetErrorName(r, &name);
-  std::fprintf(stderr, "%s failed: %s\n", what, name);
-  std::exit(2);
-}
-
-template <class Call>
-static double median_us(Call call, CUstream stream) {
-  for (int i = 0; i < 100; ++i) call();
-  check(cuStreamSynchronize(stream), "cuStreamSynchronize");
-  std::vector<double> us;
-  for (int i = 0; i < 10000; ++i) {
-    const auto t = std::chrono::steady_clock::now();
-    call();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
-    if (us.size() % 1000 == 0) check(cuStreamSynchronize(stream), "cuStreamSynchronize");
-  }
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
-}
+#include "../host_timing.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) return 1;
-  check(cuInit(0), "cuInit");
-  CUdevice device;
-  CUcontext ctx;
-  CUstream stream;
-  check(cuDeviceGet(&device, 0), "cuDeviceGet");
-  check(cuDevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const CUstream stream = device0_stream();
   int64_t shape[2] = {64, 128}, strides[2] = {128, 1};
   CUdeviceptr a, b;
   check(cuMemAlloc(&a, 64 * 128 * 4), "cuMemAlloc");
