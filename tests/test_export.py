@@ -498,10 +498,30 @@ CUresult cuCtxGetDevice(CUdevice* d) {
   return getenv("STUB_NO_CONTEXT") ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
 // STUB_MEMORY (host, none, device1, managed; else device 0's memory) and STUB_RANGE
-// ("start,size" of its allocation; else all of memory) say what the pointer is.
-CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* which, void** values, CUdeviceptr) {
-  const std::string memory = getenv("STUB_MEMORY") ? getenv("STUB_MEMORY") : "";
-  const char* range = getenv("STUB_RANGE");
+// ("start,size" of its allocation; else all of memory) say what the pointer is; or
+// STUB_RANGES ("start,size;start,size;..."): the allocations, the one holding the
+// pointer answering, and a pointer in none is memory CUDA does not know (type 0).
+CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* which, void** values, CUdeviceptr ptr) {
+  std::string memory = getenv("STUB_MEMORY") ? getenv("STUB_MEMORY") : "";
+  unsigned long long start = 0, size = 1ULL << 62;
+  if (const char* range = getenv("STUB_RANGE")) {
+    start = strtoull(range, nullptr, 0);
+    size = strtoull(strchr(range, ',') + 1, nullptr, 0);
+  }
+  if (const char* ranges = getenv("STUB_RANGES")) {
+    memory = "none";
+    start = size = 0;
+    for (const char* r = ranges; r != nullptr && *r; r = strchr(r, ';') ? strchr(r, ';') + 1 : nullptr) {
+      char* comma;
+      const unsigned long long s = strtoull(r, &comma, 0), z = strtoull(comma + 1, nullptr, 0);
+      if (s <= ptr && ptr - s < z) {
+        memory = "";
+        start = s;
+        size = z;
+        break;
+      }
+    }
+  }
   for (unsigned i = 0; i < n; ++i) {
     switch (which[i]) {
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -510,12 +530,8 @@ CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* which, void** v
         break;
       case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned*>(values[i]) = memory == "managed"; break;
       case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(values[i]) = memory == "device1"; break;
-      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-        *static_cast<CUdeviceptr*>(values[i]) = range ? strtoull(range, nullptr, 0) : 0;
-        break;
-      case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-        *static_cast<size_t*>(values[i]) = range ? strtoull(strchr(range, ',') + 1, nullptr, 0) : 1ULL << 62;
-        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(values[i]) = start; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(values[i]) = size; break;
       default: return CUDA_ERROR_INVALID_VALUE;
     }
   }
@@ -1197,6 +1213,45 @@ def test_stub_unchecked_pointers_leave_the_memory_rules_out(exported, tmp_path):
     rc, err, calls = run_stub_exe(exe, k, GOOD["copy2d"], STUB_MEMORY="host", STUB_POINTER_RESULT="1")
     assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls)
     assert run_stub_exe(exe, k, BAD["bind"][1])[:2] == (1, BAD["bind"][3])
+
+
+HUGE_STRIDES = [2**40, 2**60 // 4, 2**60 // 4 + 1, 2**61, -(2**61), 2**62, 2**63 - 1, -(2**63)]
+
+
+@needs_cxx
+@hyp_settings(max_examples=int(os.environ.get("TILEC_EXTENT_EXAMPLES", 150)), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_stub_allocation_check_against_python_integers(exported, stub_programs, data):
+    """The launcher's extent arithmetic against Python's integers: copy2d's A (any strides:
+    negative, zero, huge, INT64_MIN) in an allocation of exactly its bytes runs; one byte
+    short at either end is refused, naming the allocation (or, where the pointer itself
+    falls outside it, as memory CUDA does not know); a view spanning more than 2^62 bytes
+    is refused whatever its allocation."""
+    m, n = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 40))
+    stride = st.one_of(st.integers(-300, 300), st.integers(-300, 300), st.sampled_from(HUGE_STRIDES))
+    strides = (data.draw(stride), data.draw(stride))
+    below = sum((d - 1) * -s * 4 for d, s in zip((m, n), strides) if s < 0)
+    above = sum((d - 1) * s * 4 for d, s in zip((m, n), strides) if s > 0)
+    base, limit = 0x100000000000, 2**62
+    fits = below <= limit and above <= limit
+    ptr = base + (below if fits else 4096)
+    span = below + above + 4 if fits else 2**40
+    kind = data.draw(st.sampled_from(["exact", "one short at the start", "one short at the end"]))
+    start, size = {"exact": (base, span), "one short at the start": (base + 1, span - 1),
+                   "one short at the end": (base, span - 1)}[kind]
+    b_ptr = 0x7f0000000000
+    ranges = f"{start},{size};{b_ptr},{m * n * 4}"
+    rc, err, calls = run_stub(exported, stub_programs, "copy2d", [(ptr, (m, n), strides), t(b_ptr, (m, n))],
+                              STUB_RANGES=ranges)
+    if fits and kind == "exact":
+        assert rc == 0 and any(c.startswith("launch") for c in calls), err
+    elif not start <= ptr < start + size:
+        assert (rc, calls) == (1, []) and err.startswith(f"argument A: pointer {hex(ptr)} is not memory CUDA"), err
+    else:
+        assert (rc, calls) == (1, []) and err.startswith(
+            f"argument A: its elements (pointer {hex(ptr)}, shape ({m}, {n}), strides ({strides[0]}, {strides[1]}) "
+            f"elements) reach past its memory allocation [{hex(start)}, {hex(start + size)}): "), err
 
 
 @needs_cxx
