@@ -441,7 +441,7 @@ def _overlap_checks(k: ir.Kernel, written) -> list:
         for y in tensors[i + 1:]:
             if x in written or y in written:
                 w, r = (x, y) if x in written else (y, x)
-                reason = None if r in written else why.get((w, r), "it does not read it")    # None: may be one
+                reason = None if r in written else why[(w, r)]    # None: may be one (mark-in-place)
                 reason = "nullptr" if reason is None else _c_string(reason)
                 lines.append(f"  if (int rc = check_pair(t_{x}, t_{y}, {reason}, err, err_len))")
                 lines.append("    return rc;")

@@ -335,7 +335,8 @@ class Call:
         """No tensor the kernel writes may share memory with another argument, but for
         one case: the same view (pointer, shape, strides) as a tensor the kernel only
         reads, where the compiler found the kernel reads it only where it then writes
-        (mark-in-place). `in_place`: (written, read) -> None, or why not."""
+        (mark-in-place). `in_place`: (written, read) -> None, or why not, for every
+        pair of a tensor the kernel writes and one it only reads."""
         names = list(self.memory)
         for i, x in enumerate(names):
             for y in names[i + 1:]:
@@ -354,7 +355,7 @@ class Call:
                         raise LaunchError(f"arguments {x} and {y} are one tensor (the same memory, shape and "
                                           "strides), and the kernel writes both: their writes would race: pass "
                                           "separate tensors")
-                    why = in_place.get((w, r), "it does not read it")
+                    why = in_place[(w, r)]
                     if why is None:
                         continue
                     raise LaunchError(f"arguments {r} and {w} are one tensor (the same memory, shape and strides), "
