@@ -504,9 +504,11 @@ class If:
 @dataclass
 class For:
     var: str
-    extent: str         # a symbol, a scalar or an int literal, as text
+    extent: str         # a symbol, a scalar or an int literal, as text (range's stop)
     stages: object      # None: range; int: pipelined
     body: list
+    start: str = ""     # range(start, stop, step) where set: an int literal or a scalar, as text
+    step: int = 1
 
 
 @dataclass
@@ -601,7 +603,9 @@ class Program:
                     self._emit(s.orelse, lines, depth + 1)
                 lines.append(pad + "}")
             elif isinstance(s, For):
-                rng = f"range({s.extent})" if s.stages is None else f"pipelined({s.extent}, stages = {s.stages})"
+                rng = f"range({s.extent})" if s.stages is None and not s.start else \
+                    f"range({s.start}, {s.extent}, {s.step})" if s.stages is None else \
+                    f"pipelined({s.extent}, stages = {s.stages})"
                 lines.append(f"{pad}for {s.var} in {rng} {{")
                 self._emit(s.body, lines, depth + 1)
                 lines.append(pad + "}")
@@ -808,11 +812,11 @@ class Sim:
         self.block(s.orelse, active & ~c)
 
     def for_(self, s, active):
-        if s.extent.isdigit():
-            n = int(s.extent)
-        else:
-            n = int(self.p.sizes[s.extent] if s.extent in self.p.sizes else self.env[s.extent])
-        for k in range(n):
+        def value(text):
+            if text.lstrip("-").isdigit():
+                return int(text)
+            return int(self.p.sizes[text] if text in self.p.sizes else self.env[text])
+        for k in range(value(s.start) if s.start else 0, value(s.extent), s.step):
             self.env[s.var] = np.int32(k)
             self.block(s.body, active)
         self.env.pop(s.var, None)
@@ -1576,7 +1580,10 @@ def tile_program(draw):
         lit = Lit("2", False) if tdt in INTS else Lit("0.5", True)
         stmts.append(If(bcond, [par], [Fill(target, lit)] if draw(st.booleans()) or not written else []))
     elif wrap == "for":
-        stmts.append(For("t", draw(st.sampled_from(["n", "2", "3"])), draw(st.sampled_from([None, None, 2])), [par]))
+        stages = draw(st.sampled_from([None, None, 2]))
+        start, step = ("", 1) if stages is not None or draw(st.booleans()) else \
+            (draw(st.sampled_from(["1", "n", "-2", "3"])), draw(st.sampled_from([1, 2, -1, -2, 3])))
+        stmts.append(For("t", draw(st.sampled_from(["n", "2", "3"])), stages, [par], start, step))
     else:
         stmts.append(par)
     stmts.append(Store(store_from, "Y", soff))

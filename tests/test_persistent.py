@@ -55,7 +55,7 @@ def test_persistent_example_compiles_cleanly():
     assert "tl_full0_base += tl_cdiv(K, 64);" in k.cuda_source
     # the tile's row and columns divide by a run-time value: computed once per trip, not per refill
     cuda = k.cuda_source
-    assert "const int tl_k_inv0 = (pid + i * P) / tl_cdiv(N, 256) * 128;" in cuda
+    assert "const int tl_k_inv0 = (pid + tl_t_iter * P) / tl_cdiv(N, 256) * 128;" in cuda
     loop = cuda[cuda.index("for (int k = 0;"):]
     assert "/ tl_cdiv(N, 256)" not in loop[:loop.index("wgmma_wait_group<0>")]
     assert "&tl_tmap_A, &tl_full0[(tl_full0_base + (k + 3)) % 4], (k + 3) * 64, tl_k_inv0);" in loop

@@ -450,7 +450,7 @@ def test_a_store_whose_coordinate_may_be_negative_is_a_thread_copy():
 
 
 def test_a_scalar_grid_extent_is_not_negative():
-    """gemm_persistent.tile's epilogue stores at (pid + i * P) / ... with P a scalar
+    """gemm_persistent.tile's epilogue stores at (pid + tl_t_iter * P) / ... (t, its range's value) with P a scalar
     parameter and the grid's extent: the launch refuses a negative grid, so P is
     never negative where the kernel runs, and the store stays TMA."""
     from tilec.compiler import lower

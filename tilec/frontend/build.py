@@ -285,9 +285,13 @@ class _Builder(Transformer):
         span = self._span(meta)
         kind_s = str(kind)
         if kind_s == "range":
-            if len(pos) != 1 or kws:
-                raise SemanticError("range takes one argument: range(n)", self._tok_span(kind))
-            return ir.For(str(var), pos[0], None, tuple(body), span=span)
+            if not 1 <= len(pos) <= 3 or kws:
+                raise SemanticError("range takes range(stop), range(start, stop) or range(start, stop, step)",
+                                    self._tok_span(kind))
+            if len(pos) == 1:
+                return ir.For(str(var), pos[0], None, tuple(body), span=span)
+            return ir.For(str(var), pos[1], None, tuple(body), span=span, start=pos[0],
+                          step=pos[2] if len(pos) == 3 else None)
         if kind_s == "pipelined":
             kw = dict(kws)
             if len(pos) != 1 or set(kw) - {"stages", "producer"}:

@@ -361,6 +361,8 @@ class For(Stmt):
     producer: object = 0    # pipelined(..., producer = 1): a producer warpgroup of its own issues the
                             # ring's loads (warp specialisation); an Expr until fold-consts, then 0 or 1
     span: Optional[Span] = SPAN
+    start: Optional[Expr] = None    # range(start, stop[, step]) (`extent` is stop) until lower-ranges makes
+    step: Optional[Expr] = None     # it a loop from 0 (None: 0 and 1, range(n))
 
 
 @dataclass(frozen=True)

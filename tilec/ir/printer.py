@@ -86,7 +86,8 @@ def stmt(s, ind: str) -> list:
         head = f"{ind}parallel ({', '.join(s.vars)}) in ({', '.join(expr(x) for x in s.extents)}) {{{L}"
         return [head] + block(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, ir.For):
-        it = f"range({expr(s.extent)})" if s.stages is None else \
+        bounds = [s.start, s.extent] + ([s.step] if s.step is not None else []) if s.start is not None else [s.extent]
+        it = f"range({', '.join(expr(x) for x in bounds)})" if s.stages is None else \
             f"pipelined({expr(s.extent)}, stages = {expr(s.stages) if isinstance(s.stages, ir.Expr) else s.stages}" + \
             (f", producer = {expr(s.producer) if isinstance(s.producer, ir.Expr) else s.producer})"
              if _asks_producer(s) else ")")

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import (check_barriers, check_smem, check_types, fold_consts, insert_barriers, lower_copies, make_persistent,
-               mark_in_place, plan_gemm, plan_pipeline, plan_smem, plan_tma)
+from . import (check_barriers, check_smem, check_types, fold_consts, insert_barriers, lower_copies, lower_ranges,
+               make_persistent, mark_in_place, plan_gemm, plan_pipeline, plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
+    lower_ranges,       # range(start, stop, step) -> a loop from 0
     make_persistent,    # grid ..., persistent = 1: resident blocks looping over the tiles
     check_types,        # memory spaces, ranks, dtypes, where names may be used
     mark_in_place,      # which written tensors may be passed as a tensor the kernel reads

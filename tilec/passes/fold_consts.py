@@ -143,6 +143,8 @@ def _resolve_body(body, resolve, bound):
                 producer = pr.value
             inner = dict(bound, **{s.var: "loop"})
             s = replace(s, extent=resolve(s.extent, bound), stages=stages, producer=producer,
+                        start=None if s.start is None else resolve(s.start, bound),
+                        step=None if s.step is None else resolve(s.step, bound),
                         body=_resolve_body(s.body, resolve, inner))
         elif isinstance(s, ir.Parallel):
             inner = dict(bound, **{v: "lane" for v in s.vars})
