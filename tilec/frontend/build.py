@@ -1,6 +1,8 @@
 """Parse tree -> IR. One method per grammar rule; every node gets its span."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 import re
 
@@ -373,7 +375,7 @@ class _Builder(Transformer):
                     buffers.append(s.value)
             else:
                 stmts.append(s)
-        self._no_nested_decls(stmts)
+        stmts = self._nested_lets(stmts)
         self._check_bound(stmts, seen)
         if reserved(str(name)):
             raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); choose another",
@@ -442,10 +444,14 @@ class _Builder(Transformer):
         seen[name] = what
 
     def _check_bound(self, stmts, seen):
-        """Loop and parallel variables are new names: they may not shadow a
-        declaration or an enclosing loop's variable."""
+        """Loop and parallel variables, and lets inside blocks, are new names: they may
+        not shadow a declaration or an enclosing loop's variable. A block's let is
+        declared from its statement to the block's end."""
         for s in stmts:
-            if isinstance(s, ir.For):
+            if isinstance(s, ir.Let):
+                seen = dict(seen)
+                self._declare(seen, s.name, s.span, "let")
+            elif isinstance(s, ir.For):
                 inner = dict(seen)
                 self._declare(inner, s.var, s.span, "loop variable")
                 self._check_bound(s.body, inner)
@@ -458,14 +464,22 @@ class _Builder(Transformer):
                 self._check_bound(s.then, seen)
                 self._check_bound(s.orelse, seen)
 
-    def _no_nested_decls(self, stmts):
+    def _nested_lets(self, stmts) -> list:
+        """`stmts` with each `let` inside a block (a loop's, an if's, a parallel body's)
+        as a Let statement: it names its value for the rest of that block (fold-consts
+        substitutes it there). Any other declaration belongs at the top level."""
+        out = []
         for s in stmts:
+            nested = {}
             for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
                 for inner in getattr(s, f):
-                    if isinstance(inner, _Decl):
+                    if isinstance(inner, _Decl) and inner.kind != "let":
                         raise SemanticError(f"'{inner.kind}' declarations go at the top level of the kernel",
                                             inner.span)
-                self._no_nested_decls(getattr(s, f))
+                nested[f] = tuple(ir.Let(x.value[0], x.value[1], span=x.value[2]) if isinstance(x, _Decl) else x
+                                  for x in self._nested_lets(getattr(s, f)))
+            out.append(replace(s, **nested) if nested else s)
+        return out
 
     def start(self, meta, ch):
         return ch[0]

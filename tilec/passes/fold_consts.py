@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_expr, map_stmt_exprs, substitute
+from ..ir.exprs import FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_body, map_expr, map_stmt_exprs, substitute
 
 NAME = "fold-consts"
 
@@ -126,7 +126,15 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
 def _resolve_body(body, resolve, bound):
     out = []
-    for s in body:
+    body = list(body)
+    while body:
+        s = body.pop(0)
+        if isinstance(s, ir.Let):       # a let inside a block: its value in the rest of the block
+            if isinstance(s.value, ir.Call) and s.value.func == "im2col":
+                raise SemanticError("an im2col view is declared at the top level of the kernel", s.span)
+            value = resolve(s.value, bound)
+            body = list(map_body(tuple(body), lambda x: map_stmt_exprs(x, lambda e: substitute(e, {s.name: value}))))
+            continue
         if isinstance(s, ir.For):
             stages = s.stages
             if stages is not None:
