@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import tilec
 from tilec.compiler import lower
@@ -1008,6 +1009,34 @@ def test_fused_multiply_add_is_rounded_once(dtype):
     for i in range(0, 3000, 5):
         want = exact_round(Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i])), dtype)
         assert got[i] == want, (a[i], b[i], c[i])
+
+
+def exact_round_or_overflow(value: Fraction):
+    """value rounded to double, to nearest even; an infinity from 2^1024 - 2^970 on (IEEE's overflow)."""
+    if abs(value) >= 2 ** 1024 - 2 ** 970:
+        return np.float64(np.inf if value > 0 else -np.inf)
+    return exact_round(value, np.dtype(np.float64))
+
+
+HUGE = st.one_of(st.floats(2.0 ** 990, 1.7976931348623157e308), st.floats(-1.7976931348623157e308, -(2.0 ** 990)))
+ANY = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.one_of(st.tuples(HUGE, ANY, ANY), st.tuples(ANY, HUGE, ANY), st.tuples(HUGE, HUGE, HUGE),
+                          st.tuples(ANY, ANY, ANY)), min_size=1, max_size=6))
+def test_fused_multiply_add_of_huge_doubles(triples):
+    """Veltkamp's split overflows from 2^996: those lanes are rounded from the exact value
+    too (the random programs found 1.0 * -1.86e302 + log(2) computed as NaN), and a sum
+    past the largest double is its infinity."""
+    a, b, c = (np.array(x, np.float64) for x in zip(*triples))
+    got = numbers._fma(a, b, c, np.dtype(np.float64))
+    for i in range(len(triples)):
+        want = exact_round_or_overflow(Fraction(a[i]) * Fraction(b[i]) + Fraction(c[i]))
+        assert got[i] == want or (got[i] == 0 and want == 0), (a[i], b[i], c[i], got[i], want)
+    one = numbers._fma(np.float64(1.0), np.float64(-1.857630806390522e+302), np.float64(0.6931471805599453),
+                       np.dtype(np.float64))
+    assert one == np.float64(-1.857630806390522e+302)
 
 
 def test_float_literals_round_from_their_decimal_text():

@@ -145,12 +145,35 @@ def _fma(a, b, c, t):
     """fma(a, b, c) in type t (f32 or f64), rounded once."""
     if t == F32:                 # a * b is exact in double; round to odd, then to float
         return _round_odd_sum(np.asarray(a, F64) * np.asarray(b, F64), c).astype(F32)
-    p = a * b                    # double: Dekker's exact product, then Boldo-Melquiond
-    (ah, al), (bh, bl) = _split(a), _split(b)
-    pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    th, tl = _two_sum(c, p)
-    z = th + _round_odd_sum(tl, pe)
-    return np.where(np.isfinite(p) & np.isfinite(th), z, p + c).astype(F64)
+    a, b, c = np.broadcast_arrays(np.asarray(a, F64), np.asarray(b, F64), np.asarray(c, F64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = a * b                # double: Dekker's exact product, then Boldo-Melquiond
+        (ah, al), (bh, bl) = _split(a), _split(b)
+        pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        th, tl = _two_sum(c, p)
+        z = np.where(np.isfinite(p) & np.isfinite(th), th + _round_odd_sum(tl, pe), p + c).astype(F64)
+    # Near the largest double the steps overflow where the answer need not: Veltkamp's split
+    # from |x| >= 2^996 (2^27 x passes it), a product of split parts, the sum c + p. Lanes of
+    # finite operands where one did are the exact sum of rationals, rounded once.
+    exact = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) & ~(np.isfinite(pe) & np.isfinite(th))
+    if not exact.any():
+        return z
+    z = np.array(z, F64)
+    for at in map(tuple, np.argwhere(exact)):
+        z[at] = _exact_fma(float(a[at]), float(b[at]), float(c[at]))
+    return z
+
+
+def _exact_fma(a: float, b: float, c: float) -> float:
+    """a * b + c of finite doubles, rounded once to nearest even (Python's int / int is
+    correctly rounded); past the largest double, its infinity."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:
+        return a * b + c        # a zero factor: IEEE's signed zero, as the float sum gives it
+    try:
+        return exact.numerator / exact.denominator
+    except OverflowError:
+        return float("inf") if exact > 0 else float("-inf")
 
 
 @functools.lru_cache(maxsize=None)
