@@ -182,3 +182,13 @@ def test_nested_ranges_whose_inner_start_is_the_outer_variable(m, st):
         rows[j * 64:j * 64 + 64] = True
     assert np.array_equal(out.view[rows], a[rows])
     assert (out.view[~rows] == np.float32(-7777.0)).all()
+
+
+def test_the_verifier_catches_a_range_left_unlowered(monkeypatch):
+    """Were lower-ranges to leave a loop's start or step, the passes after it would run
+    the loop from 0: the IR verifier stops that as a tilec bug, naming the pass."""
+    from tilec.ir.verify import VerifyError
+    from tilec.passes import lower_ranges
+    monkeypatch.setattr(lower_ranges, "run", lambda k, opts: k)
+    with pytest.raises(VerifyError, match="IR verifier after lower-ranges: loop 'i' still has a range start or step"):
+        lower(Source("t.tile", PICK.format(range="1, hi, 2")))

@@ -22,7 +22,12 @@ def verify(k: ir.Kernel, after: str) -> None:
     bars = {b.name for b in k.barriers}
     maps = {t.name for t in k.tensor_maps}
     folded = after != "parse"
+    ranged = after in ("parse", "fold-consts")      # range(start, stop, step) until lower-ranges
     for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.For) and not ranged and (s.start is not None or s.step is not None):
+            fail(f"loop '{s.var}' still has a range start or step")
+        if isinstance(s, ir.Let) and not s.index and folded:
+            fail(f"block let '{s.name}' was not substituted")
         if isinstance(s, ir.TmaLoad):
             if k.buffer(s.buffer) is None or k.buffer(s.buffer).scope != "shared":
                 fail(f"TMA load into '{s.buffer}', which is not a shared tile")
