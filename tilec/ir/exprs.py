@@ -305,6 +305,12 @@ def map_body(body, fn_stmt):
     return tuple(out)
 
 
+def substitute_body(body, mapping: dict) -> tuple:
+    """A block with Vars replaced by name in every expression of every statement,
+    nested blocks included (a loop's value, a let, a tile's block indices)."""
+    return map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, mapping)))
+
+
 def linear_terms(e):
     """`e` folded as a linear combination: ({printed term: (term, coefficient)}, constant).
     Non-linear parts (products of names, divisions, calls) are opaque terms."""

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_body, map_expr, map_stmt_exprs, substitute
+from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_expr, map_stmt_exprs, substitute,
+                        substitute_body)
 
 NAME = "fold-consts"
 
@@ -133,7 +134,7 @@ def _resolve_body(body, resolve, bound):
             if isinstance(s.value, ir.Call) and s.value.func == "im2col":
                 raise SemanticError("an im2col view is declared at the top level of the kernel", s.span)
             value = resolve(s.value, bound)
-            body = list(map_body(tuple(body), lambda x: map_stmt_exprs(x, lambda e: substitute(e, {s.name: value}))))
+            body = list(substitute_body(body, {s.name: value}))
             continue
         if isinstance(s, ir.For):
             stages = s.stages

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import fold, map_body, map_stmt_exprs, substitute, walk_expr
+from ..ir.exprs import fold, substitute_body, walk_expr
 from ..ir.printer import expr as show
 
 NAME = "lower-ranges"
@@ -80,5 +80,5 @@ def _from_zero(s: ir.For, requires) -> ir.For:
                                    up(stop, start, negated)), span=span)
     counter = f"tl_{s.var}_iter"
     value = op("+", start, op("*", ir.Var(counter, "loop", span=span), step))
-    body = map_body(s.body, lambda x: map_stmt_exprs(x, lambda e: substitute(e, {s.var: value})))
-    return replace(s, var=counter, extent=fold(trips, "trunc"), body=body, start=None, step=None)
+    return replace(s, var=counter, extent=fold(trips, "trunc"), body=substitute_body(s.body, {s.var: value}),
+                   start=None, step=None)

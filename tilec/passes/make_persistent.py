@@ -45,7 +45,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError
 from ..ir import effects, nodes as ir
-from ..ir.exprs import free_names, map_body, map_stmt_exprs, substitute
+from ..ir.exprs import free_names, substitute_body
 
 NAME = "make-persistent"
 
@@ -113,13 +113,13 @@ def _at_tile(k: ir.Kernel, body, t) -> tuple:
     if k.group > 1:
         lets = _grouped(k, t)
         index = {name: _var(name, "let", t.span) for name in k.grid_vars}
-        return tuple(lets) + map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, index)))
+        return tuple(lets) + substitute_body(body, index)
     index, below = {}, t
     for d, (name, g) in enumerate(zip(k.grid_vars, k.grid)):
         last = d == len(k.grid) - 1
         index[name] = below if last else ir.BinOp("%", below, g, span=g.span)
         below = ir.BinOp("/", below, g, span=g.span)
-    return map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, index)))
+    return substitute_body(body, index)
 
 
 def _grouped(k: ir.Kernel, t) -> list:
@@ -194,8 +194,7 @@ def _stream_k(k: ir.Kernel, tiles, block, blocks, span) -> tuple:
         let("tl_k_hi", call("select", in_sk, call("min", op("-", end, tile_start), steps), steps)),
         let("tl_k_steps", op("-", hi, lo)),     # one name: check-barriers fixes it per path
     ]
-    shifted = map_body(loop.body, lambda s: map_stmt_exprs(
-        s, lambda e: substitute(e, {loop.var: op("+", _var(loop.var, "loop", span), lo)})))
+    shifted = substitute_body(loop.body, {loop.var: op("+", _var(loop.var, "loop", span), lo)})
     part = replace(loop, extent=v("tl_k_steps"), body=shifted)
     # the first block whose range holds this tile's first K step: the largest b with begin(b) <= X
     # is min(parts, cdiv((X + 1) * parts, sk_steps)) - 1, X = t * steps
