@@ -681,10 +681,10 @@ def bench_host(rows):
 def _export_host(rows):
     """The exported C++ launcher (tilec export, benchmarks/export_host.cc) against
     cuMemcpyDtoDAsync of the same bytes from the same C++ program: host time per call.
-    Needs g++ and cuda.h (found as tests/test_export.py finds them); skipped without."""
+    Needs g++ and cuda.h (tests/host_toolchain.py finds them); skipped without."""
     import subprocess
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_export import CUDA_INCLUDE, CXX, libcuda_link_args
+    from host_toolchain import CUDA_INCLUDE, CXX, libcuda_link_args
     from tilec.codegen import export
     if CXX is None or CUDA_INCLUDE is None:
         print("host: no g++ or cuda.h, so no exported-launcher row", file=sys.stderr)

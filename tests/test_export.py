@@ -21,7 +21,6 @@ import ctypes
 import os
 import re
 import shlex
-import shutil
 import struct
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from tilec.ir import nodes as ir
 from tilec.runtime import host as rt
 from tilec.runtime import tensormap
 from conftest import ROOT, TILEC
+from host_toolchain import CC, CUDA_INCLUDE, CXX, libcuda_link_args
 from test_filecheck import FILECHECK
 from test_interpret import im2col_reference
 from random_programs import program as random_program
@@ -104,33 +104,20 @@ kernel persist(A: f32[N], B: f32[N]) {
     copy(s, B[bx * 256]);
 }
 """
+# Writes no tensor: nothing for the launcher's write checks, under either pointer-check flag
+READONLY = """
+kernel readonly(A: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 64));
+    threads 128;
+    shared s: f32[64, 128];
+    copy(A[by * 64, bx * 128], s);
+}
+"""
 STUB_RESIDENT = 4       # the stub's SMs (4) times the blocks per SM its occupancy query answers (1)
 # gemm.tile's declared tiles, persistent, stream-K: every const given, so nothing is tuned
 STREAM_K_GEMM = dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
-PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3, "persist": PERSIST}
-CXX = shutil.which("g++") or shutil.which("c++")
-CC = shutil.which("gcc") or shutil.which("cc")
-
-
-def cuda_include_dirs() -> list:
-    """Directories holding the driver API's cuda.h: CUDA_HOME / CUDA_PATH, nvcc's
-    toolkit, /usr/local/cuda, and NVIDIA's wheels."""
-    candidates = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(nvcc).resolve().parent.parent / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
-    for site in sys.path:
-        candidates += sorted(Path(site).glob("nvidia/*/include")) if site and Path(site).is_dir() else []
-    found = []
-    for d in candidates:
-        h = d / "cuda.h"
-        if h.is_file() and "cuTensorMapEncodeTiled" in h.read_text(errors="replace") and d not in found:
-            found.append(d)
-    return found
-
-
-CUDA_INCLUDE = next(iter(cuda_include_dirs()), None)
+PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3, "persist": PERSIST,
+            "readonly": READONLY}
 needs_cxx = pytest.mark.skipif(CXX is None or CUDA_INCLUDE is None,
                                reason="needs a C++ compiler (g++) and the CUDA driver API's cuda.h (a CUDA toolkit, "
                                       "CUDA_HOME, or an NVIDIA wheel's include dir); none found")
@@ -992,6 +979,7 @@ GOOD = {
     "plain": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,))],
     "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
     "persist": [t(0x7f0000000000, (2563,)), t(0x7f0000100000, (2563,))],
+    "readonly": [t(0x7f0000000000, (100, 1000))],
     # dim 1 of extent 1: its stride is free (TensorArg.tma_strides makes it legal)
     "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
@@ -1423,24 +1411,6 @@ def test_readme_deploy_example_exports_and_compiles(tmp_path):
 
 
 # ---------------------------------------------------------------- on the GPU
-
-def libcuda_link_args() -> list:
-    """How to link against the driver: the libcuda this process has loaded (torch
-    loads it), else -lcuda from the toolkit's stubs or the system."""
-    try:
-        import torch
-        torch.cuda.init()
-    except Exception:
-        pass
-    maps = Path("/proc/self/maps")
-    if maps.exists():
-        for line in maps.read_text().splitlines():
-            path = line.split()[-1] if len(line.split()) >= 6 else ""
-            if re.search(r"/libcuda\.so(\.\d+)*$", path):
-                return [path]
-    stubs = [inc.parent / "lib64" / "stubs" for inc in cuda_include_dirs()]
-    return [f"-L{s}" for s in stubs if (s / "libcuda.so").exists()] + ["-lcuda"]
-
 
 def build_gpu_main(d, k: ir.Kernel, work, link=None) -> Path:
     main = work / f"{k.name}_gpu_main.cc"

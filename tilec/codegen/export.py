@@ -386,8 +386,9 @@ def generate(kernel, fallback: bool = True) -> Export:
     for t in k.tensors:
         entry.append(f"  const Tensor t_{t.name}{{{_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
                      f"{t.name}_strides, {t.dtype.size}, {'true' if t.name in written else 'false'}}};")
+    entry.append("  CUdevice device = -1;  // the current context's, once a tensor's memory is checked")
     for t in k.tensors:
-        entry.append(f"  if (int rc = check_tensor(t_{t.name}, err, err_len))")
+        entry.append(f"  if (int rc = check_tensor(t_{t.name}, device, err, err_len))")
         entry.append("    return rc;")
     pairs = _overlap_checks(k, written)
     lines = entry + bindings + lines[:grid_at] + pairs + lines[grid_at:]
