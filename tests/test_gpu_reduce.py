@@ -1,5 +1,5 @@
 """GPU: reduce on the device equals tests/test_reduce.py's numpy references bit for
-bit (float sums in the CUDA's order, integer sums wrapped, maxima exact) and the
+bit (float sums in the CUDA's order, integer sums wrapped, maxima and minima exact) and the
 interpreter; every output is a guarded view (tests/guard.py) whose padding must
 be intact. Marked gpu: `python -m pytest -m gpu tests/test_gpu_reduce.py`."""
 import zlib
@@ -9,8 +9,9 @@ import pytest
 
 import tilec
 from guard import guarded
-from test_reduce import (DTYPES, EXAMPLES, M, N, SWIZZLED, falling_back, make_input, no_fallback, output_shape,
-                         reduce_source, reference, rowsum_reference, run_interpreted, same_bits)
+from test_reduce import (DTYPES, EXAMPLES, M, N, NAN_ROWS, SWIZZLED, falling_back, make_input, nan_expectation,
+                         nan_input, no_fallback, output_shape, reduce_source, reference, rowsum_reference,
+                         run_interpreted, same_bits)
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +40,7 @@ def run_gpu(src, inputs, outputs, fallback_ok=False):
 
 @pytest.mark.parametrize("space", ["shared", "local"])
 @pytest.mark.parametrize("axis", [0, 1])
-@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
 @pytest.mark.parametrize("dt, adt", DTYPES, ids=lambda v: v)
 def test_reduce_on_the_gpu(dt, adt, op, axis, space):
     x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
@@ -48,6 +49,16 @@ def test_reduce_on_the_gpu(dt, adt, op, axis, space):
     got, = run_gpu(src, [x], [(shape, adt)])
     assert same_bits(got, reference(x, dt, adt, axis, op))
     assert same_bits(got, run_interpreted(src, x, shape, adt))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_nan_is_kept_only_from_the_first_element_on_the_gpu(op):
+    x = nan_input()
+    src = reduce_source("f32", "f32", 1, op, "local")
+    shape = output_shape(x.shape, 1)
+    got, = run_gpu(src, [x], [(shape, "f32")])
+    assert same_bits(got[0, :NAN_ROWS], nan_expectation(x, op)), got[0, :NAN_ROWS]
+    assert same_bits(got, run_interpreted(src, x, shape, "f32"))
 
 
 def test_integer_sums_wrap_on_the_gpu():

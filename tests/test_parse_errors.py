@@ -497,7 +497,7 @@ kernel k(A: f32[M, N]) {
     reduce(s, r, axis = 1, op = mean);
 }
 """, """\
-t.tile:6:33: error: reduce's op must be sum or max
+t.tile:6:33: error: reduce's op must be sum, max or min
     reduce(s, r, axis = 1, op = mean);
                                 ^~~~""", id="reduce-op"),
 

@@ -1,4 +1,4 @@
-"""reduce(s, acc, axis = 0 | 1, op = sum | max): the interpreter against independent
+"""reduce(s, acc, axis = 0 | 1, op = sum | max | min): the interpreter against independent
 numpy references (bit for bit: float sums are taken in the order the CUDA takes
 them, one thread walking its row or column from the first element), the
 barriers its effects rule alone gets it, and the CUDA through NVRTC with an
@@ -75,7 +75,7 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64):
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
     the CUDA's order (np.add.accumulate runs left to right) in float, or double with
     an f64 side; integer sums exact (Python ints), then wrapped to the result type;
-    maxima exact. Returns the output array, clipped to its shape."""
+    maxima and minima exact. Returns the output array, clipped to its shape."""
     m, n = x.shape
     mb, nb = -(-m // bm), -(-n // bn)
     if dt in FLOATS:
@@ -90,8 +90,8 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64):
         lanes = tiles.transpose(2, 0, 1, 3).reshape(nb, mb * bm, bn)      # [bx, row, j]
     else:
         lanes = tiles.transpose(0, 2, 3, 1).reshape(mb, nb * bn, bm)      # [by, column, i]
-    if op == "max":
-        out = lanes.max(axis=-1)
+    if op in ("max", "min"):
+        out = lanes.max(axis=-1) if op == "max" else lanes.min(axis=-1)
     elif dt in FLOATS:
         out = np.add.accumulate(lanes, axis=-1)[..., -1]
     else:
@@ -139,7 +139,7 @@ def run_interpreted(src, x, out_shape, adt, fallback=False):
 
 @pytest.mark.parametrize("space", ["shared", "local"])
 @pytest.mark.parametrize("axis", [0, 1])
-@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
 @pytest.mark.parametrize("dt, adt", DTYPES, ids=lambda v: v)
 def test_reduce_matches_numpy(dt, adt, op, axis, space):
     x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
@@ -162,6 +162,37 @@ def test_max_of_a_tile_row_includes_the_zeros_past_the_edge():
     x = -np.ones((M, N), np.float32)
     got = run_interpreted(reduce_source("f32", "f32", 1, "max", "shared"), x, output_shape(x.shape, 1), "f32")
     assert (got[:2] == -1).all() and (got[2] == 0).all()
+
+
+NAN_ROWS = 5
+
+
+def nan_input():
+    """Rows 0-4 of a [M, N] f32 input with NaNs placed for max and min: row 0 none,
+    row 1 at its first element, row 2 at its third, row 3 at every element, row 4
+    at its first and with a larger and a smaller element after it; other rows plain."""
+    x = np.arange(M * N, dtype=np.float32).reshape(M, N) % 7 - 3
+    x[1, 0] = x[2, 2] = x[4, 0] = np.nan
+    x[3, :] = np.nan
+    x[4, 5], x[4, 6] = 100.0, -100.0
+    return x
+
+
+def nan_expectation(x, op):
+    """Row results of the first column tile (64 elements): a NaN is kept only where it
+    is the running value's start (the row's first element), as max(a, b) = a < b ? b : a
+    keeps it; min keeps it alike (tl_min(element, running value))."""
+    tile = x[:NAN_ROWS, :64]
+    skip = np.float32(-np.inf if op == "max" else np.inf)       # what a NaN past the first element counts as
+    plain = getattr(np.where(np.isnan(tile), skip, tile), op)(axis=1)
+    return np.where(np.isnan(tile[:, 0]), np.float32(np.nan), plain)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_nan_is_kept_only_from_the_first_element(op):
+    x = nan_input()
+    got = run_interpreted(reduce_source("f32", "f32", 1, op, "local"), x, output_shape(x.shape, 1), "f32")
+    assert same_bits(got[0, :NAN_ROWS], nan_expectation(x, op)), got[0, :NAN_ROWS]
 
 
 @pytest.mark.parametrize("axis", [0, 1])
@@ -316,6 +347,7 @@ def test_check_barriers_catches_a_missing_barrier_before_reduce():
 @pytest.mark.parametrize("dt, adt, axis, op, space", [
     ("f32", "f32", 1, "sum", "shared"), ("f16", "f16", 0, "max", "local"), ("bf16", "f32", 1, "sum", "local"),
     ("f64", "f64", 0, "sum", "shared"), ("i8", "i32", 1, "sum", "local"), ("i32", "i32", 0, "max", "shared"),
+    ("f16", "f32", 1, "min", "local"), ("i8", "i8", 0, "min", "shared"),
 ])
 def test_cuda_compiles_with_an_empty_log(dt, adt, axis, op, space):
     k = tilec.compile(reduce_source(dt, adt, axis, op, space), arch="sm_90a")

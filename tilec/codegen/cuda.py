@@ -437,7 +437,7 @@ class _Printer:
         over acc's elements, each thread walking its row or column in order from
         the first element. Floats reduce in float (double with an f64 side),
         integer sums in unsigned long long (exact modulo 2^64, then wrapped to
-        acc's type), integer maxima in s's own type."""
+        acc's type), integer maxima and minima in s's own type."""
         src, acc = self.k.buffer(s.src), self.k.buffer(s.dst)
         if src.dtype.is_float:
             t = "double" if "f64" in (src.dtype.name, acc.dtype.name) else "float"
@@ -456,6 +456,9 @@ class _Printer:
             if s.op == "max":
                 self.uses_math = True
                 step = f"tl_max(tl_acc, {value})"
+            elif s.op == "min":             # the element first: a NaN element keeps tl_acc, as in max
+                self.uses_math = True
+                step = f"tl_min({value}, tl_acc)"
             else:
                 step = f"tl_acc + {value}"
             body += [f"  for (int tl_k = 1; tl_k < {n}; ++tl_k) {{", f"    tl_acc = {step};", "  }"]

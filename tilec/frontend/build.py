@@ -264,20 +264,20 @@ class _Builder(Transformer):
                             self._tok_span(func))
 
     def _reduce(self, pos, kw, span):
-        """`reduce(s, acc, axis = 0 | 1, op = sum | max)`; tiles, ranks and extents are check-types'."""
+        """`reduce(s, acc, axis = 0 | 1, op = sum | max | min)`; tiles, ranks and extents are check-types'."""
         self._need_args("reduce", pos, 2, span, ["s", "acc"])
         src, dst = (self._tile_name(x, "reduce", w) for x, w in zip(pos, ("first argument", "second argument")))
         if "axis" not in kw:
             raise SemanticError("reduce needs the axis of s it reduces: axis = 0 (each column) or axis = 1 "
                                 "(each row)", span)
         if "op" not in kw:
-            raise SemanticError("reduce needs its operation: op = sum or op = max", span)
+            raise SemanticError("reduce needs its operation: op = sum, op = max or op = min", span)
         axis, op = kw["axis"], kw["op"]
         if not (isinstance(axis, ir.Int) and axis.value in (0, 1)):
             raise SemanticError("reduce's axis must be the literal 0 (reduce each column) or 1 (reduce each row)",
                                 axis.span)
-        if not (isinstance(op, ir.Var) and op.name in ("sum", "max")):
-            raise SemanticError("reduce's op must be sum or max", op.span)
+        if not (isinstance(op, ir.Var) and op.name in ("sum", "max", "min")):
+            raise SemanticError("reduce's op must be sum, max or min", op.span)
         return ir.Reduce(src, dst, axis.value, op.name, src_span=pos[0].span, dst_span=pos[1].span, span=span)
 
     def for_stmt(self, meta, ch):

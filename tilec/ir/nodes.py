@@ -322,14 +322,14 @@ class Gemm(Stmt):
 
 @dataclass(frozen=True)
 class Reduce(Stmt):
-    """`reduce(s, acc, axis = A, op = sum | max)`: acc[i] = op over row i of the
+    """`reduce(s, acc, axis = A, op = sum | max | min)`: acc[i] = op over row i of the
     2-D shared tile `src` (axis 1) or over its column i (axis 0), from the first
     element on, into the 1-D tile `dst` (assigned, not accumulated). The spans
     of the two arguments point errors at them."""
     src: str
     dst: str
     axis: int
-    op: str                 # 'sum' | 'max'
+    op: str                 # 'sum' | 'max' | 'min'
     src_span: Optional[Span] = field(default=None, compare=False, repr=False)
     dst_span: Optional[Span] = field(default=None, compare=False, repr=False)
     span: Optional[Span] = SPAN

@@ -605,7 +605,7 @@ class _Blocks:
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
         (axis 0) of s, in order from the first element: floats in float (double
         with an f64 side), so float sums round as the GPU's do; integer sums
-        modulo 2^64 (any order gives those bits), integer maxima in s's type;
+        modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
         then converted to acc's dtype as C++ assigns it."""
         src, acc = self.buffers[s.src], self.buffers[s.dst]
         x = np.moveaxis(decode(self.tile(src), src.dtype), s.axis, 0)   # x[k]: element k of every row / column
@@ -613,11 +613,16 @@ class _Blocks:
             x = x.astype(F64 if "f64" in (src.dtype.name, acc.dtype.name) else F32)
             total = x[0]
             for v in x[1:]:
-                total = total + v if s.op == "sum" else np.where(total < v, v, total)   # tl_max
+                if s.op == "sum":
+                    total = total + v
+                elif s.op == "max":
+                    total = np.where(total < v, v, total)       # tl_max(tl_acc, v)
+                else:
+                    total = np.where(v < total, v, total)       # tl_min(v, tl_acc)
         elif s.op == "sum":
             total = np.add.reduce(x.astype(np.uint64), axis=0, dtype=np.uint64)
         else:
-            total = np.maximum.reduce(x, axis=0)
+            total = (np.maximum if s.op == "max" else np.minimum).reduce(x, axis=0)
         self.set_tile(acc, encode(total, acc.dtype))
 
     def thread_copy(self, s, env):
