@@ -47,7 +47,7 @@ def test_reduce_on_the_gpu(dt, adt, op, axis, space):
     src = reduce_source(dt, adt, axis, op, space)
     shape = output_shape(x.shape, axis)
     got, = run_gpu(src, [x], [(shape, adt)])
-    assert same_bits(got, reference(x, dt, adt, axis, op))
+    assert same_bits(got, reference(x, dt, adt, axis, op, space=space))
     assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 
@@ -59,6 +59,18 @@ def test_nan_is_kept_only_from_the_first_element_on_the_gpu(op):
     got, = run_gpu(src, [x], [(shape, "f32")])
     assert same_bits(got[0, :NAN_ROWS], nan_expectation(x, op)), got[0, :NAN_ROWS]
     assert same_bits(got, run_interpreted(src, x, shape, "f32"))
+
+
+@pytest.mark.parametrize("space, want", [("local", 2.0 ** 24), ("shared", 2.0 ** 24 + 48)])
+def test_a_shared_result_sums_in_lanes_on_the_gpu(space, want):
+    """test_reduce's rows of 2^24 and 63 ones: the shuffles combine the 4 lanes' sums
+    in the order the interpreter does."""
+    x = np.ones((M, N), np.float32)
+    x[:, ::64] = 2.0 ** 24
+    src = reduce_source("f32", "f32", 1, "sum", space)
+    got, = run_gpu(src, [x], [(output_shape(x.shape, 1), "f32")])
+    assert got[0, 0] == want and got[1, 40] == want
+    assert same_bits(got, run_interpreted(src, x, output_shape(x.shape, 1), "f32"))
 
 
 def test_integer_sums_wrap_on_the_gpu():
@@ -88,7 +100,7 @@ def test_reduce_of_a_swizzled_gemm_operand_on_the_gpu():
     rng = np.random.default_rng(7)
     a, b = make_input((100, 64), "f16", rng), make_input((64, 72), "f16", rng)
     c, r = run_gpu(SWIZZLED, [a, b], [((100, 72), "f32"), ((2, 100), "f32")])
-    assert same_bits(r, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64)[0]] * 2))
+    assert same_bits(r, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64, "shared")[0]] * 2))
     np.testing.assert_allclose(c, a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
 
 

@@ -70,12 +70,23 @@ def output_shape(x_shape, axis, bm=32, bn=64):
     return (-(-n // bn), m) if axis == 1 else (-(-m // bm), n)
 
 
-def reference(x, dt, adt, axis, op, bm=32, bn=64):
+def lanes_of(space, axis, bm=32, bn=64, threads=128):
+    """Threads per result (docs/language.md, reduce): a power of two <= 32, <= threads
+    over results, <= the elements walked; 1 for a local result."""
+    results, walk = (bm, bn) if axis == 1 else (bn, bm)
+    if space != "shared":
+        return 1
+    return max(g for g in (1, 2, 4, 8, 16, 32) if g <= threads // results and g <= walk)
+
+
+def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local"):
     """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
-    the CUDA's order (np.add.accumulate runs left to right) in float, or double with
-    an f64 side; integer sums exact (Python ints), then wrapped to the result type;
-    maxima and minima exact. Returns the output array, clipped to its shape."""
+    the CUDA's order in float, or double with an f64 side (np.add.accumulate runs left
+    to right: lane g of lanes_of(...) over elements g, g + lanes, ..., then the lanes'
+    sums added in halves, lane g + h's into lane g); integer sums exact (Python ints),
+    then wrapped to the result type; maxima and minima exact. Returns the output
+    array, clipped to its shape."""
     m, n = x.shape
     mb, nb = -(-m // bm), -(-n // bn)
     if dt in FLOATS:
@@ -93,7 +104,12 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64):
     if op in ("max", "min"):
         out = lanes.max(axis=-1) if op == "max" else lanes.min(axis=-1)
     elif dt in FLOATS:
-        out = np.add.accumulate(lanes, axis=-1)[..., -1]
+        g = lanes_of(space, axis, bm, bn)
+        parts = [np.add.accumulate(lanes[..., i::g], axis=-1)[..., -1] for i in range(g)]
+        while len(parts) > 1:
+            h = len(parts) // 2
+            parts = [parts[i] + parts[i + h] for i in range(h)]
+        out = parts[0]
     else:
         out = np.array([[sum(int(v) for v in lane) % 2**64 for lane in row] for row in lanes], np.uint64)
     out = out[:, :m] if axis == 1 else out[:, :n]
@@ -144,7 +160,21 @@ def run_interpreted(src, x, out_shape, adt, fallback=False):
 def test_reduce_matches_numpy(dt, adt, op, axis, space):
     x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
     got = run_interpreted(reduce_source(dt, adt, axis, op, space), x, output_shape(x.shape, axis), adt)
-    assert same_bits(got, reference(x, dt, adt, axis, op))
+    assert same_bits(got, reference(x, dt, adt, axis, op, space=space))
+
+
+@pytest.mark.parametrize("space, want", [("local", 2.0 ** 24), ("shared", 2.0 ** 24 + 48)])
+def test_a_shared_result_sums_in_lanes(space, want):
+    """Rows of 2^24 then 63 ones: one thread walking the row loses every 1 (2^24 + 1
+    rounds back to 2^24). A shared result's row is split over 4 lanes (128 threads,
+    32 results): lane 0 still loses its 15 ones, lanes 1-3 sum 16 each, and the
+    halves give 2^24 + 16 + 32."""
+    assert lanes_of(space, 1) == (4 if space == "shared" else 1)
+    x = np.ones((M, N), np.float32)
+    x[:, ::64] = 2.0 ** 24
+    got = run_interpreted(reduce_source("f32", "f32", 1, "sum", space), x, output_shape(x.shape, 1), "f32")
+    assert got[0, 0] == want and got[1, 40] == want
+    assert same_bits(got, reference(x, "f32", "f32", 1, "sum", space=space))
 
 
 def test_integer_sums_wrap_like_the_result_type():
@@ -252,7 +282,7 @@ def test_reduce_of_a_swizzled_gemm_operand():
         tilec.compile(SWIZZLED, backend="interpret")(a, b, c.view, r.view)
     c.check()
     r.check()
-    assert same_bits(r.view, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64)[0]] * 2))
+    assert same_bits(r.view, np.stack([reference(a, "f16", "f32", 1, "sum", 64, 64, "shared")[0]] * 2))
 
 
 # ---------------------------------------------------------------- the example

@@ -433,11 +433,12 @@ class _Printer:
         return out
 
     def reduce(self, s: ir.Reduce, ind) -> list:
-        """acc[i] = op over row i (axis 1) or column i (axis 0) of s: a thread loop
-        over acc's elements, each thread walking its row or column in order from
-        the first element. Floats reduce in float (double with an f64 side),
-        integer sums in unsigned long long (exact modulo 2^64, then wrapped to
-        acc's type), integer maxima and minima in s's own type."""
+        """acc[i] = op over row i (axis 1) or column i (axis 0) of s. Floats reduce
+        in float (double with an f64 side), integer sums in unsigned long long
+        (exact modulo 2^64, then wrapped to acc's type), integer maxima and minima
+        in s's own type. With one thread per result (ir.reduce_lanes), a thread
+        loop over acc's elements, each thread walking its row or column in order
+        from the first element; else reduce_in_lanes."""
         src, acc = self.k.buffer(s.src), self.k.buffer(s.dst)
         if src.dtype.is_float:
             t = "double" if "f64" in (src.dtype.name, acc.dtype.name) else "float"
@@ -448,23 +449,60 @@ class _Printer:
             ref = self.element(src, [ir.Var("tl_i0"), k] if s.axis == 1 else [k, ir.Var("tl_i0")])
             return ref if ctype(src.dtype) == t else f"static_cast<{t}>({ref})"
 
+        def combine(value):
+            if s.op == "sum":
+                return f"tl_acc + {value}"
+            self.uses_math = True
+            # max keeps tl_acc where either is NaN; min takes the element first to do the same
+            return f"tl_max(tl_acc, {value})" if s.op == "max" else f"tl_min({value}, tl_acc)"
+
         n = src.shape[s.axis]
         what = "row" if s.axis == 1 else "column"
+        result = "tl_acc" if ctype(acc.dtype) == t else convert(acc.dtype, "tl_acc")
+        lanes = ir.reduce_lanes(self.threads, acc.elements, n, acc.scope == "shared")
+        if lanes > 1:
+            return self.reduce_in_lanes(s, acc, n, lanes, t, at, combine, result, ind)
         body = [f"  {t} tl_acc = {at(ir.Int(0))};  // the {s.op} of {what} tl_i0 of {src.name}"]
         if n > 1:
-            value = at(ir.Var("tl_k"))
-            if s.op == "max":
-                self.uses_math = True
-                step = f"tl_max(tl_acc, {value})"
-            elif s.op == "min":             # the element first: a NaN element keeps tl_acc, as in max
-                self.uses_math = True
-                step = f"tl_min({value}, tl_acc)"
-            else:
-                step = f"tl_acc + {value}"
-            body += [f"  for (int tl_k = 1; tl_k < {n}; ++tl_k) {{", f"    tl_acc = {step};", "  }"]
-        result = "tl_acc" if ctype(acc.dtype) == t else convert(acc.dtype, "tl_acc")
+            body += [f"  for (int tl_k = 1; tl_k < {n}; ++tl_k) {{", f"    tl_acc = {combine(at(ir.Var('tl_k')))};",
+                     "  }"]
         body.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
         return self.thread_loop(acc.shape, ["tl_i0"], body, ind)
+
+    def reduce_in_lanes(self, s, acc, n, lanes, t, at, combine, result, ind) -> list:
+        """`lanes` threads (a power of two within a warp) per result: thread
+        t works on result t / lanes, its lane g = t % lanes walks elements g,
+        g + lanes, g + 2 * lanes, ... in order; then the lanes' values combine
+        as halves, lane g taking lane g + h's for h = lanes / 2, ..., 1
+        (__shfl_down_sync: every thread of a warp takes part, a thread past the
+        last result with a value never read), and lane 0 writes acc[i]."""
+        what = "row" if s.axis == 1 else "column"
+        shuffled = t if t in ("float", "double", "int", "unsigned", "long long", "unsigned long long") else "int"
+        moved = "tl_acc" if shuffled == t else f"static_cast<{shuffled}>(tl_acc)"
+        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, tl_h, {lanes})"
+        pulled = pulled if shuffled == t else f"static_cast<{t}>({pulled})"
+        spare = self.threads // lanes > acc.elements      # threads past the last result, in the shuffles only
+        walk = [f"{t} tl_acc = {at(ir.Var('tl_lane'))};"]
+        if n > lanes:
+            walk += [f"for (int tl_k = tl_lane + {lanes}; tl_k < {n}; tl_k += {lanes}) {{",
+                     f"  tl_acc = {combine(at(ir.Var('tl_k')))};",
+                     "}"]
+        if spare:
+            walk = [f"{t} tl_acc = 0;", f"if (tl_i0 < {acc.elements}) {{"] + \
+                ["  " + line.replace(f"{t} tl_acc", "tl_acc", 1) for line in walk] + ["}"]
+        body = [f"{{  // {lanes} threads per {what} of {s.src}: lane g walks elements g, g + {lanes}, ..., then the "
+                "lanes combine in halves",
+                f"  const int tl_i0 = threadIdx.x / {lanes}, tl_lane = threadIdx.x % {lanes};"]
+        body += ["  " + line for line in walk]
+        body += ["  #pragma unroll",
+                 f"  for (int tl_h = {lanes // 2}; tl_h > 0; tl_h /= 2) {{",
+                 f"    tl_acc = {combine(pulled)};",
+                 "  }",
+                 f"  if ({f'tl_i0 < {acc.elements} && ' if spare else ''}tl_lane == 0) {{",
+                 f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
+                 "  }",
+                 "}"]
+        return [ind + line for line in body]
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:
         vector = self.vector_copy(s, ind + "  ")

@@ -594,6 +594,19 @@ def thread_registers(threads: int, producer: bool = False) -> int:
     return min(255, 65536 // block // 8 * 8)
 
 
+def reduce_lanes(threads: int, results: int, walk: int, shared_result: bool) -> int:
+    """The threads that share one result of a `reduce` (codegen/cuda.py's reduce and
+    the interpreter follow it): a power of two, at most 32 (one warp: they combine
+    through shuffles), at most threads // results and at most the `walk` elements of
+    a row or column (each thread has one at least). Only where the result tile is
+    shared (the group's first thread writes it; a local result's element lives on
+    thread e % threads, outside the group) and whole warps run the block; else 1."""
+    if not shared_result or threads % 32:
+        return 1
+    limit = min(32, threads // results, walk)
+    return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
+
+
 @dataclass(frozen=True)
 class OneThread(Stmt):
     """A block executed by thread 0 only (TMA issue, expect-tx, store commit)."""

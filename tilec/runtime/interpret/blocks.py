@@ -603,22 +603,33 @@ class _Blocks:
 
     def reduce(self, s, env):
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
-        (axis 0) of s, in order from the first element: floats in float (double
-        with an f64 side), so float sums round as the GPU's do; integer sums
+        (axis 0) of s, in order from the first element, or in ir.reduce_lanes lanes
+        combined in halves: floats in float (double with an f64 side), so float
+        sums round as the GPU's do; integer sums
         modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
         then converted to acc's dtype as C++ assigns it."""
         src, acc = self.buffers[s.src], self.buffers[s.dst]
         x = np.moveaxis(decode(self.tile(src), src.dtype), s.axis, 0)   # x[k]: element k of every row / column
         if src.dtype.is_float:
             x = x.astype(F64 if "f64" in (src.dtype.name, acc.dtype.name) else F32)
-            total = x[0]
-            for v in x[1:]:
+
+            def combine(total, v):
                 if s.op == "sum":
-                    total = total + v
-                elif s.op == "max":
-                    total = np.where(total < v, v, total)       # tl_max(tl_acc, v)
-                else:
-                    total = np.where(v < total, v, total)       # tl_min(v, tl_acc)
+                    return total + v
+                if s.op == "max":
+                    return np.where(total < v, v, total)        # tl_max(tl_acc, v)
+                return np.where(v < total, v, total)            # tl_min(v, tl_acc)
+            lanes = ir.reduce_lanes(self.threads, acc.elements, x.shape[0], acc.scope == "shared")
+            totals = []
+            for g in range(lanes):                              # lane g walks elements g, g + lanes, ...
+                total = x[g]
+                for v in x[g + lanes::lanes]:
+                    total = combine(total, v)
+                totals.append(total)
+            while len(totals) > 1:                              # lane g takes lane g + h's, h = lanes / 2 ... 1
+                h = len(totals) // 2
+                totals = [combine(totals[g], totals[g + h]) for g in range(h)]
+            total = totals[0]
         elif s.op == "sum":
             total = np.add.reduce(x.astype(np.uint64), axis=0, dtype=np.uint64)
         else:
