@@ -177,6 +177,22 @@ def bench_scale(rows):
                  "GB/s", ratio))
 
 
+def bench_rowsum(rows):
+    """examples/rowsum.tile (each row's sum and maximum, one pass over X) against
+    torch.sum and torch.amax over the rows (two kernels, two passes); GB/s of X read
+    once."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/rowsum.tile"))
+    for m, n in ((4096, 4096), (16384, 1024), (1024, 16384)):
+        x = torch.randn(m, n, device="cuda")
+        sums, maxes = torch.empty(m, device="cuda"), torch.empty(m, device="cuda")
+        t_tilec, t_torch, ratio = compare(lambda: k(x, sums, maxes),
+                                          lambda: (torch.sum(x, 1, out=sums), torch.amax(x, 1, out=maxes)))
+        nbytes = x.numel() * 4
+        rows.append((f"rowsum {m}x{n} f32 (sum and max of each row)", "torch sum+amax", nbytes / t_tilec / 1e9,
+                     nbytes / t_torch / 1e9, "GB/s", ratio))
+
+
 def bench_im2col(rows):
     """ResNet-50 layer: N=128, 56x56, C=64, 3x3, stride 1, pad 1 -> a [401408, 576] f16 matrix."""
     import torch
@@ -724,8 +740,8 @@ def bench_compile(rows):
                          "ms", None))
 
 
-BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_im2col, bench_gemm,
-           bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d,
+BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_im2col,
+           bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d,
            bench_host)
 
 
