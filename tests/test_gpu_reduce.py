@@ -6,12 +6,13 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from guard import guarded
 from test_reduce import (DTYPES, EXAMPLES, M, N, NAN_ROWS, SWIZZLED, falling_back, make_input, nan_expectation,
-                         nan_input, no_fallback, output_shape, reduce_source, reference, rowsum_reference,
-                         run_interpreted, same_bits)
+                         nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
+                         rowsum_reference, run_interpreted, same_bits)
 
 pytestmark = pytest.mark.gpu
 
@@ -71,6 +72,20 @@ def test_a_shared_result_sums_in_lanes_on_the_gpu(space, want):
     got, = run_gpu(src, [x], [(output_shape(x.shape, 1), "f32")])
     assert got[0, 0] == want and got[1, 40] == want
     assert same_bits(got, run_interpreted(src, x, output_shape(x.shape, 1), "f32"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(reduce_case(), st.integers(0, 2**32 - 1))
+def test_reduce_any_tile_and_block_on_the_gpu(case, data_seed):
+    """test_reduce's random tiles, thread counts, dtypes, axes, ops and result spaces:
+    the GPU (shuffles and all) against the reference and the interpreter, bit for bit."""
+    dt, adt, axis, op, space, bm, bn, threads, m, n = case
+    x = make_input((m, n), dt, np.random.default_rng(data_seed))
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads)
+    shape = output_shape(x.shape, axis, bm, bn)
+    got, = run_gpu(src, [x], [(shape, adt)])
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads)), (case, src)
+    assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 
 def test_integer_sums_wrap_on_the_gpu():

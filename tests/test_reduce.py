@@ -9,6 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from tilec.compiler import lower
@@ -42,12 +43,12 @@ NP = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i32":
 M, N = 72, 144
 
 
-def reduce_source(dt, adt, axis, op, space, bm=32, bn=64):
+def reduce_source(dt, adt, axis, op, space, bm=32, bn=64, threads=128):
     """A kernel whose block (bx, by) reduces its [bm, bn] tile of X into Y: row
     results at Y[bx, by * bm ...] (axis 1), column results at Y[by, bx * bn ...]."""
     ydims, ext, origin = (("NB, M", "BM", "bx, by * BM") if axis == 1 else ("MB, N", "BN", "by, bx * BN"))
     return REDUCE.format(dt=dt, adt=adt, axis=axis, op=op, space=space, bm=bm, bn=bn, ydims=ydims, ext=ext,
-                         origin=origin)
+                         origin=origin).replace("threads 128;", f"threads {threads};")
 
 
 def np_dtype(dt):
@@ -76,10 +77,10 @@ def lanes_of(space, axis, bm=32, bn=64, threads=128):
     results, walk = (bm, bn) if axis == 1 else (bn, bm)
     if space != "shared":
         return 1
-    return max(g for g in (1, 2, 4, 8, 16, 32) if g <= threads // results and g <= walk)
+    return max(g for g in (1, 2, 4, 8, 16, 32) if g == 1 or (g <= threads // results and g <= walk))
 
 
-def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local"):
+def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128):
     """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
     the CUDA's order in float, or double with an f64 side (np.add.accumulate runs left
@@ -104,7 +105,7 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local"):
     if op in ("max", "min"):
         out = lanes.max(axis=-1) if op == "max" else lanes.min(axis=-1)
     elif dt in FLOATS:
-        g = lanes_of(space, axis, bm, bn)
+        g = lanes_of(space, axis, bm, bn, threads)
         parts = [np.add.accumulate(lanes[..., i::g], axis=-1)[..., -1] for i in range(g)]
         while len(parts) > 1:
             h = len(parts) // 2
@@ -161,6 +162,44 @@ def test_reduce_matches_numpy(dt, adt, op, axis, space):
     x = make_input((M, N), dt, np.random.default_rng(zlib.crc32(f"{dt} {adt} {op} {axis}".encode())))
     got = run_interpreted(reduce_source(dt, adt, axis, op, space), x, output_shape(x.shape, axis), adt)
     assert same_bits(got, reference(x, dt, adt, axis, op, space=space))
+
+
+SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4}
+
+
+@st.composite
+def reduce_case(draw):
+    """(dt, adt, axis, op, space, bm, bn, threads, M, N): a tile and a block size
+    TMA and the language take (16-byte inner boxes, at most 256 elements a box
+    dim, 48 KiB of tile), a shared result's box a 16-byte multiple too; M and N
+    ragged against the tile, their rows whole 16-byte granules."""
+    dt, adt = draw(st.sampled_from(DTYPES))
+    axis, op, space = draw(st.sampled_from([0, 1])), draw(st.sampled_from(["sum", "max", "min"])), \
+        draw(st.sampled_from(["shared", "local"]))
+    threads = draw(st.sampled_from([32, 64, 128, 256, 512]))
+    per = 16 // SIZES[dt]
+    bn = draw(st.sampled_from([per * i for i in (1, 2, 3, 4, 8, 16) if per * i <= 256]))
+    bm = draw(st.sampled_from([b for b in (1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 100, 128, 256)
+                               if b * bn * SIZES[dt] <= 48 * 1024]))
+    ext = bm if axis == 1 else bn
+    if space == "shared" and ext * SIZES[adt] % 16:
+        space = "local"                               # a shared result goes out by TMA: 16-byte boxes
+    quantum = 16                                      # rows of X and Y in whole granules for every dtype
+    m = draw(st.integers(1, 3 * bm // quantum + 2)) * quantum
+    n = draw(st.integers(1, 3 * bn // quantum + 2)) * quantum
+    return dt, adt, axis, op, space, bm, bn, threads, m, n
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(reduce_case(), st.integers(0, 2**32 - 1))
+def test_reduce_any_tile_and_block_matches_numpy(case, data_seed):
+    """Any tile shape, thread count, dtype pair, axis, op and result space: the
+    interpreter against the reference, bit for bit (the lanes rule included)."""
+    dt, adt, axis, op, space, bm, bn, threads, m, n = case
+    x = make_input((m, n), dt, np.random.default_rng(data_seed))
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads)
+    got = run_interpreted(src, x, output_shape(x.shape, axis, bm, bn), adt)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads)), (case, src)
 
 
 @pytest.mark.parametrize("space, want", [("local", 2.0 ** 24), ("shared", 2.0 ** 24 + 48)])

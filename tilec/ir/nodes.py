@@ -600,8 +600,9 @@ def reduce_lanes(threads: int, results: int, walk: int, shared_result: bool) -> 
     through shuffles), at most threads // results and at most the `walk` elements of
     a row or column (each thread has one at least). Only where the result tile is
     shared (the group's first thread writes it; a local result's element lives on
-    thread e % threads, outside the group) and whole warps run the block; else 1."""
-    if not shared_result or threads % 32:
+    thread e % threads, outside the group); else 1. `threads` is a multiple of 32
+    (check-types), so every warp of the block takes part in the shuffles whole."""
+    if not shared_result:
         return 1
     limit = min(32, threads // results, walk)
     return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
