@@ -79,12 +79,12 @@ def test_a_shared_result_sums_in_lanes_on_the_gpu(space, want):
 def test_reduce_any_tile_and_block_on_the_gpu(case, data_seed):
     """test_reduce's random tiles, thread counts, dtypes, axes, ops and result spaces:
     the GPU (shuffles and all) against the reference and the interpreter, bit for bit."""
-    dt, adt, axis, op, space, bm, bn, threads, m, n = case
+    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips = case
     x = make_input((m, n), dt, np.random.default_rng(data_seed))
-    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads)
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips)
     shape = output_shape(x.shape, axis, bm, bn)
     got, = run_gpu(src, [x], [(shape, adt)])
-    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads)), (case, src)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre)), (case, src)
     assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 

@@ -43,12 +43,26 @@ NP = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i32":
 M, N = 72, 144
 
 
-def reduce_source(dt, adt, axis, op, space, bm=32, bn=64, threads=128):
+def reduce_source(dt, adt, axis, op, space, bm=32, bn=64, threads=128, pre=False, trips=0):
     """A kernel whose block (bx, by) reduces its [bm, bn] tile of X into Y: row
-    results at Y[bx, by * bm ...] (axis 1), column results at Y[by, bx * bn ...]."""
+    results at Y[bx, by * bm ...] (axis 1), column results at Y[by, bx * bn ...].
+    `pre`: a parallel rewrites the tile before the reduce (floats negated, integers
+    halved as C++ divides); `trips` > 0: load, reduce and store `trips` times in a
+    loop (each trip's load over the tile the last reduce read, its reduce over the
+    result the last TMA store may still be reading)."""
     ydims, ext, origin = (("NB, M", "BM", "bx, by * BM") if axis == 1 else ("MB, N", "BN", "by, bx * BN"))
-    return REDUCE.format(dt=dt, adt=adt, axis=axis, op=op, space=space, bm=bm, bn=bn, ydims=ydims, ext=ext,
-                         origin=origin).replace("threads 128;", f"threads {threads};")
+    src = REDUCE.format(dt=dt, adt=adt, axis=axis, op=op, space=space, bm=bm, bn=bn, ydims=ydims, ext=ext,
+                        origin=origin).replace("threads 128;", f"threads {threads};")
+    if pre:
+        change = "-s[i, j]" if dt in FLOATS else "s[i, j] / 2"
+        src = src.replace("    reduce(", f"    parallel (i, j) in (BM, BN) {{\n        s[i, j] = {change};\n    }}\n"
+                                         "    reduce(")
+    if trips:
+        head, rest = src.split("    copy(X", 1)
+        body, tail = rest.rsplit("}", 1)
+        src = head + f"    for t in range({trips}) {{\n" + "".join(
+            "    " + line + "\n" for line in ("    copy(X" + body).rstrip("\n").split("\n")) + "    }\n}" + tail
+    return src
 
 
 def np_dtype(dt):
@@ -80,14 +94,15 @@ def lanes_of(space, axis, bm=32, bn=64, threads=128):
     return max(g for g in (1, 2, 4, 8, 16, 32) if g == 1 or (g <= threads // results and g <= walk))
 
 
-def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128):
+def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pre=False):
     """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
     the CUDA's order in float, or double with an f64 side (np.add.accumulate runs left
     to right: lane g of lanes_of(...) over elements g, g + lanes, ..., then the lanes'
     sums added in halves, lane g + h's into lane g); integer sums exact (Python ints),
-    then wrapped to the result type; maxima and minima exact. Returns the output
-    array, clipped to its shape."""
+    then wrapped to the result type; maxima and minima exact. `pre`: the tile
+    rewritten first as reduce_source's parallel does. Returns the output array,
+    clipped to its shape."""
     m, n = x.shape
     mb, nb = -(-m // bm), -(-n // bn)
     if dt in FLOATS:
@@ -97,6 +112,8 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128):
     else:
         xp = np.zeros((mb * bm, nb * bn), np.int64)
         xp[:m, :n] = x
+    if pre:                                             # reduce_source's parallel, over the padding too
+        xp = -xp if dt in FLOATS else np.where(xp < 0, -(-xp // 2), xp // 2)
     tiles = xp.reshape(mb, bm, nb, bn)                  # [by, i, bx, j]
     if axis == 1:
         lanes = tiles.transpose(2, 0, 1, 3).reshape(nb, mb * bm, bn)      # [bx, row, j]
@@ -169,10 +186,11 @@ SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4}
 
 @st.composite
 def reduce_case(draw):
-    """(dt, adt, axis, op, space, bm, bn, threads, M, N): a tile and a block size
+    """(dt, adt, axis, op, space, bm, bn, threads, M, N, pre, trips): a tile and a block size
     TMA and the language take (16-byte inner boxes, at most 256 elements a box
     dim, 48 KiB of tile), a shared result's box a 16-byte multiple too; M and N
-    ragged against the tile, their rows whole 16-byte granules."""
+    ragged against the tile, their rows whole 16-byte granules; reduce_source's
+    `pre` and `trips` (the barriers a parallel and a loop around it need)."""
     dt, adt = draw(st.sampled_from(DTYPES))
     axis, op, space = draw(st.sampled_from([0, 1])), draw(st.sampled_from(["sum", "max", "min"])), \
         draw(st.sampled_from(["shared", "local"]))
@@ -187,7 +205,7 @@ def reduce_case(draw):
     quantum = 16                                      # rows of X and Y in whole granules for every dtype
     m = draw(st.integers(1, 3 * bm // quantum + 2)) * quantum
     n = draw(st.integers(1, 3 * bn // quantum + 2)) * quantum
-    return dt, adt, axis, op, space, bm, bn, threads, m, n
+    return dt, adt, axis, op, space, bm, bn, threads, m, n, draw(st.booleans()), draw(st.sampled_from([0, 0, 1, 2]))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -195,11 +213,11 @@ def reduce_case(draw):
 def test_reduce_any_tile_and_block_matches_numpy(case, data_seed):
     """Any tile shape, thread count, dtype pair, axis, op and result space: the
     interpreter against the reference, bit for bit (the lanes rule included)."""
-    dt, adt, axis, op, space, bm, bn, threads, m, n = case
+    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips = case
     x = make_input((m, n), dt, np.random.default_rng(data_seed))
-    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads)
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips)
     got = run_interpreted(src, x, output_shape(x.shape, axis, bm, bn), adt)
-    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads)), (case, src)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre)), (case, src)
 
 
 @pytest.mark.parametrize("space, want", [("local", 2.0 ** 24), ("shared", 2.0 ** 24 + 48)])
