@@ -311,6 +311,51 @@ def substitute_body(body, mapping: dict) -> tuple:
     return map_body(body, lambda s: map_stmt_exprs(s, lambda e: substitute(e, mapping)))
 
 
+_TILE_FIELDS = ("buffer", "src", "dst", "a", "b", "acc")
+
+
+def rename_tiles(body, mapping: dict) -> tuple:
+    """A block with tiles renamed (`mapping`: old name -> new) wherever a statement
+    names one: its tile fields, the regions of copies, and `t[i, j]` in expressions,
+    nested blocks included."""
+    def in_expr(e):
+        return map_expr(e, lambda x: replace(x, name=mapping[x.name])
+                        if isinstance(x, ir.Subscript) and x.name in mapping else x)
+
+    def stmt(s):
+        s = map_stmt_exprs(s, in_expr)
+        changes = {}
+        for f in fields(s):
+            v = getattr(s, f.name)
+            if f.name in _TILE_FIELDS and isinstance(v, str) and v in mapping:
+                changes[f.name] = mapping[v]
+            elif isinstance(v, ir.Region) and v.name in mapping:
+                changes[f.name] = replace(v, name=mapping[v.name])
+        return replace(s, **changes) if changes else s
+    return map_body(body, stmt)
+
+
+def tiles_named(body) -> set:
+    """Every tile name the statements of `body` use (rename_tiles' places)."""
+    names = set()
+
+    def in_expr(e):
+        names.update(x.name for x in walk_expr(e) if isinstance(x, ir.Subscript))
+        return e
+
+    def stmt(s):
+        for f in fields(s):
+            v = getattr(s, f.name)
+            if f.name in _TILE_FIELDS and isinstance(v, str):
+                names.add(v)
+            elif isinstance(v, ir.Region):
+                names.add(v.name)
+        map_stmt_exprs(s, in_expr)
+        return s
+    map_body(body, stmt)
+    return names
+
+
 def linear_terms(e):
     """`e` folded as a linear combination: ({printed term: (term, coefficient)}, constant).
     Non-linear parts (products of names, divisions, calls) are opaque terms."""

@@ -358,6 +358,8 @@ class For(Stmt):
     stages: Optional[int]   # None: range(n); else pipelined(n, stages=S)
     body: tuple
     ring: bool = False      # plan-pipeline: its loads and gemms run on an S-stage TMA ring
+    rotate: bool = False    # plan-pipeline: another body whose loaded tiles get S copies (stage_tile),
+                            # used in turn, the loads S - 1 iterations ahead (insert-barriers)
     producer: object = 0    # pipelined(..., producer = 1): a producer warpgroup of its own issues the
                             # ring's loads (warp specialisation); an Expr until fold-consts, then 0 or 1
     span: Optional[Span] = SPAN
@@ -606,6 +608,12 @@ def reduce_lanes(threads: int, results: int, walk: int, shared_result: bool) -> 
         return 1
     limit = min(32, threads // results, walk)
     return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
+
+
+def stage_tile(name: str, stage: int) -> str:
+    """The copy `stage` of a tile a rotating pipelined loop loads (For.rotate):
+    copy 0 is the tile itself."""
+    return name if stage == 0 else f"tl_{name}_stage{stage}"
 
 
 @dataclass(frozen=True)

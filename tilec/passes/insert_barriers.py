@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.effects import shared_accesses
-from ..ir.exprs import fold, free_names, map_stmt_exprs, substitute
+from ..ir.exprs import fold, free_names, map_stmt_exprs, rename_tiles, substitute, substitute_body
 
 NAME = "insert-barriers"
 
@@ -167,6 +167,9 @@ class _Inserter:
             elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
                 self.pipeline(s, st, out, in_loop)
+            elif isinstance(s, ir.For) and s.rotate:
+                self.flush(st, out, s.span)
+                self.rotate(s, st, out)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
                 entry = self.back_edge_state(s.body, st)
@@ -290,6 +293,77 @@ class _Inserter:
                                  (), span=s.span))
             out.append(ir.RingAdvance(base.name, n, span=s.span))
         st.observed |= set(tiles)
+
+    def rotate(self, s: ir.For, st, out):
+        """A rotating pipeline (plan-pipeline's For.rotate): iteration k's loads go
+        to copy k % S of their tiles (ir.stage_tile), on full[k % S]. Thread 0
+        issues iterations 0 .. S-2 before the loop; iteration k first refills the
+        copy iteration k - 1 used with iteration k + S - 1's loads (after the block
+        barrier, and proxy fence, that the threads' use of it needs), then every
+        thread waits on full[k % S] (parity (k / S) % 2) and runs the body on its
+        copy. The loop is unrolled by S, so each copy of the body names its tiles:
+
+            for tl_k_trip in range(cdiv(n, S)) { for j in 0 .. S-1: if k < n { ... } }
+
+        with k = tl_k_trip * S + j."""
+        S = s.stages
+        loads = []
+        for x in s.body:
+            if not isinstance(x, ir.TmaLoad):
+                break
+            loads.append(x)
+        rest = s.body[len(loads):]
+        tiles = list(dict.fromkeys(x.buffer for x in loads))
+        names = [{t: ir.stage_tile(t, j) for t in tiles} for j in range(S)]
+        full = self.new_barrier([], True, s.span, count=S, arrivals=1, prefix="full", array=True)
+        total = _expect_tx(loads) + self.skew
+        n = s.extent
+
+        def op(o, a, b):
+            return fold(ir.BinOp(o, a, b, span=s.span))
+
+        def issue(it, j):
+            """Thread 0: iteration `it`'s loads into copy j, if the loop has it."""
+            at = {s.var: it}
+            body = [ir.ArriveExpectTx(full.name, total, index=ir.Int(j), span=loads[0].span)]
+            body += [replace(x, buffer=names[j][x.buffer], barrier=full.name, barrier_index=ir.Int(j),
+                             coords=tuple(fold(substitute(c, at), "trunc") for c in x.coords),
+                             offsets=tuple(fold(substitute(c, at), "trunc") for c in x.offsets),
+                             origin=tuple(fold(substitute(c, at), "trunc") for c in x.origin)) for x in loads]
+            return ir.If(op("<", it, n), (ir.OneThread(tuple(body)),), (), span=s.span)
+
+        trip = ir.Var(f"tl_{s.var}_trip", "loop", span=s.span)
+
+        def unrolled(st, emit):
+            """The S copies of the body for one trip, from state `st`; the state after."""
+            for j in range(S):
+                it = op("+", op("*", trip, ir.Int(S)), ir.Int(j))
+                then, inner = [], st.copy()
+                previous = (j - 1) % S
+                self.before_tma_writes(list(names[previous].values()), inner, then, s.span)
+                then.append(issue(op("+", it, ir.Int(S - 1)), previous))
+                then.append(ir.MbarrierWait(full.name, op("%", trip, ir.Int(2)), index=ir.Int(j), span=s.span))
+                inner.observed |= set(names[j].values())
+                body = rename_tiles(substitute_body(rest, {s.var: it}), names[j])
+                then += self.block(body, inner, True)
+                emit.append(ir.If(op("<", it, n), tuple(then), (), span=s.span))
+                st = self._last_state.join(st)
+            return st
+
+        self.before_tma_writes([t for j in range(S) for t in names[j].values()], st, out, s.span)
+        out += [issue(ir.Int(j), j) for j in range(S - 1)]
+        head = st.copy()
+        for _ in range(8):          # the state at the loop's head: a fixpoint over trips
+            new = head.join(unrolled(head.copy(), []))
+            if new == head:
+                break
+            head = new
+        body = []
+        end = unrolled(head.copy(), body)
+        # (n + S - 1) / S trips, an operation check-barriers computes from n on each path
+        trips = fold(ir.BinOp("/", ir.BinOp("+", n, ir.Int(S - 1)), ir.Int(S), span=s.span), "trunc")
+        out.append(ir.For(trip.name, trips, None, tuple(body), span=s.span))
+        self._assign(st, head.join(end))
 
     def specialized(self, s, k, n, base, ring, issue, empty, lag, loop, out):
         """The ring of a `pipelined(..., producer = 1)` loop, warp-specialised: the

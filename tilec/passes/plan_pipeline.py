@@ -6,7 +6,11 @@ global tensor or an im2col view into shared tiles) followed by gemms that read
 only those tiles can overlap the loads of later iterations with the gemms of
 this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
-S copies). Other `pipelined` loops run as plain loops (one asking for a
+S copies). A `pipelined` loop (stages >= 2, not nested in another loop) of any other body
+that starts with TMA loads and loads nothing after them is marked `rotate`: each
+tile it loads, used nowhere else, gets S copies (`ir.stage_tile`), iteration k
+using copy k % S, and insert-barriers issues each iteration's loads S - 1
+iterations ahead. Other `pipelined` loops run as plain loops (one asking for a
 producer warpgroup, `producer = 1`, is an error). The thread-copy variant
 has no TMA loads, so no rings."""
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import map_body
+from ..ir.exprs import map_body, tiles_named
 
 NAME = "plan-pipeline"
 
@@ -23,9 +27,9 @@ NAME = "plan-pipeline"
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not opts.tma:
         return k
-    stages = {}
+    stages, copies = {}, {}
 
-    def plan(s):
+    def plan(s, in_loop):
         if not isinstance(s, ir.For) or s.stages is None:
             return s
         tiles = _loaded_tiles_then_gemms(k, s.body)
@@ -33,14 +37,59 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             if s.producer:
                 raise SemanticError("producer = 1 needs a pipelined loop whose body is TMA copies into shared "
                                     "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
-            return s
+            tiles = [] if in_loop else _rotating_tiles(k, s)
+            if not tiles:
+                return s
+            copies.update({t: s.stages for t in tiles})
+            return replace(s, rotate=True)
         stages.update({t: s.stages for t in tiles})
         return replace(s, ring=True)
 
-    body = map_body(k.body, plan)
-    if not stages:
+    def block(body, in_loop):
+        out = []
+        for s in body:
+            inner = in_loop or isinstance(s, ir.For)
+            nested = {f: block(getattr(s, f), inner) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+            out.append(plan(replace(s, **nested) if nested else s, in_loop))
+        return tuple(out)
+
+    body = block(k.body, False)
+    if not stages and not copies:
         return k
-    return replace(k, body=body, buffers=tuple(replace(b, stages=stages.get(b.name, b.stages)) for b in k.buffers))
+    buffers = []
+    for b in k.buffers:
+        buffers.append(replace(b, stages=stages.get(b.name, b.stages)))
+        buffers += [replace(b, name=ir.stage_tile(b.name, j)) for j in range(1, copies.get(b.name, 1))]
+    return replace(k, body=body, buffers=tuple(buffers))
+
+
+def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
+    """The tiles a rotating pipeline gives S copies: those of the TMA loads that
+    start `loop`'s body, where S >= 2, nothing after them loads a tile, runs a gemm
+    or nests a pipelined loop, no other statement of the kernel uses them, and no
+    tile lies over their memory; else none."""
+    if loop.stages < 2:
+        return []
+    loads = []
+    for s in loop.body:
+        if not _is_load(k, s):
+            break
+        loads.append(s.dst.name)
+    rest = loop.body[len(loads):]
+    tiles = list(dict.fromkeys(loads))
+    if not loads or len(tiles) < len(loads) or not rest:
+        return []
+    if any(_is_load(k, x) or isinstance(x, ir.Gemm) or (isinstance(x, ir.For) and x.stages is not None)
+           for x in ir.walk_stmts(rest)):
+        return []
+    elsewhere = tiles_named(map_body(k.body, lambda s: [] if s == loop else s))
+    if set(tiles) & elsewhere or any(b.alias in tiles or (b.name in tiles and b.alias) for b in k.buffers):
+        return []
+    return tiles
+
+
+def _is_load(k: ir.Kernel, s) -> bool:
+    return isinstance(s, ir.Copy) and k.space(s.dst.name) == "shared" and k.space(s.src.name) in ("global", "view")
 
 
 def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
@@ -48,8 +97,7 @@ def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
     more gemms that read only loaded tiles; else none."""
     tiles = []
     for s in body:
-        if not (isinstance(s, ir.Copy) and k.space(s.dst.name) == "shared" and
-                k.space(s.src.name) in ("global", "view")):
+        if not _is_load(k, s):
             break
         tiles.append(s.dst.name)
     rest = body[len(tiles):]
