@@ -13,7 +13,7 @@ PIPELINE = (
     check_types,        # memory spaces, ranks, dtypes, where names may be used
     mark_in_place,      # which written tensors may be passed as a tensor the kernel reads
     plan_gemm,          # gemm -> wgmma warpgroups; operand and accumulator layouts
-    plan_pipeline,      # which pipelined loops become TMA rings; their tiles' stages
+    plan_pipeline,      # which pipelined loops become TMA rings or rotate; their tiles' stages or copies
     lower_copies,       # copy -> TMA load / TMA store / thread copy
     plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules
     check_smem,         # the shared tiles fit (before the costly barrier passes; plan-smem places them)

@@ -9,7 +9,10 @@ around every shared tile.
   elsewhere each barrier completes once and waits on parity 0.
 - Loads still in flight are waited for before a loop or an `if`, at the end of
   a loop body or branch, and at the end of the kernel, so every phase that is
-  armed is waited on exactly once on every path.
+  armed is waited on exactly once on every path. A gemm's pipelined loop
+  becomes a ring of full/empty barriers (`pipeline`); a rotating one (For.rotate)
+  a loop unrolled over its tiles' copies, each loaded S - 1 iterations ahead
+  (`rotate`).
 - Threads that wrote a tile fence (`fence.proxy.async.shared::cta`) and meet
   at a block barrier before TMA reads it or overwrites it; a TMA store is
   followed by `commit_group`, and by `wait_group.read 0` before its tile is

@@ -1,0 +1,52 @@
+"""GPU: rotating pipelines (tests/test_rotate.py's kernels) on the device, bit for bit
+against the numpy reference and the interpreter, outputs in guarded views; the
+rowsum example (which rotates) against torch. Marked gpu:
+`python -m pytest -m gpu tests/test_gpu_rotate.py`."""
+import warnings
+
+import numpy as np
+import pytest
+
+import tilec
+from guard import guarded
+from test_rotate import ksum, ksum_reference
+from conftest import ROOT
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("stages", [None, 2, 3, 4])
+@pytest.mark.parametrize("trips", [1, 2, 3, 4, 5, 9, 40])
+def test_every_iteration_sees_its_own_tile_on_the_gpu(stages, trips):
+    import torch
+    rng = np.random.default_rng(trips * 10 + (stages or 0))
+    a = rng.standard_normal((trips, 20, 72)).astype(np.float32)
+    k = tilec.compile(ksum(stages))
+    y = guarded((20, 72), "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        k(torch.from_numpy(a).cuda(), y.view)
+    torch.cuda.synchronize()
+    y.check()
+    got = y.view.cpu().numpy()
+    assert np.array_equal(got, ksum_reference(a))
+    interpreted = np.zeros((20, 72), np.float32)
+    tilec.compile(ksum(stages), backend="interpret")(a, interpreted)
+    assert np.array_equal(got, interpreted)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (1024, 16384), (300, 1000), (7, 256), (5, 4)])
+def test_rowsum_example_rotating_on_the_gpu(shape):
+    import torch
+    k = tilec.compile(str(ROOT / "examples/rowsum.tile"))
+    assert "tl_x_stage1" in k.cuda_source
+    x = torch.randn(*shape, device="cuda") - 4
+    sums, maxes = guarded(shape[:1], "f32"), guarded(shape[:1], "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        k(x, sums.view, maxes.view)
+    torch.cuda.synchronize()
+    sums.check()
+    maxes.check()
+    torch.testing.assert_close(sums.view.double(), x.double().sum(1), rtol=1e-4, atol=1e-2)
+    assert torch.equal(maxes.view, x.amax(1))

@@ -1,0 +1,164 @@
+"""Rotating pipelines: a `pipelined` loop whose body is TMA loads and then anything
+that loads nothing (no gemm) gets S copies of its loaded tiles, iteration k using
+copy k % S, its loads issued S - 1 iterations ahead (plan-pipeline marks the loop,
+insert-barriers unrolls it by S). Which loops rotate, the IR they become, the
+interpreter against numpy over trip counts around S, and check-barriers catching a
+broken one. tests/test_gpu_rotate.py runs the same kernels on the GPU."""
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.compiler import lower
+from tilec.ir import nodes as ir
+from tilec.ir.printer import kernel as show
+from tilec.passes import Options, check_barriers
+from tilec.passes.check_barriers import BarrierBug
+
+from conftest import ROOT
+
+from guard import guarded
+
+# Y[i, j] = A[0, i, j] + A[1, i, j] + ... in float, k in order: every iteration must
+# see its own tile (a stale copy, or the next one, changes the bits)
+KSUM = """
+kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {{
+    const BM = 8, BN = 32;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128;
+    shared a: f32[BM, BN];
+    local acc: f32[BM, BN];
+    fill(acc, 0.0);
+    for k in {loop} {{
+        copy(A[k, by * BM, bx * BN], a);
+        parallel (i, j) in (BM, BN) {{
+            acc[i, j] = acc[i, j] + a[i, j];
+        }}
+    }}
+    copy(acc, Y[by * BM, bx * BN]);
+}}
+"""
+
+
+def ksum(stages):
+    return KSUM.format(loop=f"pipelined(K, stages = {stages})" if stages else "range(K)")
+
+
+def ksum_reference(a):
+    """The float sum over k in order (np.add.accumulate runs left to right)."""
+    out = np.zeros(a.shape[1:], np.float32)
+    for x in a:
+        out = out + x
+    return out
+
+
+def buffers(src, **consts):
+    return {b.name for b in lower(src, consts).kernel.buffers}
+
+
+def after(src, name):
+    return lower(src).stages[name]
+
+
+# ---------------------------------------------------------------- which loops rotate
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_a_pipelined_loop_of_another_body_gets_a_copy_per_stage(stages):
+    assert buffers(ksum(stages)) == {"a", "acc"} | {f"tl_a_stage{j}" for j in range(1, stages)}
+    loop = next(s for s in after(ksum(stages), "plan-pipeline").body if isinstance(s, ir.For))
+    assert loop.rotate and not loop.ring
+
+
+@pytest.mark.parametrize("src", [
+    ksum(None),                                                         # range: a plain loop
+    ksum(1),                                                            # one stage: nothing to rotate
+    ksum(2).replace("    copy(acc, Y", "    copy(a, Y[0, 0]);\n    copy(acc, Y"),   # a used after the loop
+    ksum(2).replace("for k in", "for z in range(2) {\n    for k in").replace(
+        "    copy(acc, Y", "    }\n    copy(acc, Y"),                                   # inside another loop
+    ksum(2).replace("            acc[i, j] = acc[i, j] + a[i, j];\n        }",
+                    "            acc[i, j] = acc[i, j] + a[i, j];\n        }\n        copy(A[k, 0, 0], a);"),
+], ids=["range", "one stage", "used after", "nested", "loads after"])
+def test_loops_that_do_not_rotate_run_plain(src):
+    try:
+        names = buffers(src)
+    except tilec.TilecError:        # a load after the body's first statements may be refused elsewhere
+        return
+    assert not any(n.startswith("tl_a_stage") for n in names)
+
+
+def test_a_gemm_loop_is_still_a_ring():
+    k = lower(ROOT / "examples/gemm.tile", dict(BM=128, BN=128, STAGES=3, PRODUCER=0, PERSISTENT=0, STREAM_K=0,
+                                                  BK=64)).kernel
+    assert not any(b.name.startswith("tl_") and "_stage" in b.name for b in k.buffers)
+
+
+# ---------------------------------------------------------------- the IR
+
+def test_the_ring_of_copies_in_the_ir():
+    """Prologue: iterations 0 .. S-2 into copies 0 .. S-2; a trip loop unrolled by S:
+    refill the previous copy S - 1 iterations ahead after a block barrier, wait on
+    full[j] with the trip's parity, the body on copy j."""
+    text = show(after(ksum(3), "insert-barriers"))
+    assert "mbarrier full0[3] arrivals 1" in text
+    assert "for tl_k_trip in range((K + 2) / 3) {" in text
+    for j in range(3):
+        assert f"mbarrier.try_wait.parity full0[{j}], tl_k_trip % 2" in text
+    assert "tma.load.tile tl_a_stage2 <- A[tl_k_trip * 3 + 2, by * 8, bx * 32]" in text
+    assert "acc[i, j] = acc[i, j] + tl_a_stage1[i, j]" in text
+
+
+# ---------------------------------------------------------------- the interpreter
+
+@pytest.mark.parametrize("stages", [None, 2, 3, 4])
+@pytest.mark.parametrize("trips", [0, 1, 2, 3, 4, 5, 9])
+def test_every_iteration_sees_its_own_tile(stages, trips):
+    rng = np.random.default_rng(trips * 10 + (stages or 0))
+    a = rng.standard_normal((trips, 20, 72)).astype(np.float32)      # rows of 288 bytes: TMA
+    y = guarded((20, 72), np.float32, like="numpy")
+    k = tilec.compile(ksum(stages), backend="interpret")
+    with warnings.catch_warnings():
+        # no trips: an empty A, which no tensor map describes (the thread-copy variant runs)
+        warnings.simplefilter("error" if trips else "ignore", tilec.TmaFallbackWarning)
+        k(a, y.view)
+    y.check()
+    assert np.array_equal(y.view, ksum_reference(a)) if trips else (y.view == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(9, 700), (4, 2000), (7, 256), (2, 5000), (1, 4)])
+def test_rowsum_example_rotates(shape):
+    k = tilec.compile(str(ROOT / "examples/rowsum.tile"), backend="interpret")
+    assert "tl_x_stage1" in k.cuda_source
+    x = (np.random.default_rng(1).standard_normal(shape) - 4).astype(np.float32)
+    sums, maxes = guarded(shape[:1], np.float32, like="numpy"), guarded(shape[:1], np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        k(x, sums.view, maxes.view)
+    sums.check()
+    maxes.check()
+    np.testing.assert_allclose(sums.view, x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
+    assert np.array_equal(maxes.view, x.max(1))
+
+
+# ---------------------------------------------------------------- check-barriers
+
+def _without(body, drop):
+    out = []
+    for s in body:
+        if drop(s):
+            continue
+        nested = {f: _without(getattr(s, f), drop) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        out.append(replace(s, **nested) if nested else s)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("what, drop", [
+    ("a wait", lambda s: isinstance(s, ir.MbarrierWait) and s.index == ir.Int(1)),
+    ("the block barrier before a refill", lambda s: isinstance(s, ir.SyncThreads)),
+])
+def test_check_barriers_catches_a_broken_rotation(what, drop):
+    k = after(ksum(3), "insert-barriers")
+    broken = replace(k, body=_without(k.body, drop))
+    with pytest.raises(BarrierBug):
+        check_barriers.run(broken, Options())
