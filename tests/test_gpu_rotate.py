@@ -9,7 +9,7 @@ import pytest
 
 import tilec
 from guard import guarded
-from test_rotate import ksum, ksum_reference
+from test_rotate import ksum, ksum_reference, twice
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -33,6 +33,23 @@ def test_every_iteration_sees_its_own_tile_on_the_gpu(stages, trips):
     interpreted = np.zeros((20, 72), np.float32)
     tilec.compile(ksum(stages), backend="interpret")(a, interpreted)
     assert np.array_equal(got, interpreted)
+
+
+@pytest.mark.parametrize("out", ["y", "a"])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("trips", [1, 3, 8])
+def test_a_store_in_the_rotating_body_on_the_gpu(out, stages, trips):
+    """Y[k] = 2 * A[k], stored from another tile or from the rotating copy itself
+    (whose refill must wait until the store has read it)."""
+    import torch
+    a = np.random.default_rng(trips).standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((trips, 20, 72), "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(twice(stages, out))(torch.from_numpy(a).cuda(), y.view)
+    torch.cuda.synchronize()
+    y.check()
+    assert np.array_equal(y.view.cpu().numpy(), a * 2)
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096), (1024, 16384), (300, 1000), (7, 256), (5, 4)])

@@ -42,6 +42,30 @@ kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {{
 """
 
 
+# Y[k] = 2 * A[k], tile by tile: a store in the rotating body, from another tile
+# (`y`) or from the rotating tile itself (`a`, whose next refill must wait for it)
+TWICE = """
+kernel twice(A: f32[K, M, N], Y: f32[K, M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    shared {out}: f32[8, 32];
+    for k in pipelined(K, stages = {stages}) {{
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            {out}[i, j] = a[i, j] * 2.0;
+        }}
+        copy({out}, Y[k, by * 8, bx * 32]);
+    }}
+}}
+"""
+
+
+def twice(stages, out):
+    src = TWICE.format(stages=stages, out=out)
+    return src.replace("    shared a: f32[8, 32];\n    shared a: f32[8, 32];\n", "    shared a: f32[8, 32];\n")
+
+
 def ksum(stages):
     return KSUM.format(loop=f"pipelined(K, stages = {stages})" if stages else "range(K)")
 
@@ -139,6 +163,31 @@ def test_rowsum_example_rotates(shape):
     maxes.check()
     np.testing.assert_allclose(sums.view, x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
     assert np.array_equal(maxes.view, x.max(1))
+
+
+@pytest.mark.parametrize("out", ["y", "a"])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("trips", [0, 1, 2, 3, 5])
+def test_a_store_in_the_rotating_body(out, stages, trips):
+    """The store's tile (another one, or the rotating copy itself) is read by TMA
+    after the body: check-barriers proves the waits (wait_group.read before a
+    refill overwrites a copy a store still reads), the interpreter gives 2 * A."""
+    src = twice(stages, out)
+    assert "tl_a_stage1" in buffers(src)
+    a = np.random.default_rng(trips).standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((trips, 20, 72), np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if trips else "ignore", tilec.TmaFallbackWarning)
+        tilec.compile(src, backend="interpret")(a, y.view)
+    y.check()
+    assert np.array_equal(y.view, a * 2)
+
+
+@pytest.mark.parametrize("src", [ksum(3), twice(2, "a"), twice(3, "y")], ids=["ksum", "twice a", "twice y"])
+def test_rotating_kernels_compile_with_an_empty_log(src):
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == ""
+    assert "tl_full0" in k.cuda_source
 
 
 # ---------------------------------------------------------------- check-barriers
