@@ -112,6 +112,15 @@ def test_loops_that_do_not_rotate_run_plain(src):
     assert not any(n.startswith("tl_a_stage") for n in names)
 
 
+def test_copies_that_do_not_fit_leave_a_plain_loop():
+    """64 KiB tiles: 3 copies fit a block's shared memory, 4 do not (the loop then
+    runs plain, as before rotation, instead of failing to compile)."""
+    big = ksum(3).replace("const BM = 8, BN = 32;", "const BM = 128, BN = 128;")
+    assert "tl_a_stage2" in buffers(big)
+    names = buffers(big.replace("stages = 3", "stages = 4"))
+    assert names == {"a", "acc"}
+
+
 def test_a_gemm_loop_is_still_a_ring():
     k = lower(ROOT / "examples/gemm.tile", dict(BM=128, BN=128, STAGES=3, PRODUCER=0, PERSISTENT=0, STREAM_K=0,
                                                   BK=64)).kernel

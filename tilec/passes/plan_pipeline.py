@@ -10,7 +10,8 @@ S copies). A `pipelined` loop (stages >= 2, not nested in another loop) of any o
 that starts with TMA loads and loads nothing after them is marked `rotate`: each
 tile it loads, used nowhere else, gets S copies (`ir.stage_tile`), iteration k
 using copy k % S, and insert-barriers issues each iteration's loads S - 1
-iterations ahead. Other `pipelined` loops run as plain loops (one asking for a
+iterations ahead; where those copies would not fit the block's shared memory,
+it runs as a plain loop instead. Other `pipelined` loops run as plain loops (one asking for a
 producer warpgroup, `producer = 1`, is an error). The thread-copy variant
 has no TMA loads, so no rings."""
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, tiles_named
+from . import plan_smem
 
 NAME = "plan-pipeline"
 
@@ -27,6 +29,17 @@ NAME = "plan-pipeline"
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not opts.tma:
         return k
+    planned = _plan(k, rotate=True)
+    if planned is not k and any(isinstance(s, ir.For) and s.rotate for s in ir.walk_stmts(planned.body)):
+        try:
+            plan_smem.place(planned, opts.arch, barriers=0)
+        except SemanticError:       # the copies do not fit: plain loops, as before rotation (if that fits)
+            return _plan(k, rotate=False)
+    return planned
+
+
+def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
+    """k with its gemm rings planned, and (`rotate`) its rotating loops."""
     stages, copies = {}, {}
 
     def plan(s, in_loop):
@@ -37,7 +50,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             if s.producer:
                 raise SemanticError("producer = 1 needs a pipelined loop whose body is TMA copies into shared "
                                     "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
-            tiles = [] if in_loop else _rotating_tiles(k, s)
+            tiles = _rotating_tiles(k, s) if rotate and not in_loop else []
             if not tiles:
                 return s
             copies.update({t: s.stages for t in tiles})
