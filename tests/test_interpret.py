@@ -1134,3 +1134,40 @@ def test_conversions_to_integers_saturate_floats_and_wrap_integers():
     assert z.tolist() == [0, 1500, -1500, 300700, -300700, 2**31 - 1, -2**31, 0, 123, -2500]
     assert w.tolist() == [0, -36, 36, -100, 100, -1, 0, 0, 123, 60]
     assert d[1] == np.sqrt(np.float64(np.float32(0.001))) + 1.5
+
+
+# A uniform select takes only one arm, but its type is both arms' (C++'s `c ? float :
+# double` is a double): found by the random programs on the CPU (seed 7, session 28),
+# where `select(true, b_f32, 0.1) * (f32(j) - alpha)` in an f64 statement was computed
+# in float by the interpreter and in double by the generated CUDA.
+UNIFORM_SELECT = """
+kernel sel(X: f32[N], D: f64[N], Y: f64[N], alpha: f32, n: i32) {
+    grid (bx) = (cdiv(N, 32));
+    threads 32;
+    local x: f32[32];
+    local d: f64[32];
+    local y: f64[32];
+    copy(X[bx * 32], x);
+    copy(D[bx * 32], d);
+    parallel (i) in (32) {
+        y[i] = select(n > 0, x[i], d[i]) * (x[i] - alpha);
+    }
+    copy(y, Y[bx * 32]);
+}
+"""
+
+
+@pytest.mark.parametrize("n", [1, 0])
+def test_a_uniform_select_has_the_type_of_both_arms(n):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(64).astype(np.float32)
+    d = rng.standard_normal(64)
+    y = guarded((64,), np.float64, like="numpy")
+    alpha = np.float32(0.3)
+    interp(UNIFORM_SELECT)(x, d, y.view, alpha, n)
+    y.check()
+    diff = (x - alpha).astype(np.float64)               # float - float, then widened: exact in double
+    taken = x.astype(np.float64) if n > 0 else d
+    assert np.array_equal(y.view, taken * diff)          # double * double of f32 values: exact
+    if n > 0:
+        assert not np.array_equal(y.view, (x * (x - alpha)).astype(np.float64))   # not the float product

@@ -827,6 +827,35 @@ class _Blocks:
             return self.call(e, env, double)
         raise TypeError(f"cannot interpret {e!r}")
 
+    def dtype_of(self, e, env, double):
+        """The type `ev` gives `e`, without evaluating it (the arm of a select that
+        is not taken still sets the select's type, as in C++: `c ? float : double`
+        is a double)."""
+        t = type(e)
+        if t is ir.Var:
+            return np.asarray(env[e.name]).dtype
+        if t is ir.Int:
+            return np.dtype(np.int32) if -2**31 <= e.value < 2**31 else np.dtype(np.int64)
+        if t is ir.Float:
+            return F64 if double else F32
+        if t in (ir.Subscript, ir.Cast):
+            dt = self.buffers[e.name].dtype if t is ir.Subscript else e.dtype
+            return F32 if dt.name in _WRAPPED else np.dtype(dt.numpy)
+        if t is ir.UnaryOp:
+            return np.dtype(bool) if e.op == "!" else _promote(self.dtype_of(e.operand, env, double))
+        if t is ir.BinOp:
+            if e.op in ("==", "!=", "<", "<=", ">", ">=", "&&", "||"):
+                return np.dtype(bool)
+            e = widened(e)
+            return common_type(self.dtype_of(e.lhs, env, double), self.dtype_of(e.rhs, env, double))
+        if e.func in ("select", "min", "max", "cdiv"):
+            args = e.args[1:] if e.func == "select" else e.args
+            t = common_type(*(self.dtype_of(a, env, double) for a in args))
+            return common_type(t, np.dtype(np.int32)) if e.func == "cdiv" else t
+        if e.func == "abs":
+            return self.dtype_of(e.args[0], env, double)
+        return F64 if double else F32               # exp, log, sqrt, rsqrt
+
     def binop(self, e, env, double):
         op = e.op
         if op in ("+", "-"):
@@ -871,8 +900,9 @@ class _Blocks:
     def call(self, e, env, double):
         if e.func == "select":                     # c ? a : b
             c = self.ev(e.args[0], env, double)
-            if np.ndim(c) == 0:                    # one value: only the arm taken is evaluated, as in C++
-                return self.ev(e.args[1] if c != 0 else e.args[2], env, double)
+            if np.ndim(c) == 0:                    # one value: only the arm taken is evaluated, as in C++,
+                t = common_type(self.dtype_of(e.args[1], env, double), self.dtype_of(e.args[2], env, double))
+                return convert(self.ev(e.args[1] if c != 0 else e.args[2], env, double), t)   # in both's type
             a, b = self.ev(e.args[1], env, double), self.ev(e.args[2], env, double)   # per lane
             t = common_type(a.dtype, b.dtype)
             return np.where(c != 0, convert(a, t), convert(b, t))
