@@ -306,7 +306,7 @@ class _Inserter:
         thread waits on full[k % S] (parity (k / S) % 2) and runs the body on its
         copy. The loop is unrolled by S, so each copy of the body names its tiles:
 
-            for tl_k_trip in range(cdiv(n, S)) { for j in 0 .. S-1: if k < n { ... } }
+            for tl_k_trip in range((n + S - 1) / S) { for j in 0 .. S-1: if k < n { ... } }
 
         with k = tl_k_trip * S + j."""
         S = s.stages
