@@ -482,14 +482,14 @@ class _Printer:
         pulled = f"__shfl_down_sync(0xffffffffu, {moved}, tl_h, {lanes})"
         pulled = pulled if shuffled == t else f"static_cast<{t}>({pulled})"
         spare = self.threads // lanes > acc.elements      # threads past the last result, in the shuffles only
-        walk = [f"{t} tl_acc = {at(ir.Var('tl_lane'))};"]
-        if n > lanes:
-            walk += [f"for (int tl_k = tl_lane + {lanes}; tl_k < {n}; tl_k += {lanes}) {{",
-                     f"  tl_acc = {combine(at(ir.Var('tl_k')))};",
-                     "}"]
+        first = f"tl_acc = {at(ir.Var('tl_lane'))};"
+        rest = [f"for (int tl_k = tl_lane + {lanes}; tl_k < {n}; tl_k += {lanes}) {{",
+                f"  tl_acc = {combine(at(ir.Var('tl_k')))};",
+                "}"] if n > lanes else []
         if spare:
-            walk = [f"{t} tl_acc = 0;", f"if (tl_i0 < {acc.elements}) {{"] + \
-                ["  " + line.replace(f"{t} tl_acc", "tl_acc", 1) for line in walk] + ["}"]
+            walk = [f"{t} tl_acc = 0;", f"if (tl_i0 < {acc.elements}) {{"] + ["  " + x for x in [first] + rest] + ["}"]
+        else:
+            walk = [f"{t} {first}"] + rest
         body = [f"{{  // {lanes} threads per {what} of {s.src}: lane g walks elements g, g + {lanes}, ..., then the "
                 "lanes combine in halves",
                 f"  const int tl_i0 = threadIdx.x / {lanes}, tl_lane = threadIdx.x % {lanes};"]

@@ -314,6 +314,17 @@ def substitute_body(body, mapping: dict) -> tuple:
 _TILE_FIELDS = ("buffer", "src", "dst", "a", "b", "acc")
 
 
+def _tile_fields(s):
+    """(field, tile name) for each tile statement `s` names in its own fields: its
+    tile fields and the regions of copies (not its expressions' `t[i, j]`)."""
+    for f in fields(s):
+        v = getattr(s, f.name)
+        if f.name in _TILE_FIELDS and isinstance(v, str):
+            yield f.name, v
+        elif isinstance(v, ir.Region):
+            yield f.name, v.name
+
+
 def rename_tiles(body, mapping: dict) -> tuple:
     """A block with tiles renamed (`mapping`: old name -> new) wherever a statement
     names one: its tile fields, the regions of copies, and `t[i, j]` in expressions,
@@ -325,12 +336,10 @@ def rename_tiles(body, mapping: dict) -> tuple:
     def stmt(s):
         s = map_stmt_exprs(s, in_expr)
         changes = {}
-        for f in fields(s):
-            v = getattr(s, f.name)
-            if f.name in _TILE_FIELDS and isinstance(v, str) and v in mapping:
-                changes[f.name] = mapping[v]
-            elif isinstance(v, ir.Region) and v.name in mapping:
-                changes[f.name] = replace(v, name=mapping[v.name])
+        for f, name in _tile_fields(s):
+            if name in mapping:
+                v = getattr(s, f)
+                changes[f] = replace(v, name=mapping[name]) if isinstance(v, ir.Region) else mapping[name]
         return replace(s, **changes) if changes else s
     return map_body(body, stmt)
 
@@ -344,12 +353,7 @@ def tiles_named(body) -> set:
         return e
 
     def stmt(s):
-        for f in fields(s):
-            v = getattr(s, f.name)
-            if f.name in _TILE_FIELDS and isinstance(v, str):
-                names.add(v)
-            elif isinstance(v, ir.Region):
-                names.add(v.name)
+        names.update(name for _, name in _tile_fields(s))
         map_stmt_exprs(s, in_expr)
         return s
     map_body(body, stmt)

@@ -250,13 +250,8 @@ class _Inserter:
                 body.append(wait if base is None and not guard else
                             ir.If(ir.BinOp(">=", g, S), (wait,), (), span=s.span))
             body.append(ir.ArriveExpectTx(full.name, total, index=stage, span=loads[0].span))
-            for x in loads:
-                at = {s.var: j}
-                # the user's coordinates at a prologue iteration: device math (C++'s / and %)
-                body.append(replace(x, coords=tuple(fold(substitute(c, at), "trunc") for c in x.coords),
-                                    offsets=tuple(fold(substitute(c, at), "trunc") for c in x.offsets),
-                                    origin=tuple(fold(substitute(c, at), "trunc") for c in x.origin),
-                                    barrier=full.name, barrier_index=stage, stage=stage))
+            body += [replace(_load_at(x, s.var, j), barrier=full.name, barrier_index=stage, stage=stage)
+                     for x in loads]
             return body
 
         # every iteration: wait for the stage, run the gemms on it, release the one before
@@ -327,40 +322,32 @@ class _Inserter:
 
         def issue(it, j):
             """Thread 0: iteration `it`'s loads into copy j, if the loop has it."""
-            at = {s.var: it}
             body = [ir.ArriveExpectTx(full.name, total, index=ir.Int(j), span=loads[0].span)]
-            body += [replace(x, buffer=names[j][x.buffer], barrier=full.name, barrier_index=ir.Int(j),
-                             coords=tuple(fold(substitute(c, at), "trunc") for c in x.coords),
-                             offsets=tuple(fold(substitute(c, at), "trunc") for c in x.offsets),
-                             origin=tuple(fold(substitute(c, at), "trunc") for c in x.origin)) for x in loads]
+            body += [replace(_load_at(x, s.var, it), buffer=names[j][x.buffer], barrier=full.name,
+                             barrier_index=ir.Int(j)) for x in loads]
             return ir.If(op("<", it, n), (ir.OneThread(tuple(body)),), (), span=s.span)
 
         trip = ir.Var(f"tl_{s.var}_trip", "loop", span=s.span)
+        its = [op("+", op("*", trip, ir.Int(S)), ir.Int(j)) for j in range(S)]     # k of body copy j
+        bodies = [rename_tiles(substitute_body(rest, {s.var: its[j]}), names[j]) for j in range(S)]
 
         def unrolled(st, emit):
             """The S copies of the body for one trip, from state `st`; the state after."""
-            for j in range(S):
-                it = op("+", op("*", trip, ir.Int(S)), ir.Int(j))
+            for j, it in enumerate(its):
                 then, inner = [], st.copy()
                 previous = (j - 1) % S
                 self.before_tma_writes(list(names[previous].values()), inner, then, s.span)
                 then.append(issue(op("+", it, ir.Int(S - 1)), previous))
                 then.append(ir.MbarrierWait(full.name, op("%", trip, ir.Int(2)), index=ir.Int(j), span=s.span))
                 inner.observed |= set(names[j].values())
-                body = rename_tiles(substitute_body(rest, {s.var: it}), names[j])
-                then += self.block(body, inner, True)
+                then += self.block(bodies[j], inner, True)
                 emit.append(ir.If(op("<", it, n), tuple(then), (), span=s.span))
                 st = self._last_state.join(st)
             return st
 
         self.before_tma_writes([t for j in range(S) for t in names[j].values()], st, out, s.span)
         out += [issue(ir.Int(j), j) for j in range(S - 1)]
-        head = st.copy()
-        for _ in range(8):          # the state at the loop's head: a fixpoint over trips
-            new = head.join(unrolled(head.copy(), []))
-            if new == head:
-                break
-            head = new
+        head = _fixpoint(st, lambda h: unrolled(h, []))
         body = []
         end = unrolled(head.copy(), body)
         # (n + S - 1) / S trips, an operation check-barriers computes from n on each path
@@ -393,16 +380,12 @@ class _Inserter:
     def back_edge_state(self, body, st):
         """The state at a loop's head: what enters it, joined with what one more
         trip through the body leaves (a fixpoint; the sets only grow)."""
-        head = st.copy()
-        for _ in range(8):
+        def trip(head):
             dry = _Inserter(self.k, self.skew)
             dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
-            dry.block(body, head.copy(), True)
-            new = head.join(dry._last_state)
-            if new == head:
-                break
-            head = new
-        return head
+            dry.block(body, head, True)
+            return dry._last_state
+        return _fixpoint(st, trip)
 
     def loads(self, run, st, out, in_loop):
         tiles = list(dict.fromkeys(s.buffer for s in run))
@@ -478,6 +461,27 @@ class _Inserter:
         st.thread_read |= reads
         st.thread_written |= writes
         st.unfenced |= writes
+
+
+def _fixpoint(st, trip):
+    """The state at a loop's head: what enters it, joined with what one more trip
+    (`trip`: a copy of the head state -> the state after the trip) leaves, until it
+    stops growing (the sets only grow)."""
+    head = st.copy()
+    for _ in range(8):
+        new = head.join(trip(head.copy()))
+        if new == head:
+            break
+        head = new
+    return head
+
+
+def _load_at(x: ir.TmaLoad, var: str, it) -> ir.TmaLoad:
+    """Load `x` at iteration `it` of its loop (a prologue's or a refill's): the user's
+    coordinates with `var` replaced, in device math (C++'s / and %)."""
+    def at(cs):
+        return tuple(fold(substitute(c, {var: it}), "trunc") for c in cs)
+    return replace(x, coords=at(x.coords), offsets=at(x.offsets), origin=at(x.origin))
 
 
 def _merge_one_thread(body):
