@@ -1524,7 +1524,10 @@ def tile_program(draw):
         else:
             loop_body.append(par)
         stages = draw(st.sampled_from([None, None, 1, 2, 3, 4]))
-        stmts += [Fill("acc", Lit("0", False)), For("k", "K", stages, loop_body)]
+        loop = For("k", "K", stages, loop_body)
+        # inside another loop (a rotating one keeps its copies' phases from trip to trip)
+        outer = draw(st.sampled_from([None, None, None, "2", "3", "n"]))
+        stmts += [Fill("acc", Lit("0", False)), loop if outer is None else For("z", outer, None, [loop])]
         if acc_shared and dR != dY:
             tile("o", "shared", dY)
             stmts += [CopyTT("acc", "o"), Store("o", "Y", soff)]

@@ -9,7 +9,7 @@ import pytest
 
 import tilec
 from guard import guarded
-from test_rotate import ksum, ksum_reference, twice
+from test_rotate import ksum, ksum_reference, nested, tails_reference, twice
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -50,6 +50,22 @@ def test_a_store_in_the_rotating_body_on_the_gpu(out, stages, trips):
     torch.cuda.synchronize()
     y.check()
     assert np.array_equal(y.view.cpu().numpy(), a * 2)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("trips, rows", [(1, 2), (4, 5), (7, 8), (9, 6), (30, 31)])
+def test_a_nested_rotation_keeps_every_phase_on_the_gpu(stages, trips, rows):
+    """Trip r of the outer loop runs K - r iterations, so each copy's barrier
+    completes a different count of phases per trip (its phase register carries it)."""
+    import torch
+    a = np.random.default_rng(trips * 10 + rows).standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((rows, 20, 72), "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(nested(stages))(torch.from_numpy(a).cuda(), y.view)
+    torch.cuda.synchronize()
+    y.check()
+    assert np.array_equal(y.view.cpu().numpy(), tails_reference(a, rows))
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096), (1024, 16384), (300, 1000), (7, 256), (5, 4)])

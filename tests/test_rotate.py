@@ -61,6 +61,38 @@ kernel twice(A: f32[K, M, N], Y: f32[K, M, N]) {{
 """
 
 
+# Y[r] = A[r] + A[r + 1] + ... + A[K - 1]: a rotating loop inside another loop, of
+# a different count on every trip, so the copies' barriers complete different
+# numbers of phases per trip (their phase registers carry them from trip to trip)
+NESTED = """
+kernel tails(A: f32[K, M, N], Y: f32[R, M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    local acc: f32[8, 32];
+    for r in range(R) {{
+        fill(acc, 0.0);
+        for k in pipelined(K - r, stages = {stages}) {{
+            copy(A[k + r, by * 8, bx * 32], a);
+            parallel (i, j) in (8, 32) {{
+                acc[i, j] = acc[i, j] + a[i, j];
+            }}
+        }}
+        copy(acc, Y[r, by * 8, bx * 32]);
+    }}
+}}
+"""
+
+
+def nested(stages):
+    return NESTED.format(stages=stages)
+
+
+def tails_reference(a, rows):
+    return np.stack([ksum_reference(a[r:]) for r in range(rows)]) if rows else np.zeros((0,) + a.shape[1:],
+                                                                                         np.float32)
+
+
 def twice(stages, out):
     src = TWICE.format(stages=stages, out=out)
     return src.replace("    shared a: f32[8, 32];\n    shared a: f32[8, 32];\n", "    shared a: f32[8, 32];\n")
@@ -99,17 +131,28 @@ def test_a_pipelined_loop_of_another_body_gets_a_copy_per_stage(stages):
     ksum(None),                                                         # range: a plain loop
     ksum(1),                                                            # one stage: nothing to rotate
     ksum(2).replace("    copy(acc, Y", "    copy(a, Y[0, 0]);\n    copy(acc, Y"),   # a used after the loop
-    ksum(2).replace("for k in", "for z in range(2) {\n    for k in").replace(
-        "    copy(acc, Y", "    }\n    copy(acc, Y"),                                   # inside another loop
     ksum(2).replace("            acc[i, j] = acc[i, j] + a[i, j];\n        }",
                     "            acc[i, j] = acc[i, j] + a[i, j];\n        }\n        copy(A[k, 0, 0], a);"),
-], ids=["range", "one stage", "used after", "nested", "loads after"])
+], ids=["range", "one stage", "used after", "loads after"])
 def test_loops_that_do_not_rotate_run_plain(src):
     try:
         names = buffers(src)
     except tilec.TilecError:        # a load after the body's first statements may be refused elsewhere
         return
     assert not any(n.startswith("tl_a_stage") for n in names)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_loop_inside_another_loop_rotates(stages):
+    assert buffers(nested(stages)) == {"a", "acc"} | {f"tl_a_stage{j}" for j in range(1, stages)}
+
+
+def test_a_kernel_with_a_producer_warpgroup_rotates_nothing():
+    """Its consumers' one-thread blocks are not thread 0's: a rotating loop beside a
+    producer's ring runs plain."""
+    src = (ROOT / "examples/gemm.tile").read_text()
+    k = lower(src, dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=0, BK=64)).kernel
+    assert not any("_stage" in b.name for b in k.buffers)
 
 
 def test_copies_that_do_not_fit_leave_a_plain_loop():
@@ -132,12 +175,12 @@ def test_a_gemm_loop_is_still_a_ring():
 def test_the_ring_of_copies_in_the_ir():
     """Prologue: iterations 0 .. S-2 into copies 0 .. S-2; a trip loop unrolled by S:
     refill the previous copy S - 1 iterations ahead after a block barrier, wait on
-    full[j] with the trip's parity, the body on copy j."""
+    copy j's barrier with the parity in its phase register, the body on copy j."""
     text = show(after(ksum(3), "insert-barriers"))
-    assert "mbarrier full0[3] arrivals 1" in text
     assert "for tl_k_trip in range((K + 2) / 3) {" in text
     for j in range(3):
-        assert f"mbarrier.try_wait.parity full0[{j}], tl_k_trip % 2" in text
+        assert f"mbarrier full{j} arrivals 1 phase register" in text
+        assert f"mbarrier.try_wait.parity full{j}, phase(full{j})  // line 9\n      phase(full{j}) ^= 1\n" in text
     assert "tma.load.tile tl_a_stage2 <- A[tl_k_trip * 3 + 2, by * 8, bx * 32]" in text
     assert "acc[i, j] = acc[i, j] + tl_a_stage1[i, j]" in text
 
@@ -157,6 +200,22 @@ def test_every_iteration_sees_its_own_tile(stages, trips):
         k(a, y.view)
     y.check()
     assert np.array_equal(y.view, ksum_reference(a)) if trips else (y.view == 0).all()
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("trips, rows", [(0, 0), (0, 1), (1, 2), (3, 4), (4, 5), (5, 3), (7, 8), (9, 6)])
+def test_a_nested_rotation_keeps_every_phase(stages, trips, rows):
+    """Trip r of the outer loop runs K - r iterations: copy j's barrier completes a
+    count of phases that changes from trip to trip (a parity computed from the
+    inner trip alone would wait on a stale phase, or hang)."""
+    rng = np.random.default_rng(trips * 10 + rows)
+    a = rng.standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((rows, 20, 72), np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if trips else "ignore", tilec.TmaFallbackWarning)
+        tilec.compile(nested(stages), backend="interpret")(a, y.view)
+    y.check()
+    assert np.array_equal(y.view, tails_reference(a, rows))
 
 
 @pytest.mark.parametrize("shape", [(9, 700), (4, 2000), (7, 256), (2, 5000), (1, 4)])
@@ -192,7 +251,8 @@ def test_a_store_in_the_rotating_body(out, stages, trips):
     assert np.array_equal(y.view, a * 2)
 
 
-@pytest.mark.parametrize("src", [ksum(3), twice(2, "a"), twice(3, "y")], ids=["ksum", "twice a", "twice y"])
+@pytest.mark.parametrize("src", [ksum(3), twice(2, "a"), twice(3, "y"), nested(3)],
+                         ids=["ksum", "twice a", "twice y", "nested"])
 def test_rotating_kernels_compile_with_an_empty_log(src):
     k = tilec.compile(src, arch="sm_90a")
     assert k.compile_log == ""
@@ -211,12 +271,39 @@ def _without(body, drop):
     return tuple(out)
 
 
+@pytest.mark.parametrize("src", [ksum(3), nested(3)], ids=["ksum", "nested"])
 @pytest.mark.parametrize("what, drop", [
-    ("a wait", lambda s: isinstance(s, ir.MbarrierWait) and s.index == ir.Int(1)),
+    ("a wait", lambda s: isinstance(s, ir.MbarrierWait) and s.barrier == "full1"),
+    ("a phase flip", lambda s: isinstance(s, ir.FlipPhase) and s.barrier == "full2"),
     ("the block barrier before a refill", lambda s: isinstance(s, ir.SyncThreads)),
 ])
-def test_check_barriers_catches_a_broken_rotation(what, drop):
-    k = after(ksum(3), "insert-barriers")
+def test_check_barriers_catches_a_broken_rotation(src, what, drop):
+    k = after(src, "insert-barriers")
+    check_barriers.run(k, Options())
     broken = replace(k, body=_without(k.body, drop))
     with pytest.raises(BarrierBug):
         check_barriers.run(broken, Options())
+
+
+def _parity_of_the_trip(body):
+    """`body` with each rotating wait's phase register replaced by tl_k_trip % 2."""
+    out = []
+    for s in body:
+        if isinstance(s, ir.FlipPhase):
+            continue
+        if isinstance(s, ir.MbarrierWait) and s.parity is None:
+            s = replace(s, parity=ir.BinOp("%", ir.Var("tl_k_trip", "loop"), ir.Int(2)))
+        nested_ = {f: _parity_of_the_trip(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        out.append(replace(s, **nested_) if nested_ else s)
+    return tuple(out)
+
+
+def test_a_parity_from_the_inner_trip_holds_only_outside_other_loops():
+    """Waiting with parity tl_k_trip % 2 is right for a loop that runs once per
+    block, and wrong inside another loop whose trips run different counts: the
+    phase registers are what makes the nested rotation right."""
+    flat = after(ksum(3), "insert-barriers")
+    check_barriers.run(replace(flat, body=_parity_of_the_trip(flat.body)), Options())
+    k = after(nested(3), "insert-barriers")
+    with pytest.raises(BarrierBug, match="parity"):
+        check_barriers.run(replace(k, body=_parity_of_the_trip(k.body)), Options())

@@ -294,16 +294,21 @@ class _Inserter:
 
     def rotate(self, s: ir.For, st, out):
         """A rotating pipeline (plan-pipeline's For.rotate): iteration k's loads go
-        to copy k % S of their tiles (ir.stage_tile), on full[k % S]. Thread 0
-        issues iterations 0 .. S-2 before the loop; iteration k first refills the
-        copy iteration k - 1 used with iteration k + S - 1's loads (after the block
-        barrier, and proxy fence, that the threads' use of it needs), then every
-        thread waits on full[k % S] (parity (k / S) % 2) and runs the body on its
-        copy. The loop is unrolled by S, so each copy of the body names its tiles:
+        to copy k % S of their tiles (ir.stage_tile), on copy k % S's barrier.
+        Thread 0 issues iterations 0 .. S-2 before the loop; iteration k first
+        refills the copy iteration k - 1 used with iteration k + S - 1's loads
+        (after the block barrier, and proxy fence, that the threads' use of it
+        needs), then every thread waits on its copy's barrier and runs the body on
+        that copy. Each copy's barrier keeps its phase in a register, so a loop
+        nested in another one (whose trips may each run a different count) goes on
+        where the previous trip left every phase. The loop is unrolled by S, so each
+        copy of the body names its tiles:
 
             for tl_k_trip in range((n + S - 1) / S) { for j in 0 .. S-1: if k < n { ... } }
 
-        with k = tl_k_trip * S + j."""
+        with k = tl_k_trip * S + j. Every load issued is waited for in the loop
+        (a refill only issues an iteration the loop has), so none is in flight
+        after it."""
         S = s.stages
         loads = []
         for x in s.body:
@@ -313,7 +318,7 @@ class _Inserter:
         rest = s.body[len(loads):]
         tiles = list(dict.fromkeys(x.buffer for x in loads))
         names = [{t: ir.stage_tile(t, j) for t in tiles} for j in range(S)]
-        full = self.new_barrier([], True, s.span, count=S, arrivals=1, prefix="full", array=True)
+        fulls = [self.new_barrier(list(names[j].values()), True, s.span, prefix="full").name for j in range(S)]
         total = _expect_tx(loads) + self.skew
         n = s.extent
 
@@ -322,9 +327,8 @@ class _Inserter:
 
         def issue(it, j):
             """Thread 0: iteration `it`'s loads into copy j, if the loop has it."""
-            body = [ir.ArriveExpectTx(full.name, total, index=ir.Int(j), span=loads[0].span)]
-            body += [replace(_load_at(x, s.var, it), buffer=names[j][x.buffer], barrier=full.name,
-                             barrier_index=ir.Int(j)) for x in loads]
+            body = [ir.ArriveExpectTx(fulls[j], total, span=loads[0].span)]
+            body += [replace(_load_at(x, s.var, it), buffer=names[j][x.buffer], barrier=fulls[j]) for x in loads]
             return ir.If(op("<", it, n), (ir.OneThread(tuple(body)),), (), span=s.span)
 
         trip = ir.Var(f"tl_{s.var}_trip", "loop", span=s.span)
@@ -338,8 +342,7 @@ class _Inserter:
                 previous = (j - 1) % S
                 self.before_tma_writes(list(names[previous].values()), inner, then, s.span)
                 then.append(issue(op("+", it, ir.Int(S - 1)), previous))
-                then.append(ir.MbarrierWait(full.name, op("%", trip, ir.Int(2)), index=ir.Int(j), span=s.span))
-                inner.observed |= set(names[j].values())
+                self.wait(inner, fulls[j], then, span=s.span)
                 then += self.block(bodies[j], inner, True)
                 emit.append(ir.If(op("<", it, n), tuple(then), (), span=s.span))
                 st = self._last_state.join(st)

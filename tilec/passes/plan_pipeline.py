@@ -6,12 +6,14 @@ global tensor or an im2col view into shared tiles) followed by gemms that read
 only those tiles can overlap the loads of later iterations with the gemms of
 this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
-S copies). A `pipelined` loop (stages >= 2, not nested in another loop) of any other body
-that starts with TMA loads and loads nothing after them is marked `rotate`: each
-tile it loads, used nowhere else, gets S copies (`ir.stage_tile`), iteration k
-using copy k % S, and insert-barriers issues each iteration's loads S - 1
-iterations ahead; where those copies would not fit the block's shared memory,
-it runs as a plain loop instead. Other `pipelined` loops run as plain loops (one asking for a
+S copies). A `pipelined` loop (stages >= 2) of any other body that starts with
+TMA loads and loads nothing after them is marked `rotate`, at any depth of
+loops: each tile it loads, used nowhere else, gets S copies (`ir.stage_tile`),
+iteration k using copy k % S, and insert-barriers issues each iteration's loads
+S - 1 iterations ahead; where those copies would not fit the block's shared
+memory, it runs as a plain loop instead. A kernel with a producer warpgroup
+(`producer = 1`) rotates nothing: its consumers' one-thread blocks are not
+thread 0's. Other `pipelined` loops run as plain loops (one asking for a
 producer warpgroup, `producer = 1`, is an error). The thread-copy variant
 has no TMA loads, so no rings."""
 from __future__ import annotations
@@ -41,8 +43,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
     """k with its gemm rings planned, and (`rotate`) its rotating loops."""
     stages, copies = {}, {}
+    rotate = rotate and not any(isinstance(s, ir.For) and s.producer for s in ir.walk_stmts(k.body))
 
-    def plan(s, in_loop):
+    def plan(s):
         if not isinstance(s, ir.For) or s.stages is None:
             return s
         tiles = _loaded_tiles_then_gemms(k, s.body)
@@ -50,7 +53,7 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
             if s.producer:
                 raise SemanticError("producer = 1 needs a pipelined loop whose body is TMA copies into shared "
                                     "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
-            tiles = _rotating_tiles(k, s) if rotate and not in_loop else []
+            tiles = _rotating_tiles(k, s) if rotate else []
             if not tiles:
                 return s
             copies.update({t: s.stages for t in tiles})
@@ -58,15 +61,14 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
         stages.update({t: s.stages for t in tiles})
         return replace(s, ring=True)
 
-    def block(body, in_loop):
+    def block(body):
         out = []
         for s in body:
-            inner = in_loop or isinstance(s, ir.For)
-            nested = {f: block(getattr(s, f), inner) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
-            out.append(plan(replace(s, **nested) if nested else s, in_loop))
+            nested = {f: block(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+            out.append(plan(replace(s, **nested) if nested else s))
         return tuple(out)
 
-    body = block(k.body, False)
+    body = block(k.body)
     if not stages and not copies:
         return k
     buffers = []
