@@ -386,14 +386,27 @@ note: write the coordinate as a multiple of the tile width, e.g. bx * BN""", id=
 kernel k(A: f32[M, N], B: f32[M, N]) {
     grid (bx) = (cdiv(N, 128));
     threads 128;
-    shared s: f32[512, 128];
+    shared s: f32[64, 1024];
     copy(A[0, bx * 128], s);
 }
 """, """\
-t.tile:5:5: error: TMA box dimension 0 of 'A' is 512; TMA boxes are at most 256 per dimension
+t.tile:5:5: error: TMA box dimension 1 of 'A' is 1024; TMA boxes are at most 256 per dimension, and this tile would take 256 boxes (tilec splits a copy into at most 64)
     copy(A[0, bx * 128], s);
     ^~~~~~~~~~~~~~~~~~~~~~~~
 note: use a smaller tile, or split the copy into several""", id="box-dimension-over-256"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared s: f32[2, 514];
+    copy(A[0, bx * 128], s);
+}
+""", """\
+t.tile:5:5: error: TMA box dimension 1 of 'A' is 514; TMA boxes are at most 256 per dimension, and no box width of at most 256 elements and a multiple of 16 bytes divides 514
+    copy(A[0, bx * 128], s);
+    ^~~~~~~~~~~~~~~~~~~~~~~~
+note: use a smaller tile, or split the copy into several""", id="box-dimension-no-width"),
 
     pytest.param(SemanticError, """\
 kernel k(A: f32[M, N], B: f32[M, N]) {

@@ -161,7 +161,11 @@ class _Inserter:
                     run.append(body[i])
                 self.loads(run, st, out, in_loop)
             elif isinstance(s, ir.TmaStore):
-                self.store(s, st, out)
+                run = [s]       # the boxes of one tile's store: one bulk group
+                while i + 1 < len(body) and isinstance(body[i + 1], ir.TmaStore) and body[i + 1].buffer == s.buffer:
+                    i += 1
+                    run.append(body[i])
+                self.store(run, st, out)
             elif isinstance(s, ir.StoreTail):
                 # It meets at a block barrier before its reads (so what thread 0 waited
                 # for, or threads wrote, is visible) and after them (so no later write
@@ -421,13 +425,14 @@ class _Inserter:
         wait, st.storing = st.storing.wait(tiles)
         out.append(ir.OneThread((wait,)))
 
-    def store(self, s, st, out):
-        t = s.buffer
+    def store(self, run, st, out):
+        """TMA stores of one tile (its boxes), committed as one bulk group."""
+        t, span = run[0].buffer, run[0].span
         if t in st.pending:
-            self.wait(st, st.pending[t], out, one_thread=True, span=s.span)
+            self.wait(st, st.pending[t], out, one_thread=True, span=span)
         if t in st.unfenced:
-            self.sync(st, out, fence=True, span=s.span)
-        out.append(ir.OneThread((s, ir.BulkCommit())))
+            self.sync(st, out, fence=True, span=span)
+        out.append(ir.OneThread((*run, ir.BulkCommit())))
         st.storing = st.storing.add(t)
 
     def thread_access(self, s, st, out):

@@ -1,6 +1,12 @@
 """plan-tma: one tensor map per (tensor, box); box, element strides, swizzle and
 L2 promotion; every TMA rule that is static checked here, with the copy's line.
 
+A row-major tile with a dimension over TMA's 256 elements a box is moved as
+several boxes of one map, each a contiguous block of the tile (`_split`): the
+innermost such dimension is cut into pieces of at most 256, the dimensions
+inside it go whole and those outside it one index a box (at most
+MAX_BOXES_PER_COPY boxes).
+
 Launch-time rules (base address, strides, dims) are checked by the host wrapper."""
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from ..ir.printer import expr as show
 NAME = "plan-tma"
 
 L2_PROMOTION = "256B"   # a hint; measured on the H100 with benchmarks/bench.py
+MAX_BOXES_PER_COPY = 64  # the TMA instructions one copy of a wide or tall tile may take
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -33,7 +40,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buf = k.buffer(s.buffer)
         rank = len(tensor.shape)
         shape = tuple(buf.shape)
-        swizzle, chunks = "none", 1
+        swizzle, chunks, pieces = "none", 1, [(0,) * len(shape)]
         if buf.swizzle:
             # column chunks of rows of 128, 64 or 32 bytes in TMA's swizzle of that size: what wgmma reads
             width = buf.swizzle // tensor.dtype.size
@@ -43,6 +50,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             # one box per column chunk (a tile of several im2col filter taps)
             chunks = shape[-1] // buf.chunk
             shape = shape[:-1] + (buf.chunk,)
+        else:
+            shape, pieces = _split(tensor, shape, s)
         box = (1,) * (rank - len(shape)) + shape
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
@@ -57,14 +66,20 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                      inner_rounded=rounded, span=s.span)
         tm = maps[key]
         copies = []
+        chunk_bytes = tm.box_bytes(tensor.dtype)
+        full = buf.shape[len(buf.shape) - len(pieces[0]):]
         for c in range(chunks):
-            coords = s.coords[:-1] + (fold(ir.BinOp("+", s.coords[-1], ir.Int(c * box[-1]))),)
-            chunk_bytes = tm.box_bytes(tensor.dtype)
-            if isinstance(s, ir.TmaStore):
-                copies.append(replace(s, coords=coords, tensor_map=tm.name, smem_offset=c * chunk_bytes))
-            else:
-                copies.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
-                                      smem_offset=c * chunk_bytes))
+            for piece in pieces:
+                # the box's first element, in elements from the tile's start (row-major)
+                start = sum(i * math.prod(full[d + 1:]) for d, i in enumerate(piece))
+                at = (0,) * (rank - len(piece)) + piece[:-1] + (piece[-1] + c * box[-1],)
+                coords = tuple(fold(ir.BinOp("+", x, ir.Int(o))) if o else x for x, o in zip(s.coords, at))
+                offset = c * chunk_bytes + start * tensor.dtype.size
+                if isinstance(s, ir.TmaStore):
+                    copies.append(replace(s, coords=coords, tensor_map=tm.name, smem_offset=offset))
+                else:
+                    copies.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
+                                          smem_offset=offset))
         return copies[0] if len(copies) == 1 and isinstance(s, ir.TmaStore) else copies
 
     body = map_body(k.body, plan)
@@ -157,6 +172,37 @@ def _plan_im2col(k, s, maps):
         loads.append(replace(s, origin=(m0, kt), coords=(n, *origins, c0), offsets=offsets, tensor_map=tm.name,
                              bytes=bm * width * esize, smem_offset=t * bm * width * esize))
     return loads
+
+
+def _split(tensor, shape, s):
+    """The box of a row-major tile `shape` whose dimensions may pass MAX_BOX, and
+    each box's first index in the tile: dimension e, the innermost over MAX_BOX,
+    in pieces of the largest width w <= MAX_BOX that divides it (a multiple of 16
+    bytes where e is the innermost), the dimensions inside e whole, those
+    outside it one index a box. Each box is then one contiguous block of the
+    tile, in the tile's own order."""
+    over = [d for d, n in enumerate(shape) if n > MAX_BOX]
+    if not over:
+        return shape, [(0,) * len(shape)]
+    e = over[-1]
+    step = 16 // math.gcd(16, tensor.dtype.size) if e == len(shape) - 1 else 1
+    w = next((w for w in range(MAX_BOX, 0, -1) if shape[e] % w == 0 and w % step == 0), None)
+    count = math.prod(shape[:e]) * (shape[e] // w if w else 0)
+    if w is None or count > MAX_BOXES_PER_COPY:
+        why = (f"no box width of at most {MAX_BOX} elements{' and a multiple of 16 bytes' if step > 1 else ''} "
+               f"divides {shape[e]}" if w is None else
+               f"this tile would take {count} boxes (tilec splits a copy into at most {MAX_BOXES_PER_COPY})")
+        rank = len(tensor.shape)
+        raise SemanticError(
+            f"TMA box dimension {rank - len(shape) + e} of '{tensor.name}' is {shape[e]}; TMA boxes are at most "
+            f"{MAX_BOX} per dimension, and {why}", s.span,
+            note="use a smaller tile, or split the copy into several")
+    box = (1,) * e + (w,) + tuple(shape[e + 1:])
+    outer = [()]
+    for n in shape[:e]:
+        outer = [o + (i,) for o in outer for i in range(n)]
+    pieces = [o + (j * w,) + (0,) * (len(shape) - e - 1) for o in outer for j in range(shape[e] // w)]
+    return box, pieces
 
 
 def _check_box(tensor, box, s):
