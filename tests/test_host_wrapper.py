@@ -95,6 +95,6 @@ def test_written_params_are_the_wrappers_parameters_its_writes_name(example, wri
     """What host.mark_written checks and bumps on every call (the autograd rule, GPU-tested
     in test_torch_op.py): the positions of the written tensors among the call's arguments."""
     from conftest import ROOT
-    k = tilec.compile(ROOT / "examples" / f"{example}.tile", arch="sm_90a")
+    k = tilec.compile(ROOT / "examples" / f"{example}.tile", arch="sm_90a", tune=False)    # rowsum tunes
     assert k._written_params == written
     assert tuple(n for _, n in written) == tuple(k._writes)
