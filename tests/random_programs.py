@@ -1443,13 +1443,14 @@ def tile_program(draw):
     if kind not in ("local_out", "local_in") and not (kind == "reduce" and not acc_shared):
         tma_dtypes.append(dY)
     per = max([per16(x) for x in tma_dtypes] + [1])
+    budget = 2048 if "f64" not in (dA, dB, dY, dR) else 512
     widths = [w for w in (per, 2 * per, 4 * per, 8 * per, 16 * per) if w <= 256]
+    widths += [w for w in (512, 1024) if w <= budget // 2]     # wider than a TMA box: several boxes a copy
     if not tma_dtypes:
         widths += [1, 3, 5, 7]
     w = draw(st.sampled_from(widths))
     r = draw(st.integers(1, R))
     T = [1] * (R - r)
-    budget = 2048 if "f64" not in (dA, dB, dY, dR) else 512
     for d in range(r - 1):
         T.append(draw(st.sampled_from([t for t in (1, 2, 3, 4, 5, 8, 16) if t * w * math.prod(T[R - r:]) <= budget]
                                       or [1])))

@@ -25,11 +25,12 @@ def to_cuda(x):
     return torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
 
-def run_gpu(src, inputs, outputs, fallback_ok=False):
+def run_gpu(src, inputs, outputs, fallback_ok=False, kernel=None):
     """`inputs`: numpy arrays; `outputs`: (shape, tilec dtype). Returns the outputs as
-    numpy arrays after checking that nothing around them was written."""
+    numpy arrays after checking that nothing around them was written. `kernel`:
+    src compiled already (a tuned one, to read its choice after the call)."""
     import torch
-    k = tilec.compile(src)
+    k = kernel or tilec.compile(src)
     outs = [guarded(shape, dt) for shape, dt in outputs]
     with (falling_back() if fallback_ok else no_fallback()):
         k(*[to_cuda(x) for x in inputs], *[o.view for o in outs])
@@ -122,14 +123,17 @@ def test_reduce_of_a_swizzled_gemm_operand_on_the_gpu():
 @pytest.mark.parametrize("shape", [(300, 200), (1, 4), (129, 64), (4097, 1000), (77, 301)])
 def test_rowsum_example_on_the_gpu(shape):
     """Against numpy (sums within float rounding, maxima exact) and the interpreter
-    (bit for bit); 301 columns run the thread-copy variant."""
+    running the candidate the tune chose (bit for bit: the lanes, and so the order of
+    the sums, follow the consts); 301 columns run the thread-copy variant."""
     x = (np.random.default_rng(8).standard_normal(shape) - 4).astype(np.float32)
     src = EXAMPLES / "rowsum.tile"
-    sums, maxes = run_gpu(src, [x], [(shape[:1], "f32"), (shape[:1], "f32")], fallback_ok=shape[1] % 4 != 0)
+    tuned = tilec.compile(src)
+    sums, maxes = run_gpu(src, [x], [(shape[:1], "f32"), (shape[:1], "f32")], fallback_ok=shape[1] % 4 != 0,
+                          kernel=tuned)
     want_sum, want_max = rowsum_reference(x)
     np.testing.assert_allclose(sums, want_sum, rtol=1e-4, atol=1e-3)
     assert np.array_equal(maxes, want_max)
-    k = tilec.compile(src, backend="interpret")
+    k = tilec.compile(src, backend="interpret", **tuned.best_config)
     cs, cm = guarded(shape[:1], np.float32, like="numpy"), guarded(shape[:1], np.float32, like="numpy")
     with falling_back():
         k(x, cs.view, cm.view)

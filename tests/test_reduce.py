@@ -86,20 +86,21 @@ def output_shape(x_shape, axis, bm=32, bn=64):
 
 
 def lanes_of(space, axis, bm=32, bn=64, threads=128):
-    """Threads per result (docs/language.md, reduce): a power of two <= 32, <= threads
-    over results, <= the elements walked; 1 for a local result."""
+    """Threads per result (docs/language.md, reduce): a power of two <= threads over
+    results, <= the elements walked; 1 for a local result."""
     results, walk = (bm, bn) if axis == 1 else (bn, bm)
     if space != "shared":
         return 1
-    return max(g for g in (1, 2, 4, 8, 16, 32) if g == 1 or (g <= threads // results and g <= walk))
+    return max(g for g in (1 << i for i in range(11)) if g == 1 or (g <= threads // results and g <= walk))
 
 
 def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pre=False):
     """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
     the CUDA's order in float, or double with an f64 side (np.add.accumulate runs left
-    to right: lane g of lanes_of(...) over elements g, g + lanes, ..., then the lanes'
-    sums added in halves, lane g + h's into lane g); integer sums exact (Python ints),
+    to right: lane g of lanes_of(...) over elements g, g + lanes, ..., then each
+    warp's lanes' sums added in halves, lane g + h's into lane g, then the warps' sums
+    in order); integer sums exact (Python ints),
     then wrapped to the result type; maxima and minima exact. `pre`: the tile
     rewritten first as reduce_source's parallel does. Returns the output array,
     clipped to its shape."""
@@ -124,10 +125,14 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pr
     elif dt in FLOATS:
         g = lanes_of(space, axis, bm, bn, threads)
         parts = [np.add.accumulate(lanes[..., i::g], axis=-1)[..., -1] for i in range(g)]
-        while len(parts) > 1:
-            h = len(parts) // 2
-            parts = [parts[i] + parts[i + h] for i in range(h)]
-        out = parts[0]
+        warps = []
+        for w in range(0, g, 32):                       # each warp's lanes in halves
+            part = parts[w:w + 32]
+            while len(part) > 1:
+                h = len(part) // 2
+                part = [part[i] + part[i + h] for i in range(h)]
+            warps.append(part[0])
+        out = np.add.accumulate(np.stack(warps), axis=0)[-1]     # then the warps in order
     else:
         out = np.array([[sum(int(v) for v in lane) % 2**64 for lane in row] for row in lanes], np.uint64)
     out = out[:, :m] if axis == 1 else out[:, :n]

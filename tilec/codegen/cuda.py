@@ -470,16 +470,21 @@ class _Printer:
         return self.thread_loop(acc.shape, ["tl_i0"], body, ind)
 
     def reduce_in_lanes(self, s, acc, n, lanes, t, at, combine, result, ind) -> list:
-        """`lanes` threads (a power of two within a warp) per result: thread
-        t works on result t / lanes, its lane g = t % lanes walks elements g,
-        g + lanes, g + 2 * lanes, ... in order; then the lanes' values combine
-        as halves, lane g taking lane g + h's for h = lanes / 2, ..., 1
-        (__shfl_down_sync: every thread of a warp takes part, a thread past the
-        last result with a value never read), and lane 0 writes acc[i]."""
+        """`lanes` threads (a power of two) per result: thread t works on result
+        t / lanes, its lane g = t % lanes walks elements g, g + lanes, g + 2 *
+        lanes, ... in order; then the lanes of each warp combine as halves, lane
+        g taking lane g + h's for h = min(lanes, 32) / 2, ..., 1 (__shfl_down_sync:
+        every thread of a warp takes part, a thread past the last result with a
+        value never read). A group of W > 1 warps then meets in shared memory
+        (ir.REDUCE_WARPS, one slot a warp, between two block barriers: the first
+        keeps a reduce before from still reading the slots), and lane 0 combines
+        the warps' values in order, warp 0's first. Lane 0 writes acc[i]."""
         what = "row" if s.axis == 1 else "column"
         shuffled = t if t in ("float", "double", "int", "unsigned", "long long", "unsigned long long") else "int"
         moved = "tl_acc" if shuffled == t else f"static_cast<{shuffled}>(tl_acc)"
-        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, tl_h, {lanes})"
+        width = min(lanes, 32)
+        warps = lanes // width
+        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, tl_h, {width})"
         pulled = pulled if shuffled == t else f"static_cast<{t}>({pulled})"
         spare = self.threads // lanes > acc.elements      # threads past the last result, in the shuffles only
         first = f"tl_acc = {at(ir.Var('tl_lane'))};"
@@ -490,18 +495,36 @@ class _Printer:
             walk = [f"{t} tl_acc = 0;", f"if (tl_i0 < {acc.elements}) {{"] + ["  " + x for x in [first] + rest] + ["}"]
         else:
             walk = [f"{t} {first}"] + rest
+        then = "then the warps in order" if warps > 1 else ""
         body = [f"{{  // {lanes} threads per {what} of {s.src}: lane g walks elements g, g + {lanes}, ..., then the "
-                "lanes combine in halves",
+                f"lanes {'of each warp ' if warps > 1 else ''}combine in halves{', ' + then if then else ''}",
                 f"  const int tl_i0 = threadIdx.x / {lanes}, tl_lane = threadIdx.x % {lanes};"]
         body += ["  " + line for line in walk]
         body += ["  #pragma unroll",
-                 f"  for (int tl_h = {lanes // 2}; tl_h > 0; tl_h /= 2) {{",
+                 f"  for (int tl_h = {width // 2}; tl_h > 0; tl_h /= 2) {{",
                  f"    tl_acc = {combine(pulled)};",
-                 "  }",
-                 f"  if ({f'tl_i0 < {acc.elements} && ' if spare else ''}tl_lane == 0) {{",
-                 f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
-                 "  }",
-                 "}"]
+                 "  }"]
+        live = f"tl_i0 < {acc.elements} && " if spare else ""
+        if warps > 1:
+            slots = f"reinterpret_cast<{t}*>({ir.REDUCE_WARPS})"
+            body += [f"  {self.block_sync}  // a reduce before may still read the warps' slots",
+                     f"  if ({live}tl_lane % 32 == 0) {{",
+                     f"    {slots}[threadIdx.x / 32] = tl_acc;",
+                     "  }",
+                     f"  {self.block_sync}",
+                     f"  if ({live}tl_lane == 0) {{",
+                     "    #pragma unroll",
+                     f"    for (int tl_w = 1; tl_w < {warps}; ++tl_w) {{",
+                     f"      tl_acc = {combine(f'{slots}[threadIdx.x / 32 + tl_w]')};",
+                     "    }",
+                     f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
+                     "  }",
+                     "}"]
+        else:
+            body += [f"  if ({live}tl_lane == 0) {{",
+                     f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
+                     "  }",
+                     "}"]
         return [ind + line for line in body]
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:

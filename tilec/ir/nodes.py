@@ -598,16 +598,23 @@ def thread_registers(threads: int, producer: bool = False) -> int:
 
 def reduce_lanes(threads: int, results: int, walk: int, shared_result: bool) -> int:
     """The threads that share one result of a `reduce` (codegen/cuda.py's reduce and
-    the interpreter follow it): a power of two, at most 32 (one warp: they combine
-    through shuffles), at most threads // results and at most the `walk` elements of
-    a row or column (each thread has one at least). Only where the result tile is
-    shared (the group's first thread writes it; a local result's element lives on
-    thread e % threads, outside the group); else 1. `threads` is a multiple of 32
-    (check-types), so every warp of the block takes part in the shuffles whole."""
+    the interpreter follow it): a power of two, at most threads // results and at
+    most the `walk` elements of a row or column (each thread has one at least).
+    Within a warp they combine through shuffles; a group of several warps then
+    combines the warps' values in order through shared memory (REDUCE_WARPS).
+    Only where the result tile is shared (the group's first thread writes it; a
+    local result's element lives on thread e % threads, outside the group); else
+    1. `threads` is a multiple of 32 (check-types), so every warp of the block
+    takes part in the shuffles whole."""
     if not shared_result:
         return 1
-    limit = min(32, threads // results, walk)
+    limit = min(threads // results, walk)
     return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
+
+
+# the shared tile where the warps of a reduce's lane group leave their values
+# (plan-smem adds it where some reduce has more than 32 lanes): one 8-byte slot a warp
+REDUCE_WARPS = "tl_reduce_warps"
 
 
 def stage_tile(name: str, stage: int) -> str:

@@ -604,7 +604,7 @@ class _Blocks:
     def reduce(self, s, env):
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
         (axis 0) of s, in order from the first element, or in ir.reduce_lanes lanes
-        combined in halves: floats in float (double with an f64 side), so float
+        combined in halves within each warp, then the warps in order: floats in float (double with an f64 side), so float
         sums round as the GPU's do; integer sums
         modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
         then converted to acc's dtype as C++ assigns it."""
@@ -626,10 +626,16 @@ class _Blocks:
                 for v in x[g + lanes::lanes]:
                     total = combine(total, v)
                 totals.append(total)
-            while len(totals) > 1:                              # lane g takes lane g + h's, h = lanes / 2 ... 1
-                h = len(totals) // 2
-                totals = [combine(totals[g], totals[g + h]) for g in range(h)]
-            total = totals[0]
+            warps = []
+            for w in range(0, lanes, 32):                       # each warp's lanes (all of them, up to 32)
+                part = totals[w:w + 32]
+                while len(part) > 1:                            # lane g takes lane g + h's, h = 16 ... 1
+                    h = len(part) // 2
+                    part = [combine(part[g], part[g + h]) for g in range(h)]
+                warps.append(part[0])
+            total = warps[0]
+            for v in warps[1:]:                                 # then the warps in order
+                total = combine(total, v)
         elif s.op == "sum":
             total = np.add.reduce(x.astype(np.uint64), axis=0, dtype=np.uint64)
         else:
