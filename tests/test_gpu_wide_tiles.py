@@ -10,6 +10,7 @@ import pytest
 import tilec
 from guard import guarded
 from test_wide_tiles import SHAPES, twice
+from test_gpu_rotate import check_rowsum_on_the_gpu
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -43,15 +44,4 @@ def test_wide_and_tall_tiles_on_the_gpu(tile, shape):
 
 @pytest.mark.parametrize("shape", [(256, 65536), (3, 5000), (1, 2048), (7, 100)])
 def test_rowsum_of_wide_rows_on_the_gpu(shape):
-    import torch
-    k = tilec.compile(str(ROOT / "examples/rowsum.tile"), BM=1, BN=2048, THREADS=256)
-    x = torch.randn(*shape, device="cuda") - 4
-    sums, maxes = guarded(shape[:1], "f32"), guarded(shape[:1], "f32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tilec.TmaFallbackWarning)
-        k(x, sums.view, maxes.view)
-    torch.cuda.synchronize()
-    sums.check()
-    maxes.check()
-    torch.testing.assert_close(sums.view.double(), x.double().sum(1), rtol=1e-4, atol=1e-2)
-    assert torch.equal(maxes.view, x.amax(1))
+    check_rowsum_on_the_gpu(tilec.compile(str(ROOT / "examples/rowsum.tile"), BM=1, BN=2048, THREADS=256), shape)

@@ -16,6 +16,7 @@ from tilec.compiler import lower
 
 from conftest import ROOT
 from guard import guarded
+from test_rotate import check_rowsum
 
 # B = 2 * A through a shared tile of TILE (rank 2 or 3), loaded and stored by TMA
 TWICE = """
@@ -123,14 +124,5 @@ def test_wide_and_tall_tiles_in_the_interpreter(tile, shape):
 
 @pytest.mark.parametrize("shape", [(3, 5000), (1, 2048), (2, 4096), (5, 100)])
 def test_rowsum_of_wide_rows_in_the_interpreter(shape):
-    k = tilec.compile(str(ROOT / "examples/rowsum.tile"), backend="interpret", BM=1, BN=2048, THREADS=256)
-    assert "tl_x_stage1" in k.cuda_source
-    x = (np.random.default_rng(1).standard_normal(shape) - 4).astype(np.float32)
-    sums, maxes = guarded(shape[:1], np.float32, like="numpy"), guarded(shape[:1], np.float32, like="numpy")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tilec.TmaFallbackWarning)
-        k(x, sums.view, maxes.view)
-    sums.check()
-    maxes.check()
-    np.testing.assert_allclose(sums.view, x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
-    assert np.array_equal(maxes.view, x.max(1))
+    check_rowsum(tilec.compile(str(ROOT / "examples/rowsum.tile"), backend="interpret", BM=1, BN=2048, THREADS=256),
+                 shape)
