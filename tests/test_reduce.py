@@ -204,6 +204,10 @@ def reduce_case(draw):
     bn = draw(st.sampled_from([per * i for i in (1, 2, 3, 4, 8, 16) if per * i <= 256]))
     bm = draw(st.sampled_from([b for b in (1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 100, 128, 256)
                                if b * bn * SIZES[dt] <= 48 * 1024]))
+    if draw(st.integers(0, 3)) == 0:                  # few rows, many threads: lanes over several warps
+        threads, axis, space = draw(st.sampled_from([256, 512])), 1, "shared"
+        bn = draw(st.sampled_from([b for b in (64, 128, 256) if b % per == 0]))
+        bm = draw(st.sampled_from([16 // SIZES[adt], 32 // SIZES[adt]]))     # a 16-byte box of results
     ext = bm if axis == 1 else bn
     if space == "shared" and ext * SIZES[adt] % 16:
         space = "local"                               # a shared result goes out by TMA: 16-byte boxes
