@@ -84,6 +84,45 @@ kernel tails(A: f32[K, M, N], Y: f32[R, M, N]) {{
 """
 
 
+# A[k + 1] = A[k] + 1 down the loop (CHAIN: each iteration reads what the one
+# before wrote, so its load cannot go out early), or A[k] *= 2 in place (RMW: each
+# iteration reads its tile before it writes it, and no other iteration touches it)
+CHAIN = """
+kernel chain(A: f32[K, M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    {ydecl} y: f32[8, 32];
+    for k in pipelined(K - 1, stages = 2) {{
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            y[i, j] = a[i, j] + 1.0;
+        }}
+        copy(y, A[k + 1, by * 8, bx * 32]);
+    }}
+}}
+"""
+
+RMW = """
+kernel rmw(A: f32[K, M, N]) {
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    for k in pipelined(K, stages = 2) {
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {
+            a[i, j] = a[i, j] * 2.0;
+        }
+        copy(a, A[k, by * 8, bx * 32]);
+    }
+}
+"""
+
+
+def chain(ydecl):
+    return CHAIN.format(ydecl=ydecl)
+
+
 def nested(stages):
     return NESTED.format(stages=stages)
 
@@ -153,6 +192,25 @@ def test_a_kernel_with_a_producer_warpgroup_rotates_nothing():
     src = (ROOT / "examples/gemm.tile").read_text()
     k = lower(src, dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=0, BK=64)).kernel
     assert not any("_stage" in b.name for b in k.buffers)
+
+
+@pytest.mark.parametrize("ydecl", ["shared", "local"])
+def test_a_loop_that_reads_what_it_wrote_runs_plain(ydecl):
+    """Iteration k + 1 loads the tile iteration k stored: issued early, that load
+    would read A before the store (on the H100: 20 of 20 runs wrong). The kernel
+    writes A in other tiles than it reads, so the loop does not rotate."""
+    assert buffers(chain(ydecl)) == {"a", "y"}
+    a = np.zeros((6, 20, 72), np.float32)
+    tilec.compile(chain(ydecl), backend="interpret")(a)
+    assert np.array_equal(a, np.broadcast_to(np.arange(6, dtype=np.float32)[:, None, None], a.shape))
+
+
+def test_a_loop_in_place_tile_by_tile_still_rotates():
+    assert "tl_a_stage1" in buffers(RMW)
+    a = np.random.default_rng(0).standard_normal((5, 20, 72)).astype(np.float32)
+    want = a * 2
+    tilec.compile(RMW, backend="interpret")(a)
+    assert np.array_equal(a, want)
 
 
 def test_copies_that_do_not_fit_leave_a_plain_loop():

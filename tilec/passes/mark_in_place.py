@@ -46,6 +46,18 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     return replace(k, in_place=pairs)
 
 
+def own_writes_read(k: ir.Kernel, t: str):
+    """Why the kernel's reads of tensor `t` may see its own writes of `t` (a step
+    that reads a tile another step, or an earlier statement, wrote), as a sentence;
+    None where it does not write `t`, or where every read and write of `t` is a copy
+    of one tile, read before it is written, in loops that step it by a whole tile
+    (the in-place rule of this pass, with `t` both sides). plan-pipeline issues a
+    rotating loop's loads early only where this is None."""
+    if t not in written_tensors(k):
+        return None
+    return _why_not(k, t, t, _accesses(k))
+
+
 class _Access:
     """One statement that reads or writes a tensor: where in the program, and the loops around it."""
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, tiles_named
-from . import plan_smem
+from . import mark_in_place, plan_smem
 
 NAME = "plan-pipeline"
 
@@ -81,8 +81,10 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
 def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
     """The tiles a rotating pipeline gives S copies: those of the TMA loads that
     start `loop`'s body, where S >= 2, nothing after them loads a tile, runs a gemm
-    or nests a pipelined loop, no other statement of the kernel uses them, and no
-    tile lies over their memory; else none."""
+    or nests a pipelined loop, no other statement of the kernel uses them, no
+    tile lies over their memory, and the kernel writes the tensors they load
+    from only as in place, tile by tile after reading each
+    (mark_in_place.own_writes_read); else none."""
     if loop.stages < 2:
         return []
     loads = []
@@ -99,6 +101,11 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
         return []
     elsewhere = tiles_named(map_body(k.body, lambda s: [] if s == loop else s))
     if set(tiles) & elsewhere or any(b.alias in tiles or (b.name in tiles and b.alias) for b in k.buffers):
+        return []
+    # loads issued S - 1 iterations early must not read what an iteration before them writes
+    views = {v.name: v.tensor for v in k.views}
+    sources = dict.fromkeys(views.get(s.src.name, s.src.name) for s in loop.body[:len(loads)])
+    if any(mark_in_place.own_writes_read(k, t) is not None for t in sources):
         return []
     return tiles
 
