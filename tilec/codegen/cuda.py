@@ -261,9 +261,9 @@ class _Printer:
         if isinstance(s, ir.BulkCommit):
             return [f"{ind}bulk_commit_group();"]
         if isinstance(s, ir.BulkWait):
-            return [f"{ind}bulk_wait_group_read<{s.pending}>();"]
+            return [f"{ind}bulk_wait_group{'_read' if s.read else ''}<{s.pending}>();"]
         if isinstance(s, ir.ProxyFence):
-            return [f"{ind}fence_proxy_async_shared();"]
+            return [f"{ind}fence_proxy_async_{s.space}();"]
         if isinstance(s, ir.For):
             hoisted, divisors = [], []
             if _refill_loop(s):

@@ -527,8 +527,10 @@ class RingAdvance(Stmt):
 
 @dataclass(frozen=True)
 class ProxyFence(Stmt):
-    """fence.proxy.async.shared::cta: generic-proxy smem writes become visible to TMA."""
+    """fence.proxy.async.shared::cta: generic-proxy smem writes become visible to TMA
+    (`space` 'global': fence.proxy.async.global, the same for global memory)."""
     span: Optional[Span] = SPAN
+    space: str = "shared"
 
 
 @dataclass(frozen=True)
@@ -674,6 +676,8 @@ class Kernel:
                                 # grid index, the first one fastest inside a group (make-persistent)
     in_place: tuple = ()        # mark-in-place: ((written tensor, read tensor), None or why not), ...): may the
                                 # launch pass one tensor as both (runtime.host.Call.check_overlaps)
+    rereads: tuple = ()         # mark-in-place: the tensors the kernel may read after writing them (not
+                                # in place with itself): insert-barriers orders those reads
     check_notes: tuple = ()     # what check-barriers left unchecked (paths past its limit), as messages:
                                 # tilec.CheckIncompleteWarning at every compile, disk-cache hits included
 

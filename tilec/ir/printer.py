@@ -155,7 +155,7 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.PartialAdd):
         return [f"{ind}partial_add({', '.join(s.buffers)}) <- workspace slot {expr(s.slot)}, acquire{L}"]
     if isinstance(s, ir.ProxyFence):
-        return [f"{ind}fence.proxy.async.shared::cta{L}"]
+        return [f"{ind}fence.proxy.async.{'global' if s.space == 'global' else 'shared::cta'}{L}"]
     if isinstance(s, ir.SyncThreads):
         return [f"{ind}barrier.sync{L}"]
     if isinstance(s, ir.BulkCommit):
@@ -225,6 +225,8 @@ def kernel(k: ir.Kernel) -> str:
     for (written, read), why in k.in_place:
         if why is None:         # mark-in-place: the launch may pass one tensor as both (why not, in the host wrapper)
             out.append(f"  in_place {written} = {read}")
+    for t in k.rereads:         # mark-in-place: reads of t are ordered after the kernel's writes of t
+        out.append(f"  rereads {t}")
     for v in k.views:
         out.append(f"  view {v.name} = im2col({v.tensor}, kernel = {v.kernel}, stride = {v.stride}, "
                    f"pad = {v.pad}, dilation = {v.dilation})")

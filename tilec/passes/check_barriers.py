@@ -667,7 +667,7 @@ class _Checker:
             for t, seen in st.visible.items():
                 if seen:
                     st.visible[t] = {T0, REST}
-        elif isinstance(s, ir.ProxyFence):
+        elif isinstance(s, ir.ProxyFence) and s.space == "shared":
             st.fenced |= st.written
         elif isinstance(s, ir.TmaStore):
             t = s.buffer

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.effects import shared_accesses
+from ..ir.effects import deep, shared_accesses
 from ..ir.exprs import fold, free_names, map_stmt_exprs, rename_tiles, substitute, substitute_body
 
 NAME = "insert-barriers"
@@ -76,16 +76,24 @@ class _State:
     storing: _Stores = _Stores()                      # read by a TMA store not yet waited for
     one_thread_seen: set = field(default_factory=set)  # waited by thread 0 only: others need a barrier
     observed: set = field(default_factory=set)        # its load's phase was waited on by every thread
+    # Kernel.rereads tensors: TMA-stored, the stores not known complete; written by threads since
+    # the last block barrier; ... since the last global proxy fence
+    stored_global: set = field(default_factory=set)
+    written_global: set = field(default_factory=set)
+    unfenced_global: set = field(default_factory=set)
 
     def copy(self):
         return _State(dict(self.pending), set(self.thread_read), set(self.thread_written),
-                      set(self.unfenced), self.storing, set(self.one_thread_seen), set(self.observed))
+                      set(self.unfenced), self.storing, set(self.one_thread_seen), set(self.observed),
+                      set(self.stored_global), set(self.written_global), set(self.unfenced_global))
 
     def join(self, other):
         assert not self.pending and not other.pending
         return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
                       self.unfenced | other.unfenced, self.storing.join(other.storing),
-                      self.one_thread_seen | other.one_thread_seen, self.observed | other.observed)
+                      self.one_thread_seen | other.one_thread_seen, self.observed | other.observed,
+                      self.stored_global | other.stored_global, self.written_global | other.written_global,
+                      self.unfenced_global | other.unfenced_global)
 
 
 MAX_TX_BYTES = 2**20 - 1       # an mbarrier's transaction count
@@ -105,6 +113,7 @@ class _Inserter:
     def __init__(self, k: ir.Kernel, skew: int = 0):
         self.k = k
         self.skew = skew
+        self.views = {v.name: v.tensor for v in k.views}
         self.barriers = []
         self.bar_tiles = {}
         self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
@@ -142,6 +151,7 @@ class _Inserter:
             out.append(ir.ProxyFence(span=span))
             st.unfenced.clear()
         out.append(ir.SyncThreads(span=span))
+        st.written_global.clear()
         st.thread_read.clear()
         st.thread_written.clear()
         st.one_thread_seen.clear()
@@ -169,8 +179,10 @@ class _Inserter:
             elif isinstance(s, ir.StoreTail):
                 # It meets at a block barrier before its reads (so what thread 0 waited
                 # for, or threads wrote, is visible) and after them (so no later write
-                # can overtake them), in the blocks that run it: it needs nothing here.
+                # can overtake them), in the blocks that run it: it needs nothing here,
+                # but its threads' writes of a reread tensor wait for a global proxy fence.
                 out.append(s)
+                st.unfenced_global |= {s.tensor} & set(self.k.rereads)
             elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
                 self.pipeline(s, st, out, in_loop)
@@ -204,7 +216,8 @@ class _Inserter:
     def _assign(st, new):
         st.pending, st.thread_read, st.thread_written = new.pending, new.thread_read, new.thread_written
         st.unfenced, st.storing, st.one_thread_seen = new.unfenced, new.storing, new.one_thread_seen
-        st.observed = new.observed
+        st.observed, st.stored_global, st.written_global = new.observed, new.stored_global, new.written_global
+        st.unfenced_global = new.unfenced_global
 
     # ---- pipelined loops
     def pipeline(self, s: ir.For, st, out, in_loop=False):
@@ -229,6 +242,7 @@ class _Inserter:
         ahead = stages - lag
         warpgroups = gemms[0].warpgroups or 1
         tiles = list(dict.fromkeys(x.buffer for x in loads))
+        self.before_global_access({x.tensor for x in loads}, set(), st, out, s.span, tma=True)
         full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full", array=True)
         empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True,
                                  completes="arrivals")
@@ -353,6 +367,7 @@ class _Inserter:
             return st
 
         self.before_tma_writes([t for j in range(S) for t in names[j].values()], st, out, s.span)
+        self.before_global_access({x.tensor for x in loads}, set(), st, out, s.span, tma=True)
         out += [issue(ir.Int(j), j) for j in range(S - 1)]
         head = _fixpoint(st, lambda h: unrolled(h, []))
         body = []
@@ -395,6 +410,7 @@ class _Inserter:
         return _fixpoint(st, trip)
 
     def loads(self, run, st, out, in_loop):
+        self.before_global_access({x.tensor for x in run}, set(), st, out, run[0].span, tma=True)
         tiles = list(dict.fromkeys(s.buffer for s in run))
         for t in tiles:
             if t in st.pending:
@@ -428,14 +444,45 @@ class _Inserter:
     def store(self, run, st, out):
         """TMA stores of one tile (its boxes), committed as one bulk group."""
         t, span = run[0].buffer, run[0].span
+        self.before_global_access(set(), {run[0].tensor}, st, out, span, tma=True)
         if t in st.pending:
             self.wait(st, st.pending[t], out, one_thread=True, span=span)
         if t in st.unfenced:
             self.sync(st, out, fence=True, span=span)
         out.append(ir.OneThread((*run, ir.BulkCommit())))
         st.storing = st.storing.add(t)
+        st.stored_global |= {run[0].tensor} & set(self.k.rereads)
+
+    def before_global_access(self, reads, writes, st, out, span, tma):
+        """Before a statement reads `reads` and writes `writes` (global tensors) by TMA
+        (`tma`: thread 0 issues it) or by every thread: where the kernel rereads one
+        of them (Kernel.rereads), the block's earlier accesses are done first. Its
+        TMA stores of them complete (wait_group 0, thread 0: their writes are then
+        visible to it; a block barrier shows them to the other threads); the
+        threads' writes of them meet at a block barrier, after a global proxy fence
+        where TMA accesses next."""
+        touched = {self.views.get(t, t) for t in reads | writes} & set(self.k.rereads)
+        if not touched:
+            return
+        need_sync = bool(touched & st.written_global)
+        if touched & st.stored_global:
+            out.append(ir.OneThread((ir.BulkWait(read=False),)))
+            st.stored_global.clear()
+            st.storing = _Stores()      # complete: their reads of shared memory too
+            need_sync |= not tma
+        if tma and touched & st.unfenced_global:
+            out.append(ir.ProxyFence(span=span, space="global"))
+            st.unfenced_global.clear()
+            need_sync = True
+        if need_sync:
+            self.sync(st, out, fence=False, span=span)
 
     def thread_access(self, s, st, out):
+        touches = deep(self.k, s)
+        self.before_global_access(set(touches.reads), set(touches.writes), st, out, s.span, tma=False)
+        rewritten = {self.views.get(t, t) for t in touches.writes} & set(self.k.rereads)
+        st.written_global |= rewritten
+        st.unfenced_global |= rewritten
         reads, writes = shared_accesses(self.k, s)
         touched = reads | writes
         # a tile placed over another one's memory (the gemm epilogue's staging tile)

@@ -21,7 +21,12 @@ strides), and the kernel reads R only where it then writes W. That holds when
 Then each tile of W is written only by the block (and the loop step) that read
 it from R, after it did: distinct tiles of W are distinct memory, or the kernel
 races on W whatever its arguments. The kernel is returned with `in_place`: for
-each (W, R), None where W may be R, else the reason as a sentence."""
+each (W, R), None where W may be R, else the reason as a sentence; and with
+`rereads`: the tensors it writes for which the same rule fails with the tensor on
+both sides, so that some read may see the kernel's own write (a step reading a
+tile an earlier step wrote). plan-pipeline loads such a tensor in no rotating
+loop (an early load would read before the write), and insert-barriers orders each
+read of it after the block's writes."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -43,19 +48,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     accesses = _accesses(k)
     pairs = tuple(((w, r), _why_not(k, w, r, accesses)) for w in written for r in tensors
                   if r != w and r not in written)
-    return replace(k, in_place=pairs)
-
-
-def own_writes_read(k: ir.Kernel, t: str):
-    """Why the kernel's reads of tensor `t` may see its own writes of `t` (a step
-    that reads a tile another step, or an earlier statement, wrote), as a sentence;
-    None where it does not write `t`, or where every read and write of `t` is a copy
-    of one tile, read before it is written, in loops that step it by a whole tile
-    (the in-place rule of this pass, with `t` both sides). plan-pipeline issues a
-    rotating loop's loads early only where this is None."""
-    if t not in written_tensors(k):
-        return None
-    return _why_not(k, t, t, _accesses(k))
+    rereads = tuple(t for t in tensors if t in written and _why_not(k, t, t, accesses) is not None)
+    return replace(k, in_place=pairs, rereads=rereads)
 
 
 class _Access:

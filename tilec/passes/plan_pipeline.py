@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, tiles_named
-from . import mark_in_place, plan_smem
+from . import plan_smem
 
 NAME = "plan-pipeline"
 
@@ -58,6 +58,12 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
                 return s
             copies.update({t: s.stages for t in tiles})
             return replace(s, rotate=True)
+        if s.producer:
+            reread = [t for t in _sources(k, s.body) if t in k.rereads]
+            if reread:
+                raise SemanticError(f"producer = 1: the ring loads {reread[0]}, which the kernel also writes (other "
+                                    "than in place, tile by tile); a producer warpgroup loads ahead of the "
+                                    "consumers' writes, so it could read what they have not yet written", s.span)
         stages.update({t: s.stages for t in tiles})
         return replace(s, ring=True)
 
@@ -84,7 +90,7 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
     or nests a pipelined loop, no other statement of the kernel uses them, no
     tile lies over their memory, and the kernel writes the tensors they load
     from only as in place, tile by tile after reading each
-    (mark_in_place.own_writes_read); else none."""
+    (not in mark-in-place's `rereads`); else none."""
     if loop.stages < 2:
         return []
     loads = []
@@ -103,11 +109,15 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
     if set(tiles) & elsewhere or any(b.alias in tiles or (b.name in tiles and b.alias) for b in k.buffers):
         return []
     # loads issued S - 1 iterations early must not read what an iteration before them writes
-    views = {v.name: v.tensor for v in k.views}
-    sources = dict.fromkeys(views.get(s.src.name, s.src.name) for s in loop.body[:len(loads)])
-    if any(mark_in_place.own_writes_read(k, t) is not None for t in sources):
+    if set(_sources(k, loop.body[:len(loads)])) & set(k.rereads):
         return []
     return tiles
+
+
+def _sources(k: ir.Kernel, body) -> list:
+    """The tensors the TMA loads of `body` read (an im2col view's tensor for a view)."""
+    views = {v.name: v.tensor for v in k.views}
+    return list(dict.fromkeys(views.get(s.src.name, s.src.name) for s in body if _is_load(k, s)))
 
 
 def _is_load(k: ir.Kernel, s) -> bool:
