@@ -1,0 +1,36 @@
+"""A block that reads what it stored: A[k + 1] = A[k] + 1 down a loop (`range` or
+`pipelined`), y shared (TMA stores) or local (thread stores), 20 runs each; prints
+how many runs came out wrong (NOTES.md session 29: before Kernel.rereads, the
+pipelined loop rotated and was wrong in 20 of 20 runs on the H100).
+
+    python benchmarks/probes/reread_probe.py            (from the repository root, on a GPU)"""
+import torch
+
+import tilec
+
+CHAIN = """
+kernel chain(A: f32[K, M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    {ydecl} y: f32[8, 32];
+    for k in {loop} {{
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            y[i, j] = a[i, j] + 1.0;
+        }}
+        copy(y, A[k + 1, by * 8, bx * 32]);
+    }}
+}}
+"""
+want = torch.arange(64, device="cuda", dtype=torch.float32)[:, None, None].expand(64, 64, 256)
+for ydecl in ("shared", "local"):
+    for loop in ("range(K - 1)", "pipelined(K - 1, stages = 2)"):
+        k = tilec.compile(CHAIN.format(ydecl=ydecl, loop=loop))
+        wrong = 0
+        for _ in range(20):
+            a = torch.zeros(64, 64, 256, device="cuda")
+            k(a)
+            torch.cuda.synchronize()
+            wrong += int(not torch.equal(a, want))
+        print(f"y {ydecl}, {loop}: {wrong} of 20 runs wrong", flush=True)
