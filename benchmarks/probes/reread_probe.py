@@ -4,29 +4,18 @@ how many runs came out wrong (NOTES.md session 29: before Kernel.rereads, the
 pipelined loop rotated and was wrong in 20 of 20 runs on the H100).
 
     python benchmarks/probes/reread_probe.py            (from the repository root, on a GPU)"""
-import torch
+import sys
 
-import tilec
+sys.path.insert(0, "tests")
+import torch  # noqa: E402
 
-CHAIN = """
-kernel chain(A: f32[K, M, N]) {{
-    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
-    threads 128;
-    shared a: f32[8, 32];
-    {ydecl} y: f32[8, 32];
-    for k in {loop} {{
-        copy(A[k, by * 8, bx * 32], a);
-        parallel (i, j) in (8, 32) {{
-            y[i, j] = a[i, j] + 1.0;
-        }}
-        copy(y, A[k + 1, by * 8, bx * 32]);
-    }}
-}}
-"""
+import tilec  # noqa: E402
+from test_rotate import chain  # noqa: E402     the kernel of tests/test_rotate.py and test_gpu_rereads.py
+
 want = torch.arange(64, device="cuda", dtype=torch.float32)[:, None, None].expand(64, 64, 256)
 for ydecl in ("shared", "local"):
     for loop in ("range(K - 1)", "pipelined(K - 1, stages = 2)"):
-        k = tilec.compile(CHAIN.format(ydecl=ydecl, loop=loop))
+        k = tilec.compile(chain(ydecl).replace("pipelined(K - 1, stages = 2)", loop))
         wrong = 0
         for _ in range(20):
             a = torch.zeros(64, 64, 256, device="cuda")

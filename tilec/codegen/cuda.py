@@ -459,7 +459,7 @@ class _Printer:
         n = src.shape[s.axis]
         what = "row" if s.axis == 1 else "column"
         result = "tl_acc" if ctype(acc.dtype) == t else convert(acc.dtype, "tl_acc")
-        lanes = ir.reduce_lanes(self.threads, acc.elements, n, acc.scope == "shared")
+        lanes = ir.reduce_lanes(self.k, s)
         if lanes > 1:
             return self.reduce_in_lanes(s, acc, n, lanes, t, at, combine, result, ind)
         body = [f"  {t} tl_acc = {at(ir.Int(0))};  // the {s.op} of {what} tl_i0 of {src.name}"]
@@ -505,26 +505,20 @@ class _Printer:
                  f"    tl_acc = {combine(pulled)};",
                  "  }"]
         live = f"tl_i0 < {acc.elements} && " if spare else ""
+        last = []       # lane 0's, before it writes the result
         if warps > 1:
             slots = f"reinterpret_cast<{t}*>({ir.REDUCE_WARPS})"
             body += [f"  {self.block_sync}  // a reduce before may still read the warps' slots",
                      f"  if ({live}tl_lane % 32 == 0) {{",
                      f"    {slots}[threadIdx.x / 32] = tl_acc;",
                      "  }",
-                     f"  {self.block_sync}",
-                     f"  if ({live}tl_lane == 0) {{",
-                     "    #pragma unroll",
-                     f"    for (int tl_w = 1; tl_w < {warps}; ++tl_w) {{",
-                     f"      tl_acc = {combine(f'{slots}[threadIdx.x / 32 + tl_w]')};",
-                     "    }",
-                     f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
-                     "  }",
-                     "}"]
-        else:
-            body += [f"  if ({live}tl_lane == 0) {{",
-                     f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};",
-                     "  }",
-                     "}"]
+                     f"  {self.block_sync}"]
+            last = ["#pragma unroll",
+                    f"for (int tl_w = 1; tl_w < {warps}; ++tl_w) {{",
+                    f"  tl_acc = {combine(f'{slots}[threadIdx.x / 32 + tl_w]')};",
+                    "}"]
+        body += [f"  if ({live}tl_lane == 0) {{"] + ["    " + line for line in last] + \
+            [f"    {self.element(acc, [ir.Var('tl_i0')])} = {result};", "  }", "}"]
         return [ind + line for line in body]
 
     def thread_copy(self, s: ir.ThreadCopy, ind) -> list:

@@ -598,19 +598,21 @@ def thread_registers(threads: int, producer: bool = False) -> int:
     return min(255, 65536 // block // 8 * 8)
 
 
-def reduce_lanes(threads: int, results: int, walk: int, shared_result: bool) -> int:
-    """The threads that share one result of a `reduce` (codegen/cuda.py's reduce and
-    the interpreter follow it): a power of two, at most threads // results and at
-    most the `walk` elements of a row or column (each thread has one at least).
+def reduce_lanes(k: "Kernel", s: Reduce) -> int:
+    """The threads that share one result of reduce `s` (codegen/cuda.py's reduce,
+    the interpreter and plan-smem follow it): a power of two, at most threads //
+    results and at most the elements of a row or column it walks (each thread has
+    one at least).
     Within a warp they combine through shuffles; a group of several warps then
     combines the warps' values in order through shared memory (REDUCE_WARPS).
     Only where the result tile is shared (the group's first thread writes it; a
     local result's element lives on thread e % threads, outside the group); else
     1. `threads` is a multiple of 32 (check-types), so every warp of the block
     takes part in the shuffles whole."""
-    if not shared_result:
+    acc = k.buffer(s.dst)
+    if acc.scope != "shared":
         return 1
-    limit = min(threads // results, walk)
+    limit = min(k.threads.value // acc.elements, k.buffer(s.src).shape[s.axis])
     return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
 
 

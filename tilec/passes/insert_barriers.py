@@ -114,6 +114,7 @@ class _Inserter:
         self.k = k
         self.skew = skew
         self.views = {v.name: v.tensor for v in k.views}
+        self.rereads = set(k.rereads)
         self.barriers = []
         self.bar_tiles = {}
         self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
@@ -182,7 +183,7 @@ class _Inserter:
                 # can overtake them), in the blocks that run it: it needs nothing here,
                 # but its threads' writes of a reread tensor wait for a global proxy fence.
                 out.append(s)
-                st.unfenced_global |= {s.tensor} & set(self.k.rereads)
+                st.unfenced_global |= self.reread({s.tensor})
             elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
                 self.pipeline(s, st, out, in_loop)
@@ -366,8 +367,8 @@ class _Inserter:
                 st = self._last_state.join(st)
             return st
 
+        # (no global ordering: plan-pipeline rotates no loop that loads a tensor of Kernel.rereads)
         self.before_tma_writes([t for j in range(S) for t in names[j].values()], st, out, s.span)
-        self.before_global_access({x.tensor for x in loads}, set(), st, out, s.span, tma=True)
         out += [issue(ir.Int(j), j) for j in range(S - 1)]
         head = _fixpoint(st, lambda h: unrolled(h, []))
         body = []
@@ -451,7 +452,7 @@ class _Inserter:
             self.sync(st, out, fence=True, span=span)
         out.append(ir.OneThread((*run, ir.BulkCommit())))
         st.storing = st.storing.add(t)
-        st.stored_global |= {run[0].tensor} & set(self.k.rereads)
+        st.stored_global |= self.reread({run[0].tensor})
 
     def before_global_access(self, reads, writes, st, out, span, tma):
         """Before a statement reads `reads` and writes `writes` (global tensors) by TMA
@@ -461,7 +462,7 @@ class _Inserter:
         visible to it; a block barrier shows them to the other threads); the
         threads' writes of them meet at a block barrier, after a global proxy fence
         where TMA accesses next."""
-        touched = {self.views.get(t, t) for t in reads | writes} & set(self.k.rereads)
+        touched = self.reread(reads | writes)
         if not touched:
             return
         need_sync = bool(touched & st.written_global)
@@ -477,12 +478,17 @@ class _Inserter:
         if need_sync:
             self.sync(st, out, fence=False, span=span)
 
+    def reread(self, names) -> set:
+        """The tensors of Kernel.rereads among `names` (tensors, or im2col views of them)."""
+        return {self.views.get(t, t) for t in names} & self.rereads
+
     def thread_access(self, s, st, out):
-        touches = deep(self.k, s)
-        self.before_global_access(set(touches.reads), set(touches.writes), st, out, s.span, tma=False)
-        rewritten = {self.views.get(t, t) for t in touches.writes} & set(self.k.rereads)
-        st.written_global |= rewritten
-        st.unfenced_global |= rewritten
+        if self.rereads:
+            touches = deep(self.k, s)
+            self.before_global_access(set(touches.reads), set(touches.writes), st, out, s.span, tma=False)
+            rewritten = self.reread(touches.writes)
+            st.written_global |= rewritten
+            st.unfenced_global |= rewritten
         reads, writes = shared_accesses(self.k, s)
         touched = reads | writes
         # a tile placed over another one's memory (the gemm epilogue's staging tile)

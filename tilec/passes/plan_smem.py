@@ -22,7 +22,7 @@ SWIZZLE_ALIGN = 1024            # the 128-byte swizzle pattern follows address b
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    if any(isinstance(s, ir.Reduce) and _lanes(k, s) > 32 for s in ir.walk_stmts(k.body)):
+    if any(isinstance(s, ir.Reduce) and ir.reduce_lanes(k, s) > 32 for s in ir.walk_stmts(k.body)):
         # one slot a warp where a reduce's groups of several warps combine (codegen's reduce_in_lanes)
         k = replace(k, buffers=k.buffers + (ir.Buffer(ir.REDUCE_WARPS, "shared", ir.DTYPES["u64"],
                                                       (k.threads.value // 32,)),))
@@ -33,11 +33,6 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not any(isinstance(s, ir.Specialized) for s in ir.walk_stmts(k.body)):
         return k
     return replace(k, body=map_body(k.body, lambda s: _blocks_per_sm(k, s)))
-
-
-def _lanes(k: ir.Kernel, s: ir.Reduce) -> int:
-    acc = k.buffer(s.dst)
-    return ir.reduce_lanes(k.threads.value, acc.elements, k.buffer(s.src).shape[s.axis], acc.scope == "shared")
 
 
 def place(k: ir.Kernel, arch: str, barriers: int) -> tuple:

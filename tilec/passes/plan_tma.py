@@ -40,18 +40,15 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buf = k.buffer(s.buffer)
         rank = len(tensor.shape)
         shape = tuple(buf.shape)
-        swizzle, chunks, pieces = "none", 1, [(0,) * len(shape)]
-        if buf.swizzle:
-            # column chunks of rows of 128, 64 or 32 bytes in TMA's swizzle of that size: what wgmma reads
-            width = buf.swizzle // tensor.dtype.size
-            swizzle, chunks = f"{buf.swizzle}B", shape[-1] // width
-            shape = shape[:-1] + (width,)
-        elif buf.layout == "cols":
-            # one box per column chunk (a tile of several im2col filter taps)
-            chunks = shape[-1] // buf.chunk
-            shape = shape[:-1] + (buf.chunk,)
+        swizzle = f"{buf.swizzle}B" if buf.swizzle else "none"
+        if buf.swizzle or buf.layout == "cols":
+            # one box per column chunk, the chunks one after another: rows of 128, 64 or 32 bytes in
+            # TMA's swizzle of that size (what wgmma reads), or a tile of several im2col filter taps
+            width = buf.swizzle // tensor.dtype.size if buf.swizzle else buf.chunk
+            full, shape = shape, shape[:-1] + (width,)
+            boxes = [((0,) * (len(shape) - 1) + (c * width,), c * math.prod(shape)) for c in range(full[-1] // width)]
         else:
-            shape, pieces = _split(tensor, shape, s)
+            shape, boxes = _split(tensor, shape, s)
         box = (1,) * (rank - len(shape)) + shape
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
@@ -66,20 +63,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                      inner_rounded=rounded, span=s.span)
         tm = maps[key]
         copies = []
-        chunk_bytes = tm.box_bytes(tensor.dtype)
-        full = buf.shape[len(buf.shape) - len(pieces[0]):]
-        for c in range(chunks):
-            for piece in pieces:
-                # the box's first element, in elements from the tile's start (row-major)
-                start = sum(i * math.prod(full[d + 1:]) for d, i in enumerate(piece))
-                at = (0,) * (rank - len(piece)) + piece[:-1] + (piece[-1] + c * box[-1],)
-                coords = tuple(fold(ir.BinOp("+", x, ir.Int(o))) if o else x for x, o in zip(s.coords, at))
-                offset = c * chunk_bytes + start * tensor.dtype.size
-                if isinstance(s, ir.TmaStore):
-                    copies.append(replace(s, coords=coords, tensor_map=tm.name, smem_offset=offset))
-                else:
-                    copies.append(replace(s, coords=coords, tensor_map=tm.name, bytes=chunk_bytes,
-                                          smem_offset=offset))
+        for first, offset in boxes:
+            at = (0,) * (rank - len(first)) + first
+            coords = tuple(fold(ir.BinOp("+", x, ir.Int(o))) if o else x for x, o in zip(s.coords, at))
+            placed = replace(s, coords=coords, tensor_map=tm.name, smem_offset=offset * tensor.dtype.size)
+            copies.append(placed if isinstance(s, ir.TmaStore) else replace(placed, bytes=tm.box_bytes(tensor.dtype)))
         return copies[0] if len(copies) == 1 and isinstance(s, ir.TmaStore) else copies
 
     body = map_body(k.body, plan)
@@ -176,14 +164,15 @@ def _plan_im2col(k, s, maps):
 
 def _split(tensor, shape, s):
     """The box of a row-major tile `shape` whose dimensions may pass MAX_BOX, and
-    each box's first index in the tile: dimension e, the innermost over MAX_BOX,
-    in pieces of the largest width w <= MAX_BOX that divides it (a multiple of 16
-    bytes where e is the innermost), the dimensions inside e whole, those
-    outside it one index a box. Each box is then one contiguous block of the
-    tile, in the tile's own order."""
+    for each box (its first index in the tile, its offset in elements from the
+    tile's start): dimension e, the innermost over MAX_BOX, in pieces of the
+    largest width w <= MAX_BOX that divides it (a multiple of 16 bytes where e is
+    the innermost), the dimensions inside e whole, those outside it one index a
+    box. Each box is then one contiguous block of the tile, in the tile's own
+    order."""
     over = [d for d, n in enumerate(shape) if n > MAX_BOX]
     if not over:
-        return shape, [(0,) * len(shape)]
+        return shape, [((0,) * len(shape), 0)]
     e = over[-1]
     step = 16 // math.gcd(16, tensor.dtype.size) if e == len(shape) - 1 else 1
     w = next((w for w in range(MAX_BOX, 0, -1) if shape[e] % w == 0 and w % step == 0), None)
@@ -201,8 +190,8 @@ def _split(tensor, shape, s):
     outer = [()]
     for n in shape[:e]:
         outer = [o + (i,) for o in outer for i in range(n)]
-    pieces = [o + (j * w,) + (0,) * (len(shape) - e - 1) for o in outer for j in range(shape[e] // w)]
-    return box, pieces
+    firsts = [o + (j * w,) + (0,) * (len(shape) - e - 1) for o in outer for j in range(shape[e] // w)]
+    return box, [(f, sum(i * math.prod(shape[d + 1:]) for d, i in enumerate(f))) for f in firsts]
 
 
 def _check_box(tensor, box, s):

@@ -604,8 +604,8 @@ class _Blocks:
     def reduce(self, s, env):
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
         (axis 0) of s, in order from the first element, or in ir.reduce_lanes lanes
-        combined in halves within each warp, then the warps in order: floats in float (double with an f64 side), so float
-        sums round as the GPU's do; integer sums
+        combined in halves within each warp, then the warps in order: floats in
+        float (double with an f64 side), so float sums round as the GPU's do; integer sums
         modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
         then converted to acc's dtype as C++ assigns it."""
         src, acc = self.buffers[s.src], self.buffers[s.dst]
@@ -619,7 +619,7 @@ class _Blocks:
                 if s.op == "max":
                     return np.where(total < v, v, total)        # tl_max(tl_acc, v)
                 return np.where(v < total, v, total)            # tl_min(v, tl_acc)
-            lanes = ir.reduce_lanes(self.threads, acc.elements, x.shape[0], acc.scope == "shared")
+            lanes = ir.reduce_lanes(self.k, s)
             totals = []
             for g in range(lanes):                              # lane g walks elements g, g + lanes, ...
                 total = x[g]
