@@ -1,7 +1,7 @@
 """GPU: the CPU interpreter and the CUDA kernel agree bit for bit on the same
 inputs, outputs poisoned alike: guarded views (tests/guard.py) on the GPU and on
 the CPU, whose padding neither may write (marked gpu). Data movement, integer math and
-float math up to the fused multiply-adds NVRTC contracts are exact; gemm sums
+float math, fused multiply-adds included, are exact; gemm sums
 (wgmma's order of accumulation) are compared with a tolerance."""
 import math
 
@@ -71,6 +71,37 @@ def test_scale_example(alpha):
     """s * alpha + 1.0 is one fused multiply-add on the GPU; the interpreter rounds once too."""
     x = tensor((333, 1000), "f32", 2)
     assert_same_bits(run_both(str(EXAMPLES / "scale.tile"), [x], [(x.shape, x.dtype)], scalars=(alpha,)))
+
+
+FUSED_WHERE_WRITTEN = """
+kernel fused(X: f32[M, N], Y: f32[M, N], alpha: f32, beta: f32) {
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 4));
+    threads 128;
+    shared x: f32[4, 128];
+    local t: f32[4, 128];
+    local r: f32[4, 128];
+    copy(X[by * 4, bx * 128], x);
+    parallel (i, j) in (4, 128) {
+        t[i, j] = x[i, j] * x[i, 127 - j];
+        r[i, j] = select(alpha < 0.0, x[i, 127 - j] * x[i, 127 - j], alpha) - (x[i, j] + x[i, j]) * beta;
+        r[i, j] = r[i, j] + t[i, j];
+    }
+    copy(r, Y[by * 4, bx * 128]);
+}
+"""
+
+
+@pytest.mark.parametrize("alpha", [-1.0, 0.5])
+def test_fused_only_where_the_source_says(alpha):
+    """A random program (seed 20270103, session 30, on the H200) differed from the
+    interpreter in one element: NVRTC's own contraction split the select and
+    fused its arm's product (x * x) where the model fused the other one. Now the
+    kernel spells out its one fused multiply-add per `a * b ± c` and NVRTC
+    (--fmad=false) fuses nothing else: not the select's arm, not t's product
+    into the next statement's sum. Both choices cancel in `x^2 - 2x * beta`,
+    so a differently placed rounding shows."""
+    x = tensor((333, 1000), "f32", 8)
+    assert_same_bits(run_both(FUSED_WHERE_WRITTEN, [x], [(x.shape, x.dtype)], scalars=(alpha, 0.5)))
 
 
 @pytest.mark.parametrize("shape", [(2, 14, 14, 64), (3, 5, 7, 128)])

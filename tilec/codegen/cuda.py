@@ -14,7 +14,7 @@ from .._resources import resource
 from ..arch import DEFAULT as DEFAULT_ARCH, get as get_arch
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import fold, is_float, map_body, reads_f64, walk_expr, widened
+from ..ir.exprs import float_width, fold, fused_product, is_float, map_body, reads_f64, walk_expr, widened
 from ..ir.nodes import walk_stmts
 from ..ir.printer import binary, expr as show_expr
 from ..passes import make_persistent
@@ -88,7 +88,11 @@ class _Printer:
             return text if double else text + "f"
         if isinstance(e, ir.Var):
             return e.name
-        if isinstance(e, ir.BinOp):     # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
+        if isinstance(e, ir.BinOp):
+            fused = fused_product(self.k, e, double)
+            if fused is not None:
+                return self.fma(e, fused, double)
+            # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
             return binary(widened(e), prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
             inner = self.expr(e.operand, 7, double)
@@ -119,6 +123,28 @@ class _Printer:
             ref = self.element(b, e.indices)
             return f"float({ref})" if b.dtype.name in _WRAPPED else ref
         raise TypeError(f"cannot print {e!r}")
+
+    def fma(self, e: ir.BinOp, side: int, double: bool) -> str:
+        """`a * b ± c` or `c ± a * b` as the one fused multiply-add that
+        ir.exprs.fused_product picks: __fmaf_rn (__fma_rn in double), which NVRTC
+        never splits; with --fmad=false it fuses nothing else, so the kernel
+        rounds where the source (and the interpreter) say."""
+        width = float_width(self.k, e, double)
+        product, other = (e.lhs, e.rhs) if side == 0 else (e.rhs, e.lhs)
+        a, b, c = product.lhs, product.rhs, other
+
+        def negated(x):     # in the float type: -u of an unsigned u wraps, -INT_MIN overflows
+            if float_width(self.k, x, double) != width:
+                x = ir.Cast(ir.DTYPES["f64" if width == 64 else "f32"], x, span=x.span)
+            return ir.UnaryOp("-", x, span=x.span)
+
+        if e.op == "-":
+            if side == 0:
+                c = negated(c)
+            else:
+                a = negated(a)
+        fn = "__fma_rn" if width == 64 else "__fmaf_rn"
+        return f"{fn}({', '.join(self.expr(x, 0, double) for x in (a, b, c))})"
 
     def element(self, b: ir.Buffer, indices) -> str:
         if b.scope == "local":

@@ -142,6 +142,55 @@ def is_float(k, e) -> bool:
     return float_part(k, e) is not None
 
 
+def float_width(k, e, double: bool) -> int | None:
+    """The bits of the C++ float type device code computes `e` in (32: float,
+    64: double), None for an integer or boolean expression: C++'s usual
+    arithmetic conversions over f64 (double), other float elements, scalars and
+    casts (float, f16 and its kin read as float), float literals and calls
+    (double where the expression reads f64, `double`)."""
+    if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
+        return 64 if double else 32
+    dt = None
+    if isinstance(e, ir.Cast):
+        dt = e.dtype
+    elif isinstance(e, ir.Var) and e.kind == "scalar":
+        dt = k.param(e.name).dtype
+    elif isinstance(e, ir.Subscript):
+        b = k.buffer(e.name)
+        dt = b.dtype if b is not None else None
+    if dt is not None or isinstance(e, (ir.Cast, ir.Var, ir.Subscript)):
+        return (64 if dt.name == "f64" else 32) if dt is not None and dt.is_float else None
+    if isinstance(e, ir.BinOp):
+        if e.op not in "+-*/%":
+            return None
+        parts = (e.lhs, e.rhs)
+    elif isinstance(e, ir.UnaryOp):
+        parts = (e.operand,) if e.op == "-" else ()
+    elif isinstance(e, ir.Call) and e.func in ("min", "max", "abs", "select"):
+        parts = e.args[1:] if e.func == "select" else e.args
+    else:
+        return None
+    return max((w for w in (float_width(k, x, double) for x in parts) if w is not None), default=None)
+
+
+def fused_product(k, e, double: bool) -> int | None:
+    """Which side of `e` device code fuses with the other into one multiply-add
+    (0: the left, 1: the right), None where nothing is: `a * b + c`, `a * b - c`,
+    `c + a * b`, `c - a * b` whose product has the float type of the sum, the
+    left product where both sides are products. Codegen prints it as
+    __fmaf_rn / __fma_rn and NVRTC compiles with --fmad=false, so no other
+    operations are fused; the interpreter computes the same fused operation."""
+    if not (isinstance(e, ir.BinOp) and e.op in ("+", "-")):
+        return None
+    width = float_width(k, e, double)
+    if width is None:
+        return None
+    for i, side in enumerate((e.lhs, e.rhs)):
+        if isinstance(side, ir.BinOp) and side.op == "*" and float_width(k, side, double) == width:
+            return i
+    return None
+
+
 def free_names(e) -> set:
     return {x.name for x in walk_expr(e) if isinstance(x, ir.Var)}
 

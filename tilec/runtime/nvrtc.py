@@ -77,7 +77,9 @@ def compile_cuda(source: str, name: str, arch: str) -> Compiled:
     t0 = time.perf_counter()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []), "create")
     try:
-        opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+        # --fmad=false: the kernel's one fused multiply-add per `a * b ± c` is spelled
+        # out (__fmaf_rn, ir.exprs.fused_product); NVRTC contracts nothing else
+        opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--fmad=false"]
         with _LOCK:   # NVRTC-based runtimes race when several threads compile at once
             result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(result[0]) != 0:

@@ -19,7 +19,8 @@ by statement, and computes what that CUDA computes:
 - `parallel` bodies run vectorised over their whole index space, statement by
   statement. Element arithmetic is C++'s: the usual arithmetic conversions,
   int32 wrap-around, truncating `/` and `%`, f16 / bf16 / fp8 computed in
-  float, and `a * b + c` contracted to one fused multiply-add as NVRTC does.
+  float, and `a * b + c` one fused multiply-add where the kernel fuses it
+  (ir.exprs.fused_product).
 - mbarriers are counted: a wait no phase would complete, or loads bringing
   more bytes than the expect-tx, raise InterpretError.
 - A warp-specialised block (`pipelined(..., producer = 1)`) runs its

@@ -18,7 +18,7 @@ from .. import host
 from ...codegen.abi import balanced_grid
 from ...ir import im2col
 from ...ir import nodes as ir
-from ...ir.exprs import reads_f64, widened
+from ...ir.exprs import float_width, fused_product, reads_f64, widened
 from ...ir.tma import SWIZZLE_SPAN
 from ...passes import make_persistent
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
@@ -173,10 +173,6 @@ class _Lanes:
         self.vars, self.shape, self.mask = vars, shape, mask
 
 
-def _is_mul(e):
-    return type(e) is ir.BinOp and e.op == "*"
-
-
 def _int(v) -> int:
     return int(np.asarray(v).astype(np.int64))
 
@@ -273,6 +269,7 @@ class _Blocks:
         self.one_thread_depth = 0
         self.roles = None                   # the _Roles of the Specialized statement being run
         self._view_exprs = {}
+        self._fused = {}                    # (id of a + or - expression, double): (it, fused_product, its float type)
         self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
     def run(self, grid):
@@ -875,33 +872,24 @@ class _Blocks:
         return arith(op, a, b, e)
 
     def add_sub(self, e, env, double):
-        """`a * b + c`, `c + a * b`, `a * b - c`, `c - a * b` in float or double
-        are one fused multiply-add (NVRTC's default contraction); the left
-        product is the one fused when both sides are products."""
-        sides = []
-        for x in (widened(e.lhs), widened(e.rhs)):     # a product of two sizes: its left factor in i64
-            if _is_mul(x):
-                f, g = self.ev(x.lhs, env, double), self.ev(x.rhs, env, double)
-                sides.append((f, g, common_type(f.dtype, g.dtype)))
+        """`a * b ± c` and `c ± a * b` in float or double as one fused
+        multiply-add where device code fuses them (ir.exprs.fused_product), else
+        the plain sum or difference."""
+        key = (id(e), double)
+        if key not in self._fused:
+            # e is kept with the answer, so its id stays its own while the cache lives
+            self._fused[key] = (e, fused_product(self.k, e, double), F64 if float_width(self.k, e, double) == 64 else F32)
+        _, i, t = self._fused[key]
+        if i is None:
+            return arith(e.op, self.ev(e.lhs, env, double), self.ev(e.rhs, env, double), e)
+        product, other = (e.lhs, e.rhs) if i == 0 else (e.rhs, e.lhs)
+        f, g, c = (convert(self.ev(x, env, double), t) for x in (product.lhs, product.rhs, other))
+        if e.op == "-":
+            if i == 0:
+                c = -c
             else:
-                v = self.ev(x, env, double)
-                sides.append((v, None, v.dtype))
-        t = common_type(sides[0][2], sides[1][2])
-        if t.kind == "f":
-            for i in (0, 1):
-                f, g, tm = sides[i]
-                if g is not None and tm == t:
-                    other = sides[1 - i]
-                    c = convert(other[0] if other[1] is None else arith("*", other[0], other[1], e), t)
-                    f, g = convert(f, t), convert(g, t)
-                    if e.op == "-":
-                        if i == 0:
-                            c = -c
-                        else:
-                            f = -f
-                    return _fma(f, g, c, t)
-        a, b = (s[0] if s[1] is None else arith("*", s[0], s[1], e) for s in sides)
-        return arith(e.op, a, b, e)
+                f = -f
+        return _fma(f, g, c, t)
 
     def call(self, e, env, double):
         if e.func == "select":                     # c ? a : b
