@@ -403,6 +403,7 @@ _CPU_SHIM = r"""
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 struct tl_dim3 { unsigned x, y, z; };
@@ -417,7 +418,15 @@ inline void __syncthreads() { tl_block_barrier->arrive_and_wait(); }
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 alignas(1024) unsigned char tl_cpu_smem[1 << 18];
+inline void tl_cp_async16(void* dst, const void* src, int bytes) {  // cp.async: `bytes` read, the rest of 16 zeros
+  if (bytes < 0 || bytes > 16) abort();
+  memcpy(dst, src, bytes);
+  memset(static_cast<unsigned char*>(dst) + bytes, 0, 16 - bytes);
+}
+inline void tl_cp_async_wait_all() {}
 """
+# the device definitions the shim replaces (inline PTX)
+_PTX_HELPERS = re.compile(r"__device__ __forceinline__ \w+ (smem_addr|tl_cp_async16|tl_cp_async_wait_all)\(.*?\n}\n", re.S)
 
 _CPU_MAIN = r"""
 int main(int argc, char** argv) {  // M N offA sA0 sA1 offB sB0 sB1 lenA lenB; A's and B's buffers on stdin
@@ -462,17 +471,29 @@ CPU_CASES = [(100, 300, 0, 300, 1, 0, 300, 1), (100, 301, 0, 304, 1, 0, 304, 1),
              (65, 129, 0, 144, 1, 0, 129, 1)]
 
 
+# the same, each tile's columns reversed on the way: columns past N read as zeros land inside B
+CPU_REVERSE = CPU_COPY.replace("copy(A[by * BM, bx * BN], s);", """shared r: {dt}[BM, BN];
+    copy(A[by * BM, bx * BN], s);
+    parallel (i, j) in (BM, BN) {{
+        r[i, j] = s[i, BN - 1 - j];
+    }}""").replace("copy(s, B[", "copy(r, B[")
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the generated CUDA for the CPU")
+@pytest.mark.parametrize("reverse", [False, True], ids=["copy", "reverse"])
 @pytest.mark.parametrize("dt, ctype, bm, bn, threads", [("f32", "float", 64, 128, 128), ("i8", "signed char", 8, 48, 64),
                                                         ("f64", "double", 16, 64, 96)])
-def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads):
+def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads, reverse):
     """The CUDA sm_80 gets for copy2d (16-byte vector copies when the rows allow,
     element copies otherwise) built with g++, one std::thread per CUDA thread and
-    a std::barrier for __syncthreads: every element lands, nothing else is written."""
-    k = tilec.compile(CPU_COPY.format(dt=dt, bm=bm, bn=bn, threads=threads), arch="sm_80")
-    assert "tl_v16" in k.cuda_source
-    cuda = k.cuda_source.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
-                                 "unsigned char* const tl_smem = tl_cpu_smem;")
+    a std::barrier for __syncthreads, cp.async as a copy of its byte count and
+    zeros for the rest of the 16: every element lands, nothing else is written."""
+    k = tilec.compile((CPU_REVERSE if reverse else CPU_COPY).format(dt=dt, bm=bm, bn=bn, threads=threads), arch="sm_80")
+    assert "tl_v16" in k.cuda_source and "tl_cp_async16(" in k.cuda_source
+    cuda, helpers = _PTX_HELPERS.subn("", k.cuda_source)
+    assert helpers == 3
+    cuda = cuda.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
+                        "unsigned char* const tl_smem = tl_cpu_smem;")
     main = _CPU_MAIN.replace("THREADS", str(threads)).replace("BM", str(bm)).replace("BN", str(bn))
     (tmp_path / "k.cc").write_text(_CPU_SHIM + f"using T = {ctype};\n" + cuda + main)
     subprocess.run(["g++", "-O1", "-std=c++20", "-fno-strict-aliasing", "-pthread", "-w", "-o", str(tmp_path / "k"),
@@ -486,6 +507,7 @@ def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads):
                              input=a.tobytes() + b.tobytes(), capture_output=True, check=True, timeout=120).stdout
         i, j = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
         want = b.copy()
-        want[off_b + i * b0 + j * b1] = a[off_a + i * a0 + j * a1]
+        src = j // bn * bn + bn - 1 - j % bn if reverse else j        # the column of A that lands at j
+        want[off_b + i * b0 + j * b1] = np.where(src < n, a[off_a + i * a0 + np.minimum(src, n - 1) * a1], 0)
         got = np.frombuffer(out, npt)
         assert np.array_equal(got, want), ((m, n, off_a, a0, a1, off_b, b0, b1), int((got != want).sum()))

@@ -66,6 +66,7 @@ class _Printer:
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
+        self.uses_cp_async = False  # their global -> shared direction, through cp.async
         self.uses_stream_k = False
         self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
@@ -589,18 +590,14 @@ class _Printer:
         whole = f"tl_x >= 0 && tl_x + {per} <= tl_{t.name}_dim{last}"
         lines += [f"  {'const ' if src_b is not None else ''}{ct}* const tl_s = &{self.element(tile, [ir.Var(x) for x in names])};",
                   f"  const long long tl_x = {coords[last]};"]
-        if src_b is None:       # global -> shared
-            lines += [f"  if ({rows_ok}) {{",
-                      f"    const {ct}* const tl_row = {t.name}{row};",
-                      f"    if ({whole}) {{",
-                      "      *reinterpret_cast<tl_v16*>(tl_s) = *reinterpret_cast<const tl_v16*>(tl_row + tl_x);",
-                      "    } else {",
-                      "      #pragma unroll",
-                      f"      for (int tl_l = 0; tl_l < {per}; ++tl_l) "
-                      f"tl_s[tl_l] = {in_row} ? tl_row[tl_x + tl_l] : static_cast<{ct}>(0);",
-                      "    }",
+        if src_b is None:       # global -> shared: cp.async, zeros where the vector leaves the tensor
+            self.uses_cp_async = True
+            lines += [f"  const long long tl_left = tl_{t.name}_dim{last} - tl_x;  // elements of the row from tl_x on",
+                      f"  if ({rows_ok} && tl_x >= 0 && tl_left > 0) {{",
+                      f"    tl_cp_async16(tl_s, {t.name}{row} + tl_x, "
+                      f"tl_left >= {per} ? 16 : static_cast<int>(tl_left) * {t.dtype.size});",
                       "  } else {",
-                      "    *reinterpret_cast<tl_v16*>(tl_s) = tl_v16{0, 0};",
+                      f"    tl_cp_async16(tl_s, {t.name}, 0);",
                       "  }"]
         else:                   # shared -> global
             lines += [f"  if ({rows_ok}) {{",
@@ -625,6 +622,8 @@ class _Printer:
         if n % self.threads:
             out.append(f"{ind}  }}")
         out.append(f"{ind}}}")
+        if src_b is None:
+            out.append(f"{ind}tl_cp_async_wait_all();  // this thread's vectors are in shared memory")
         return cond, out
 
     def element_copy(self, s: ir.ThreadCopy, ind) -> list:
@@ -976,7 +975,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add(f8, "f8e5m2_t", "e5m2")
     if k.tensor_maps:
         add("tensor_map")
-    if k.tensor_maps or k.barriers or any(b.swizzle for b in k.buffers):
+    if k.tensor_maps or k.barriers or any(b.swizzle for b in k.buffers) or (pr is not None and pr.uses_cp_async):
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
@@ -1011,6 +1010,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("pack2", sorted(pr.pair_stores))
     if pr is not None and pr.uses_vec16:
         add("vec16")
+    if pr is not None and pr.uses_cp_async:
+        add("cp_async16")
     if pr is not None and pr.uses_stream_k:
         add("stream_k")
     return need
