@@ -66,7 +66,7 @@ class _Printer:
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
-        self.uses_cp_async = False  # their global -> shared direction, through cp.async
+        self.cp_async = set()       # bytes of the cp.async copies of thread copies into shared memory
         self.uses_stream_k = False
         self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
@@ -591,7 +591,7 @@ class _Printer:
         lines += [f"  {'const ' if src_b is not None else ''}{ct}* const tl_s = &{self.element(tile, [ir.Var(x) for x in names])};",
                   f"  const long long tl_x = {coords[last]};"]
         if src_b is None:       # global -> shared: cp.async, zeros where the vector leaves the tensor
-            self.uses_cp_async = True
+            self.cp_async.add(16)
             lines += [f"  const long long tl_left = tl_{t.name}_dim{last} - tl_x;  // elements of the row from tl_x on",
                       f"  if ({rows_ok} && tl_x >= 0 && tl_left > 0) {{",
                       f"    tl_cp_async16(tl_s, {t.name}{row} + tl_x, "
@@ -648,6 +648,15 @@ class _Printer:
         if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
                 and dst_dt.name in PAIR_TYPES and not (src_b.transposed and dst_dt.size != 2):
             return self.fragment_pairs(s, src_b, dst_b, ind)
+        if src_b is None and dst_b is not None and dst_b.scope == "shared" and src_dt == dst_dt \
+                and src_dt.size in (4, 8) and self.fragment_of(s) is None:
+            # cp.async, src size 0 outside the tensor (zeros), every element in flight before the wait
+            self.cp_async.add(src_dt.size)
+            base = view.tensor if view is not None else s.src.name
+            lines.append(f"  tl_cp_async{src_dt.size}(&{self.element(dst_b, [ir.Var(n) for n in names])}, "
+                         f"tl_in ? &{ptr} : {base}, tl_in ? {src_dt.size} : 0);")
+            return self.thread_loop(s.shape, names, lines, ind) + \
+                [f"{ind}tl_cp_async_wait_all();  // this thread's elements are in shared memory"]
         value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
@@ -975,7 +984,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add(f8, "f8e5m2_t", "e5m2")
     if k.tensor_maps:
         add("tensor_map")
-    if k.tensor_maps or k.barriers or any(b.swizzle for b in k.buffers) or (pr is not None and pr.uses_cp_async):
+    if k.tensor_maps or k.barriers or any(b.swizzle for b in k.buffers) or (pr is not None and pr.cp_async):
         add("smem_addr")
     if k.barriers:
         add("mbarrier")
@@ -1010,8 +1019,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("pack2", sorted(pr.pair_stores))
     if pr is not None and pr.uses_vec16:
         add("vec16")
-    if pr is not None and pr.uses_cp_async:
-        add("cp_async16")
+    if pr is not None and pr.cp_async:
+        add("cp_async", sorted(pr.cp_async))
     if pr is not None and pr.uses_stream_k:
         add("stream_k")
     return need
