@@ -1,11 +1,13 @@
 """The float arithmetic of the CUDA tilec writes equals the interpreter's, bit
-for bit, without a GPU: random element expressions (half of them with no f64 operand) over f32 and f64 tiles,
-f32 / f64 / u32 / i32 scalars and the loop index (sums, differences, products,
-negation, select, min, max, abs, sqrt, casts) go into one kernel; sm_80's CUDA
+for bit, without a GPU: random element expressions (half of them with no f64
+operand) over f32, f64, f16 and bf16 tiles, f32 / f64 / u32 / i32 scalars and
+the loop index (sums, differences, products, negation, select, min, max, abs,
+sqrt, casts to f32, f64, f16 and bf16) go into one kernel; sm_80's CUDA
 for it is built with g++ and run on the CPU (tests/test_arch.py's shim: a
 std::thread per CUDA thread, cp.async as a plain copy), with `-ffp-contract=off`,
 as NVRTC runs with `--fmad=false`, and `__fmaf_rn` / `__fma_rn` as `fmaf` /
-`fma`; the interpreter runs the same kernel on the same inputs. The results are
+`fma`, f16_t and bf16_t as g++'s _Float16 and a round-to-nearest-even of
+the bits (what cvt.rn does); the interpreter runs the same kernel on the same inputs. The results are
 stored to f64 tiles, so a double's last bit shows as well as a float's. So the
 fused multiply-adds codegen spells out, the operands it negates and converts,
 its literals, casts and parentheses are the ones the interpreter models
@@ -18,6 +20,8 @@ import subprocess
 
 import numpy as np
 import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
@@ -29,7 +33,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ t
 OUTPUTS = 6         # expressions per kernel: one g++ build serves them all
 BLOCK = 64
 
-FLOAT_LEAVES = ["x[i]", "x[63 - i]", "a", "u", "n", "i", "0.5", "3.0", "1e-3", "0.1", "2", "3"]
+FLOAT_LEAVES = ["x[i]", "x[63 - i]", "h[i]", "b[i]", "a", "u", "n", "i", "0.5", "3.0", "1e-3", "0.1", "2", "3"]
 LEAVES = FLOAT_LEAVES + ["z[i]", "z[63 - i]", "d"]
 INTS = ["u", "n", "i", "2"]
 
@@ -51,7 +55,7 @@ def expressions(leaves):
             st.tuples(st.sampled_from(["min", "max"]), two).map(lambda t: f"{t[0]}({t[1][0]}, {t[1][1]})"),
             inner.map(lambda e: f"abs({e})"),
             inner.map(lambda e: f"sqrt(abs({e}))"),
-            st.tuples(st.sampled_from(["f32", "f64"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
+            st.tuples(st.sampled_from(["f32", "f64", "f16", "bf16"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
         )
     return st.recursive(leaf, grow, max_leaves=7)
 
@@ -62,14 +66,18 @@ def source(exprs):
     body = "\n".join(f"        y{k}[i] = {e};" for k, e in enumerate(exprs))
     stores = "\n".join(f"    copy(y{k}, Y{k}[bx * {BLOCK}]);" for k in range(len(exprs)))
     return f"""
-kernel exprs(X: f32[N], Z: f64[N], {outs}, a: f32, d: f64, u: u32, n: i32) {{
+kernel exprs(X: f32[N], Z: f64[N], H: f16[N], B: bf16[N], {outs}, a: f32, d: f64, u: u32, n: i32) {{
     grid (bx) = (cdiv(N, {BLOCK}));
     threads {BLOCK};
     shared x: f32[{BLOCK}];
     shared z: f64[{BLOCK}];
+    shared h: f16[{BLOCK}];
+    shared b: bf16[{BLOCK}];
 {tiles}
     copy(X[bx * {BLOCK}], x);
     copy(Z[bx * {BLOCK}], z);
+    copy(H[bx * {BLOCK}], h);
+    copy(B[bx * {BLOCK}], b);
     parallel (i) in ({BLOCK}) {{
 {body}
     }}
@@ -79,7 +87,7 @@ kernel exprs(X: f32[N], Z: f64[N], {outs}, a: f32, d: f64, u: u32, n: i32) {{
 
 
 _MAIN = r"""
-int main(int argc, char** argv) {  // N a d u n (hex floats); X and Z on stdin, the Ys on stdout
+int main(int argc, char** argv) {  // N a d u n (hex floats); X, Z, H and B on stdin, the Ys on stdout
   const long long N = atoll(argv[1]);
   const float a = strtof(argv[2], nullptr);
   const double d = strtod(argv[3], nullptr);
@@ -88,8 +96,11 @@ int main(int argc, char** argv) {  // N a d u n (hex floats); X and Z on stdin, 
   (void)a; (void)d; (void)u; (void)n;
   std::vector<float> X(N);
   std::vector<double> Z(N);
+  std::vector<f16_t> H(N);
+  std::vector<bf16_t> B(N);
   std::vector<std::vector<double>> Y(OUTPUTS, std::vector<double>(N));
-  if (fread(X.data(), sizeof(float), N, stdin) != size_t(N) || fread(Z.data(), sizeof(double), N, stdin) != size_t(N))
+  if (fread(X.data(), sizeof(float), N, stdin) != size_t(N) || fread(Z.data(), sizeof(double), N, stdin) != size_t(N) ||
+      fread(H.data(), 2, N, stdin) != size_t(N) || fread(B.data(), 2, N, stdin) != size_t(N))
     return 2;
   for (unsigned bx = 0; bx < (N + BLOCK - 1) / BLOCK; ++bx) {
     blockIdx = {bx, 0, 0};
@@ -109,9 +120,33 @@ int main(int argc, char** argv) {  // N a d u n (hex floats); X and Z on stdin, 
 
 _SHIM = _CPU_SHIM + r"""
 #include <math.h>
+#include <string.h>
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+struct f16_t {                          // cvt.rn.f16.f32 and back
+  _Float16 v;
+  f16_t() = default;
+  f16_t(float f) : v(static_cast<_Float16>(f)) {}
+  operator float() const { return static_cast<float>(v); }
+};
+struct bf16_t {                         // cvt.rn.bf16.f32: to nearest even; NaN stays NaN
+  unsigned short bits;
+  bf16_t() = default;
+  bf16_t(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    bits = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fff : (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
+  }
+  operator float() const {
+    unsigned u = static_cast<unsigned>(bits) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+};
 """
+# the device definitions of the 16-bit float types (inline PTX), replaced by the shim's
+_HALF_TYPES = re.compile(r"struct __align__\(2\) b?f16_t \{.*?\n\};\n", re.S)
 
 
 def call_args(cuda: str) -> str:
@@ -125,13 +160,14 @@ def call_args(cuda: str) -> str:
         elif re.fullmatch(r"Y\d+", name):
             args.append(f"Y[{name[1:]}].data()")
         else:
-            args.append({"X": "X.data()", "Z": "Z.data()"}.get(name, name))
+            args.append({"X": "X.data()", "Z": "Z.data()", "H": "H.data()", "B": "B.data()"}.get(name, name))
     return ", ".join(args)
 
 
 def run_on_cpu(tmp_path, k, n, inputs, scalars):
     cuda, helpers = _PTX_HELPERS.subn("", k.cuda_source)
-    assert helpers >= 3
+    cuda, halves = _HALF_TYPES.subn("", cuda)
+    assert helpers >= 3 and halves == 2
     cuda = cuda.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
                         "unsigned char* const tl_smem = tl_cpu_smem;")
     main = _MAIN.replace("OUTPUTS", str(OUTPUTS)).replace("BLOCK", str(BLOCK)).replace("CALL", call_args(cuda))
@@ -140,7 +176,7 @@ def run_on_cpu(tmp_path, k, n, inputs, scalars):
                     "-w", "-o", str(tmp_path / "k"), str(tmp_path / "k.cc")], check=True)
     a, d, u, m = scalars
     out = subprocess.run([str(tmp_path / "k"), str(n), float(a).hex(), float(d).hex(), str(u), str(m)],
-                         input=inputs[0].tobytes() + inputs[1].tobytes(), capture_output=True, check=True,
+                         input=b"".join(x.tobytes() for x in inputs), capture_output=True, check=True,
                          timeout=120).stdout
     return np.frombuffer(out, np.float64).reshape(OUTPUTS, n)
 
@@ -166,10 +202,12 @@ def test_cuda_float_arithmetic_is_the_interpreters(tmp_path, exprs, a, d, u, m, 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * rng.choice([1e-3, 1, 1e3], n)).astype(np.float32)
     z = rng.standard_normal(n) * rng.choice([1e-3, 1, 1e3], n)
+    h = (rng.standard_normal(n) * rng.choice([1e-3, 1, 1e3], n)).astype(np.float16)
+    b = (rng.standard_normal(n) * rng.choice([1e-3, 1, 1e3], n)).astype(ml_dtypes.bfloat16)
     scalars = (np.float32(a), np.float64(d), np.uint32(u), np.int32(m))
-    got = run_on_cpu(tmp_path, k, n, (x, z), scalars)
+    got = run_on_cpu(tmp_path, k, n, (x, z, h, b), scalars)
     ys = [np.zeros(n, np.float64) for _ in exprs]
-    tilec.compile(src, backend="interpret", arch="sm_80")(x.copy(), z.copy(), *ys, *scalars)
+    tilec.compile(src, backend="interpret", arch="sm_80")(x.copy(), z.copy(), h.copy(), b.copy(), *ys, *scalars)
     for e, g, want in zip(exprs, got, ys):
         ok = same(g, want)
         assert ok.all(), (f"y = {e}: {int((~ok).sum())} of {n} differ; first at {int(np.argmin(ok))}: "
