@@ -2,7 +2,7 @@
 for bit, without a GPU: random element expressions (half of them with no f64
 operand) over f32, f64, f16 and bf16 tiles, f32 / f64 / u32 / i32 scalars and
 the loop index (sums, differences, products, negation, select, min, max, abs,
-sqrt, casts to f32, f64, f16 and bf16) go into one kernel; sm_80's CUDA
+sqrt, casts to f32, f64, f16, bf16 and to integers) go into one kernel; sm_80's CUDA
 for it is built with g++ and run on the CPU (tests/test_arch.py's shim: a
 std::thread per CUDA thread, cp.async as a plain copy), with `-ffp-contract=off`,
 as NVRTC runs with `--fmad=false`, and `__fmaf_rn` / `__fma_rn` as `fmaf` /
@@ -56,6 +56,8 @@ def expressions(leaves):
             inner.map(lambda e: f"abs({e})"),
             inner.map(lambda e: f"sqrt(abs({e}))"),
             st.tuples(st.sampled_from(["f32", "f64", "f16", "bf16"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
+            # to an integer: floats truncate and saturate (NaN -> 0), integers wrap
+            st.tuples(st.sampled_from(["i32", "u8", "i64", "u32"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
         )
     return st.recursive(leaf, grow, max_leaves=7)
 

@@ -1039,6 +1039,34 @@ def test_fused_multiply_add_of_huge_doubles(triples):
     assert one == np.float64(-1.857630806390522e+302)
 
 
+def ieee_fma(a: float, b: float, c: float) -> float:
+    """fma(a, b, c) in double as IEEE 754 defines it, from the exact value: rounded once
+    (a result under the smallest subnormal is a zero of its sign); an exact zero is -0 only
+    where the zero product and c are both -0, else +0."""
+    v = Fraction(a) * Fraction(b) + Fraction(c)
+    if v != 0:
+        return float(exact_round_or_overflow(v)) if abs(v) >= 2 ** -1075 else (-0.0 if v < 0 else 0.0)
+    product_negative = (math.copysign(1, a) * math.copysign(1, b)) < 0
+    return -0.0 if (a == 0 or b == 0) and product_negative and math.copysign(1, c) < 0 else 0.0
+
+
+SMALL = st.one_of(st.sampled_from([0.0, -0.0]), st.floats(1e-300, 1e-150), st.floats(-1e-150, -1e-300),
+                  st.floats(-4.0, 4.0), st.sampled_from([5e-324, -5e-324, 2.2250738585072014e-308]))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.tuples(SMALL, SMALL, SMALL), min_size=1, max_size=8))
+def test_fused_multiply_add_signed_zeros_and_tiny_products(triples):
+    """The sign of a zero result (fma(x, 0, -0) is -0: the CPU run of the CUDA,
+    test_cpu_float_exprs, found the interpreter's +0) and products under 2^-900,
+    where Dekker's error terms underflow: bit for bit IEEE's fma."""
+    a, b, c = (np.array(x, np.float64) for x in zip(*triples))
+    got = numbers._fma(a, b, c, np.dtype(np.float64))
+    for i in range(len(triples)):
+        want = ieee_fma(float(a[i]), float(b[i]), float(c[i]))
+        assert np.array(got[i]).view(np.uint64) == np.array(want).view(np.uint64), (a[i], b[i], c[i], got[i], want)
+
+
 def test_float_literals_round_from_their_decimal_text():
     for text in ["0.1", "1e-05", "3.4028235e+38", "0.3", "16777217.0", "1.0000000596046448"]:
         v = float(text)

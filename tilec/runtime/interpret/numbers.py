@@ -152,10 +152,25 @@ def _fma(a, b, c, t):
         pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
         th, tl = _two_sum(c, p)
         z = np.where(np.isfinite(p) & np.isfinite(th), th + _round_odd_sum(tl, pe), p + c).astype(F64)
+    finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    # A zero result takes its sign from IEEE's rules, which th + (tl + pe) loses (fma(x, 0, -0)
+    # is -0, that sum +0): where a factor is 0 the exact zero product plus c, summed as floats;
+    # where c is 0 the product rounded (it underflowed); where a representable product (pe 0)
+    # cancels c, p + c (+0).
+    zero = finite & (z == 0)
+    if zero.any():
+        factor0 = (a == 0) | (b == 0)
+        z = np.where(zero & factor0, p + c, z)
+        z = np.where(zero & ~factor0 & (c == 0), p, z)
+        z = np.where(zero & ~factor0 & (c != 0) & (pe == 0), p + c, z)
     # Near the largest double the steps overflow where the answer need not: Veltkamp's split
-    # from |x| >= 2^996 (2^27 x passes it), a product of split parts, the sum c + p. Lanes of
-    # finite operands where one did are the exact sum of rationals, rounded once.
-    exact = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) & ~(np.isfinite(pe) & np.isfinite(th))
+    # from |x| >= 2^996 (2^27 x passes it), a product of split parts, the sum c + p; near the
+    # smallest their error terms underflow (a product under 2^-900). Lanes of finite operands
+    # where one did, and zeros left from a product that cancels c inexactly, are the exact
+    # sum of rationals, rounded once.
+    tiny = np.abs(p) < 2.0 ** -900
+    exact = finite & (~(np.isfinite(pe) & np.isfinite(th)) | (tiny & ~((a == 0) | (b == 0)))
+                      | ((z == 0) & (c != 0) & (pe != 0)))
     if not exact.any():
         return z
     z = np.array(z, F64)
