@@ -427,9 +427,39 @@ inline void tl_cp_async4(void* dst, const void* src, int bytes) { tl_cp_async<4>
 inline void tl_cp_async8(void* dst, const void* src, int bytes) { tl_cp_async<8>(dst, src, bytes); }
 inline void tl_cp_async16(void* dst, const void* src, int bytes) { tl_cp_async<16>(dst, src, bytes); }
 inline void tl_cp_async_wait_all() {}
+// a grid of gx x gy blocks, one after another; each block's threads at once, as std::threads
+template <class F> void tl_launch(unsigned gx, unsigned gy, unsigned threads, F body) {
+  for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx) {
+      blockIdx = {bx, by, 0};
+      std::barrier<> bar(threads);
+      tl_block_barrier = &bar;
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+          threadIdx = {t, 0, 0};
+          body();
+        });
+      for (auto& th : ts) th.join();
+    }
+}
 """
 # the device definitions the shim replaces (inline PTX)
 _PTX_HELPERS = re.compile(r"__device__ __forceinline__ \w+ (smem_addr|tl_cp_async\d+|tl_cp_async_wait_all)\(.*?\n}\n", re.S)
+
+
+def build_on_cpu(tmp_path, cuda, prelude, main):
+    """`cuda` (a kernel's CUDA for sm_80) built with g++ between `prelude` (the shim and
+    what else it needs) and `main`: its inline-PTX helpers dropped for the shim's, its
+    shared memory the shim's array; float operations not contracted, as NVRTC runs with
+    --fmad=false, and integers wrapping. Returns the executable and how many helpers went."""
+    cuda, helpers = _PTX_HELPERS.subn("", cuda)
+    cuda = cuda.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
+                        "unsigned char* const tl_smem = tl_cpu_smem;")
+    (tmp_path / "k.cc").write_text(prelude + cuda + main)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-ffp-contract=off", "-fwrapv", "-fno-strict-aliasing", "-pthread",
+                    "-w", "-o", str(tmp_path / "k"), str(tmp_path / "k.cc")], check=True)
+    return tmp_path / "k", helpers
 
 _CPU_MAIN = r"""
 int main(int argc, char** argv) {  // M N offA sA0 sA1 offB sB0 sB1 lenA lenB; A's and B's buffers on stdin
@@ -439,19 +469,9 @@ int main(int argc, char** argv) {  // M N offA sA0 sA1 offB sB0 sB1 lenA lenB; A
   T* A = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(a.data()) + 63) / 64 * 64);
   T* B = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data()) + 63) / 64 * 64);
   if (fread(A, sizeof(T), v[8], stdin) != size_t(v[8]) || fread(B, sizeof(T), v[9], stdin) != size_t(v[9])) return 2;
-  for (unsigned by = 0; by < (v[0] + BM - 1) / BM; ++by)
-    for (unsigned bx = 0; bx < (v[1] + BN - 1) / BN; ++bx) {
-      blockIdx = {bx, by, 0};
-      std::barrier<> bar(THREADS);
-      tl_block_barrier = &bar;
-      std::vector<std::thread> threads;
-      for (unsigned t = 0; t < THREADS; ++t)
-        threads.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
-          copy2d(A + v[2], v[0], v[1], v[3], v[4], B + v[5], v[0], v[1], v[6], v[7]);
-        });
-      for (auto& th : threads) th.join();
-    }
+  tl_launch((v[1] + BN - 1) / BN, (v[0] + BM - 1) / BM, THREADS, [&] {
+    copy2d(A + v[2], v[0], v[1], v[3], v[4], B + v[5], v[0], v[1], v[6], v[7]);
+  });
   fwrite(B, sizeof(T), v[9], stdout);
 }
 """
@@ -493,20 +513,15 @@ def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads, reve
     zeros for the rest of the 16: every element lands, nothing else is written."""
     k = tilec.compile((CPU_REVERSE if reverse else CPU_COPY).format(dt=dt, bm=bm, bn=bn, threads=threads), arch="sm_80")
     assert "tl_v16" in k.cuda_source and "tl_cp_async16(" in k.cuda_source
-    cuda, helpers = _PTX_HELPERS.subn("", k.cuda_source)
-    assert helpers == (3 if dt == "i8" else 4)      # element copies of 4 and 8 bytes go through cp.async too
-    cuda = cuda.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
-                        "unsigned char* const tl_smem = tl_cpu_smem;")
     main = _CPU_MAIN.replace("THREADS", str(threads)).replace("BM", str(bm)).replace("BN", str(bn))
-    (tmp_path / "k.cc").write_text(_CPU_SHIM + f"using T = {ctype};\n" + cuda + main)
-    subprocess.run(["g++", "-O1", "-std=c++20", "-fno-strict-aliasing", "-pthread", "-w", "-o", str(tmp_path / "k"),
-                    str(tmp_path / "k.cc")], check=True)
+    exe, helpers = build_on_cpu(tmp_path, k.cuda_source, _CPU_SHIM + f"using T = {ctype};\n", main)
+    assert helpers == (3 if dt == "i8" else 4)      # element copies of 4 and 8 bytes go through cp.async too
     npt = {"f32": np.float32, "i8": np.int8, "f64": np.float64}[dt]
     for m, n, off_a, a0, a1, off_b, b0, b1 in CPU_CASES:
         len_a, len_b = off_a + (m - 1) * a0 + (n - 1) * a1 + 1, off_b + (m - 1) * b0 + (n - 1) * b1 + 8
         a = (np.random.default_rng(m + n).standard_normal(len_a) * 50).astype(npt)
         b = np.full(len_b, 77, npt)
-        out = subprocess.run([str(tmp_path / "k")] + [str(x) for x in (m, n, off_a, a0, a1, off_b, b0, b1, len_a, len_b)],
+        out = subprocess.run([str(exe)] + [str(x) for x in (m, n, off_a, a0, a1, off_b, b0, b1, len_a, len_b)],
                              input=a.tobytes() + b.tobytes(), capture_output=True, check=True, timeout=120).stdout
         i, j = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
         want = b.copy()

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from tilec.errors import TilecError
-from test_arch import _CPU_SHIM, _PTX_HELPERS
+from test_arch import _CPU_SHIM, build_on_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the generated CUDA for the CPU")
 
@@ -104,18 +104,7 @@ int main(int argc, char** argv) {  // N a d u n (hex floats); X, Z, H and B on s
   if (fread(X.data(), sizeof(float), N, stdin) != size_t(N) || fread(Z.data(), sizeof(double), N, stdin) != size_t(N) ||
       fread(H.data(), 2, N, stdin) != size_t(N) || fread(B.data(), 2, N, stdin) != size_t(N))
     return 2;
-  for (unsigned bx = 0; bx < (N + BLOCK - 1) / BLOCK; ++bx) {
-    blockIdx = {bx, 0, 0};
-    std::barrier<> bar(BLOCK);
-    tl_block_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < BLOCK; ++t)
-      threads.emplace_back([&, t] {
-        threadIdx = {t, 0, 0};
-        exprs(CALL);
-      });
-    for (auto& th : threads) th.join();
-  }
+  tl_launch((N + BLOCK - 1) / BLOCK, 1, BLOCK, [&] { exprs(CALL); });
   for (auto& y : Y) fwrite(y.data(), sizeof(double), N, stdout);
 }
 """
@@ -167,17 +156,13 @@ def call_args(cuda: str) -> str:
 
 
 def run_on_cpu(tmp_path, k, n, inputs, scalars):
-    cuda, helpers = _PTX_HELPERS.subn("", k.cuda_source)
-    cuda, halves = _HALF_TYPES.subn("", cuda)
-    assert helpers >= 3 and halves == 2
-    cuda = cuda.replace("extern __shared__ __align__(1024) unsigned char tl_smem[];",
-                        "unsigned char* const tl_smem = tl_cpu_smem;")
+    cuda, halves = _HALF_TYPES.subn("", k.cuda_source)
+    assert halves == 2
     main = _MAIN.replace("OUTPUTS", str(OUTPUTS)).replace("BLOCK", str(BLOCK)).replace("CALL", call_args(cuda))
-    (tmp_path / "k.cc").write_text(_SHIM + cuda + main)
-    subprocess.run(["g++", "-O1", "-std=c++20", "-ffp-contract=off", "-fwrapv", "-fno-strict-aliasing", "-pthread",
-                    "-w", "-o", str(tmp_path / "k"), str(tmp_path / "k.cc")], check=True)
+    exe, helpers = build_on_cpu(tmp_path, cuda, _SHIM, main)
+    assert helpers >= 3
     a, d, u, m = scalars
-    out = subprocess.run([str(tmp_path / "k"), str(n), float(a).hex(), float(d).hex(), str(u), str(m)],
+    out = subprocess.run([str(exe), str(n), float(a).hex(), float(d).hex(), str(u), str(m)],
                          input=b"".join(x.tobytes() for x in inputs), capture_output=True, check=True,
                          timeout=120).stdout
     return np.frombuffer(out, np.float64).reshape(OUTPUTS, n)

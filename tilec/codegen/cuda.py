@@ -92,7 +92,7 @@ class _Printer:
         if isinstance(e, ir.BinOp):
             fused = fused_product(self.k, e, double)
             if fused is not None:
-                return self.fma(e, fused, double)
+                return self.fma(e, *fused, double)
             # cdiv(M, BM) * cdiv(N, BN): each fits 32 bits, the product may not
             return binary(widened(e), prec, _C_PREC, lambda x, p: self.expr(x, p, double))
         if isinstance(e, ir.UnaryOp):
@@ -125,12 +125,11 @@ class _Printer:
             return f"float({ref})" if b.dtype.name in _WRAPPED else ref
         raise TypeError(f"cannot print {e!r}")
 
-    def fma(self, e: ir.BinOp, side: int, double: bool) -> str:
+    def fma(self, e: ir.BinOp, side: int, width: int, double: bool) -> str:
         """`a * b ± c` or `c ± a * b` as the one fused multiply-add that
-        ir.exprs.fused_product picks: __fmaf_rn (__fma_rn in double), which NVRTC
-        never splits; with --fmad=false it fuses nothing else, so the kernel
-        rounds where the source (and the interpreter) say."""
-        width = float_width(self.k, e, double)
+        ir.exprs.fused_product picks (its side and float width): __fmaf_rn
+        (__fma_rn in double), which NVRTC never splits; with --fmad=false it fuses
+        nothing else, so the kernel rounds where the source (and the interpreter) say."""
         product, other = (e.lhs, e.rhs) if side == 0 else (e.rhs, e.lhs)
         a, b, c = product.lhs, product.rhs, other
 
@@ -649,7 +648,7 @@ class _Printer:
                 and dst_dt.name in PAIR_TYPES and not (src_b.transposed and dst_dt.size != 2):
             return self.fragment_pairs(s, src_b, dst_b, ind)
         if src_b is None and dst_b is not None and dst_b.scope == "shared" and src_dt == dst_dt \
-                and src_dt.size in (4, 8) and self.fragment_of(s) is None:
+                and src_dt.size in (4, 8):
             # cp.async, src size 0 outside the tensor (zeros), every element in flight before the wait
             self.cp_async.add(src_dt.size)
             base = view.tensor if view is not None else s.src.name

@@ -150,16 +150,14 @@ def float_width(k, e, double: bool) -> int | None:
     (double where the expression reads f64, `double`)."""
     if isinstance(e, ir.Float) or (isinstance(e, ir.Call) and e.func in FLOAT_CALLS):
         return 64 if double else 32
-    dt = None
-    if isinstance(e, ir.Cast):
-        dt = e.dtype
-    elif isinstance(e, ir.Var) and e.kind == "scalar":
-        dt = k.param(e.name).dtype
-    elif isinstance(e, ir.Subscript):
-        b = k.buffer(e.name)
-        dt = b.dtype if b is not None else None
-    if dt is not None or isinstance(e, (ir.Cast, ir.Var, ir.Subscript)):
-        return (64 if dt.name == "f64" else 32) if dt is not None and dt.is_float else None
+    if isinstance(e, (ir.Cast, ir.Var, ir.Subscript)):
+        if isinstance(e, ir.Cast):
+            dt = e.dtype
+        elif isinstance(e, ir.Var):
+            dt = k.param(e.name).dtype if e.kind == "scalar" else None
+        else:
+            dt = getattr(k.buffer(e.name), "dtype", None)
+        return None if dt is None or not dt.is_float else 64 if dt.name == "f64" else 32
     if isinstance(e, ir.BinOp):
         if e.op not in "+-*/%":
             return None
@@ -173,13 +171,14 @@ def float_width(k, e, double: bool) -> int | None:
     return max((w for w in (float_width(k, x, double) for x in parts) if w is not None), default=None)
 
 
-def fused_product(k, e, double: bool) -> int | None:
-    """Which side of `e` device code fuses with the other into one multiply-add
-    (0: the left, 1: the right), None where nothing is: `a * b + c`, `a * b - c`,
-    `c + a * b`, `c - a * b` whose product has the float type of the sum, the
-    left product where both sides are products. Codegen prints it as
-    __fmaf_rn / __fma_rn and NVRTC compiles with --fmad=false, so no other
-    operations are fused; the interpreter computes the same fused operation."""
+def fused_product(k, e, double: bool) -> tuple[int, int] | None:
+    """(the side of `e` device code fuses with the other into one multiply-add,
+    0 the left and 1 the right; the float width of both, 32 or 64), None where
+    nothing is: `a * b + c`, `a * b - c`, `c + a * b`, `c - a * b` whose product
+    has the float type of the sum, the left product where both sides are
+    products. Codegen prints it as __fmaf_rn / __fma_rn and NVRTC compiles with
+    --fmad=false, so no other operations are fused; the interpreter computes the
+    same fused operation."""
     if not (isinstance(e, ir.BinOp) and e.op in ("+", "-")):
         return None
     width = float_width(k, e, double)
@@ -187,7 +186,7 @@ def fused_product(k, e, double: bool) -> int | None:
         return None
     for i, side in enumerate((e.lhs, e.rhs)):
         if isinstance(side, ir.BinOp) and side.op == "*" and float_width(k, side, double) == width:
-            return i
+            return i, width
     return None
 
 

@@ -18,7 +18,7 @@ from .. import host
 from ...codegen.abi import balanced_grid
 from ...ir import im2col
 from ...ir import nodes as ir
-from ...ir.exprs import float_width, fused_product, reads_f64, widened
+from ...ir.exprs import fused_product, reads_f64, widened
 from ...ir.tma import SWIZZLE_SPAN
 from ...passes import make_persistent
 from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
@@ -269,7 +269,7 @@ class _Blocks:
         self.one_thread_depth = 0
         self.roles = None                   # the _Roles of the Specialized statement being run
         self._view_exprs = {}
-        self._fused = {}                    # (id of a + or - expression, double): (it, fused_product, its float type)
+        self._fused = {}                    # (id of a + or - expression, double): (it, fused_product's answer)
         self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
     def run(self, grid):
@@ -878,10 +878,12 @@ class _Blocks:
         key = (id(e), double)
         if key not in self._fused:
             # e is kept with the answer, so its id stays its own while the cache lives
-            self._fused[key] = (e, fused_product(self.k, e, double), F64 if float_width(self.k, e, double) == 64 else F32)
-        _, i, t = self._fused[key]
-        if i is None:
+            self._fused[key] = (e, fused_product(self.k, e, double))
+        fused = self._fused[key][1]
+        if fused is None:
             return arith(e.op, self.ev(e.lhs, env, double), self.ev(e.rhs, env, double), e)
+        i, width = fused
+        t = F64 if width == 64 else F32
         product, other = (e.lhs, e.rhs) if i == 0 else (e.rhs, e.lhs)
         f, g, c = (convert(self.ev(x, env, double), t) for x in (product.lhs, product.rhs, other))
         if e.op == "-":

@@ -153,13 +153,13 @@ def _fma(a, b, c, t):
         th, tl = _two_sum(c, p)
         z = np.where(np.isfinite(p) & np.isfinite(th), th + _round_odd_sum(tl, pe), p + c).astype(F64)
     finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    factor0 = (a == 0) | (b == 0)
     # A zero result takes its sign from IEEE's rules, which th + (tl + pe) loses (fma(x, 0, -0)
     # is -0, that sum +0): where a factor is 0 the exact zero product plus c, summed as floats;
     # where c is 0 the product rounded (it underflowed); where a representable product (pe 0)
     # cancels c, p + c (+0).
     zero = finite & (z == 0)
     if zero.any():
-        factor0 = (a == 0) | (b == 0)
         z = np.where(zero & factor0, p + c, z)
         z = np.where(zero & ~factor0 & (c == 0), p, z)
         z = np.where(zero & ~factor0 & (c != 0) & (pe == 0), p + c, z)
@@ -169,7 +169,7 @@ def _fma(a, b, c, t):
     # where one did, and zeros left from a product that cancels c inexactly, are the exact
     # sum of rationals, rounded once.
     tiny = np.abs(p) < 2.0 ** -900
-    exact = finite & (~(np.isfinite(pe) & np.isfinite(th)) | (tiny & ~((a == 0) | (b == 0)))
+    exact = finite & (~(np.isfinite(pe) & np.isfinite(th)) | (tiny & ~factor0)
                       | ((z == 0) & (c != 0) & (pe != 0)))
     if not exact.any():
         return z
