@@ -427,6 +427,14 @@ inline void tl_cp_async4(void* dst, const void* src, int bytes) { tl_cp_async<4>
 inline void tl_cp_async8(void* dst, const void* src, int bytes) { tl_cp_async<8>(dst, src, bytes); }
 inline void tl_cp_async16(void* dst, const void* src, int bytes) { tl_cp_async<16>(dst, src, bytes); }
 inline void tl_cp_async_wait_all() {}
+template <class T> T tl_load_if(const T* p, bool in) {  // a predicated load: zero bits where `in` does not hold
+  T v;
+  if (in) memcpy(&v, p, sizeof v); else memset(&v, 0, sizeof v);
+  return v;
+}
+#define TL_LOAD_IF(n) template <class T> T tl_load_if##n(const T* p, bool in) { \
+  static_assert(sizeof(T) == n); return tl_load_if(p, in); }
+TL_LOAD_IF(1) TL_LOAD_IF(2) TL_LOAD_IF(4) TL_LOAD_IF(8)
 // a grid of gx x gy blocks, one after another; each block's threads at once, as std::threads
 template <class F> void tl_launch(unsigned gx, unsigned gy, unsigned threads, F body) {
   for (unsigned by = 0; by < gy; ++by)
@@ -445,7 +453,8 @@ template <class F> void tl_launch(unsigned gx, unsigned gy, unsigned threads, F 
 }
 """
 # the device definitions the shim replaces (inline PTX)
-_PTX_HELPERS = re.compile(r"__device__ __forceinline__ \w+ (smem_addr|tl_cp_async\d+|tl_cp_async_wait_all)\(.*?\n}\n", re.S)
+_PTX_HELPERS = re.compile(r"(template <class T> )?__device__ __forceinline__ \w+ "
+                          r"(smem_addr|tl_cp_async\d+|tl_cp_async_wait_all|tl_load_if\d)\(.*?\n}\n", re.S)
 
 
 def build_on_cpu(tmp_path, cuda, prelude, main):
@@ -515,7 +524,8 @@ def test_thread_copies_run_on_the_cpu(tmp_path, dt, ctype, bm, bn, threads, reve
     assert "tl_v16" in k.cuda_source and "tl_cp_async16(" in k.cuda_source
     main = _CPU_MAIN.replace("THREADS", str(threads)).replace("BM", str(bm)).replace("BN", str(bn))
     exe, helpers = build_on_cpu(tmp_path, k.cuda_source, _CPU_SHIM + f"using T = {ctype};\n", main)
-    assert helpers == (3 if dt == "i8" else 4)      # element copies of 4 and 8 bytes go through cp.async too
+    assert helpers == 4     # element copies of 4 and 8 bytes go through cp.async too, of 1 byte tl_load_if1
+    assert ("tl_load_if1(" in k.cuda_source) == (dt == "i8")
     npt = {"f32": np.float32, "i8": np.int8, "f64": np.float64}[dt]
     for m, n, off_a, a0, a1, off_b, b0, b1 in CPU_CASES:
         len_a, len_b = off_a + (m - 1) * a0 + (n - 1) * a1 + 1, off_b + (m - 1) * b0 + (n - 1) * b1 + 8

@@ -67,6 +67,7 @@ class _Printer:
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
         self.cp_async = set()       # bytes of the cp.async copies of thread copies into shared memory
+        self.load_if = set()        # bytes of the elements thread copies read with predicated loads
         self.uses_stream_k = False
         self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
@@ -632,14 +633,10 @@ class _Printer:
         view = self.k.view(s.src.name)
         if src_b is not None:
             value = self.element(src_b, [ir.Var(n) for n in names])
-        elif view is not None:
-            ptr, cond = self.view_element(view, s.src, names)
-            lines += [f"  const bool tl_in = {cond};"]
-            value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(view.tensor).dtype)}>(0))"
         else:
-            ptr, cond = self.global_element(s.src, names, "src")
+            ptr, cond = self.view_element(view, s.src, names) if view is not None else \
+                self.global_element(s.src, names, "src")
             lines += [f"  const bool tl_in = {cond};"]
-            value = f"(tl_in ? {ptr} : static_cast<{ctype(self.k.param(s.src.name).dtype)}>(0))"
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_b is not None and src_b.layout == "wgmma" and not src_b.transposed and dst_b is None:
@@ -656,6 +653,9 @@ class _Printer:
                          f"tl_in ? &{ptr} : {base}, tl_in ? {src_dt.size} : 0);")
             return self.thread_loop(s.shape, names, lines, ind) + \
                 [f"{ind}tl_cp_async_wait_all();  // this thread's elements are in shared memory"]
+        if src_b is None:       # a predicated load: zero bits outside the tensor
+            self.load_if.add(src_dt.size)
+            value = f"tl_load_if{src_dt.size}(&{ptr}, tl_in)"
         value = _converted(value, src_dt, dst_dt)
         if dst_b is not None:
             lines.append(f"  {self.element(dst_b, [ir.Var(n) for n in names])} = {value};")
@@ -1020,6 +1020,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("vec16")
     if pr is not None and pr.cp_async:
         add("cp_async", sorted(pr.cp_async))
+    if pr is not None and pr.load_if:
+        add("load_if", sorted(pr.load_if))
     if pr is not None and pr.uses_stream_k:
         add("stream_k")
     return need
