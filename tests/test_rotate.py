@@ -181,6 +181,70 @@ def test_loops_that_do_not_rotate_run_plain(src):
     assert not any(n.startswith("tl_a_stage") for n in names)
 
 
+def plain_loop_warnings(src, **consts):
+    """The tilec.PipelineWarning messages of compiling `src` (the TMA variant)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        lower(src, consts)
+    return [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
+
+
+LOOP = ":9:5: this pipelined loop (stages = 2) runs as a plain loop: "
+
+
+@pytest.mark.parametrize("src, why", [
+    (ksum(2).replace("    copy(acc, Y", "    copy(a, Y[0, 0]);\n    copy(acc, Y"),
+     "tile 'a', which it loads, is used outside the loop as well"),
+    (ksum(2).replace("            acc[i, j] = acc[i, j] + a[i, j];\n        }",
+                     "            acc[i, j] = acc[i, j] + a[i, j];\n        }\n        copy(A[k, 0, 0], a);"),
+     "a load into tile 'a' (line 14) follows other statements (only the loads that start the body can run ahead)"),
+    (ksum(2).replace("        copy(A[k, by * BM, bx * BN], a);\n", "        fill(a, 1.0);\n"),
+     "its body does not start with a TMA load (a copy from a tensor into a shared tile)"),
+    (ksum(2).replace("        copy(A[k, by * BM, bx * BN], a);\n",
+                     "        copy(A[k, by * BM, bx * BN], a);\n        copy(A[k, by * BM, bx * BN], a);\n"),
+     "it loads tile 'a' more than once"),
+    (chain("shared"), "it loads from A, which the kernel also writes other than in place"),
+], ids=["used after", "loads after", "no load first", "loaded twice", "reads what it wrote"])
+def test_a_loop_that_runs_plain_says_why(src, why):
+    """A pipelined loop of 2 or more stages that runs as a plain loop is a
+    tilec.PipelineWarning at the loop's line and column, with the reason."""
+    said = plain_loop_warnings(src)
+    loop = LOOP.replace(":9:", ":7:") if "kernel chain" in src else LOOP
+    assert len(said) == 1 and loop + why in said[0], said
+
+
+def test_a_disk_cache_hit_says_it_again(tmp_path, monkeypatch):
+    """The warning comes with every compile, from NVRTC or from the disk cache; the
+    thread-copy variant (every loop plain, by design) adds none."""
+    from tilec.errors import Source
+    from tilec.kernel import _CACHE
+    monkeypatch.setenv("TILEC_CACHE_DIR", str(tmp_path))
+    src = Source("ksum.tile", ksum(2).replace("    copy(acc, Y", "    copy(a, Y[0, 0]);\n    copy(acc, Y"))
+    for hit in (False, True):
+        _CACHE.clear()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            k = tilec.compile(src, arch="sm_90a")
+            assert k.fallback.cubin
+        assert k.from_disk_cache == hit
+        plain = [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
+        assert plain == ["ksum.tile:9:5: this pipelined loop (stages = 2) runs as a plain loop: tile 'a', which it "
+                         "loads, is used outside the loop as well"], plain
+
+
+@pytest.mark.parametrize("src", [ksum(None), ksum(1), ksum(2), ksum(3), RMW], ids=["range", "one stage", "2", "3", "rmw"])
+def test_loops_that_rotate_or_ask_for_one_stage_say_nothing(src):
+    assert plain_loop_warnings(src) == []
+
+
+def test_the_gemm_examples_say_nothing():
+    """Every candidate of gemm.tile's tune space that its where clause admits for a
+    big gemm is a ring: none warns."""
+    for consts in (dict(BM=128, BN=256, STAGES=4, PRODUCER=1, PERSISTENT=1, STREAM_K=0, BK=64),
+                   dict(BM=192, BN=128, STAGES=3, PRODUCER=0, PERSISTENT=0, STREAM_K=0, BK=64)):
+        assert plain_loop_warnings((ROOT / "examples/gemm.tile").read_text(), **consts) == []
+
+
 @pytest.mark.parametrize("stages", [2, 3])
 def test_a_loop_inside_another_loop_rotates(stages):
     assert buffers(nested(stages)) == {"a", "acc"} | {f"tl_a_stage{j}" for j in range(1, stages)}
@@ -220,6 +284,9 @@ def test_copies_that_do_not_fit_leave_a_plain_loop():
     assert "tl_a_stage2" in buffers(big)
     names = buffers(big.replace("stages = 3", "stages = 4"))
     assert names == {"a", "acc"}
+    said = plain_loop_warnings(big.replace("stages = 3", "stages = 4"))
+    assert len(said) == 1 and ":9:5: this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of " \
+        "the tiles it loads do not fit in shared memory (" in said[0], said
 
 
 def test_a_gemm_loop_is_still_a_ring():

@@ -1,14 +1,15 @@
 """tilec: a small compiler from a tile language to CUDA C++ with Hopper TMA."""
 from ._version import __version__
 from .errors import (CaptureError, CheckIncompleteWarning, CompileError, DeviceError, LaunchError, ParseError,
-                     SemanticError, TilecError, TmaFallbackWarning, ToolchainWarning, TuneMismatchWarning,
-                     UnsupportedError)
+                     PipelineWarning, SemanticError, TilecError, TmaFallbackWarning, ToolchainWarning,
+                     TuneMismatchWarning, UnsupportedError)
 from .runtime.tensormap import TmaRuleError
 from .kernel import Kernel, compile
 
 __all__ = ["__version__", "compile", "Kernel", "TilecError", "ParseError", "SemanticError",
            "UnsupportedError", "LaunchError", "TmaRuleError", "CaptureError", "CompileError", "DeviceError",
-           "TmaFallbackWarning", "CheckIncompleteWarning", "TuneMismatchWarning", "ToolchainWarning"]
+           "TmaFallbackWarning", "CheckIncompleteWarning", "PipelineWarning", "TuneMismatchWarning",
+           "ToolchainWarning"]
 
 
 def __getattr__(name):

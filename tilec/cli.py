@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import CheckIncompleteWarning, TilecError, os_reason
+from .errors import CheckIncompleteWarning, PipelineWarning, TilecError, os_reason
 from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
@@ -118,7 +118,7 @@ def _cmd_demo(args):
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """tilec's warnings as a compiler prints them: `file:line:col: warning: message`
     (their text starts with the .tile location); others as Python prints them."""
-    if issubclass(category, CheckIncompleteWarning):
+    if issubclass(category, (CheckIncompleteWarning, PipelineWarning)):
         where, sep, text = str(message).partition(": ")
         print(f"{where}: warning: {text}" if sep and where.count(":") >= 2 else f"warning: {message}",
               file=sys.stderr)

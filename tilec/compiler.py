@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import DEFAULT as DEFAULT_ARCH, get as get_arch
-from .errors import CheckIncompleteWarning, Source, TilecError, os_reason
+from .errors import CheckIncompleteWarning, PipelineWarning, Source, TilecError, os_reason
 from .frontend import parse
 from .ir import nodes as ir
 from .ir.printer import kernel as print_kernel
@@ -133,12 +133,15 @@ def lower(src, consts: dict | None = None, tma: bool = True, arch: str = DEFAULT
         k = p.run(k, opts)
         verify(k, p.NAME)
         stages[p.NAME] = k
-    warn_check_notes(k.check_notes)
+    warn_notes(k.check_notes, k.pipeline_notes)
     return Lowered(source, consts, stages)
 
 
-def warn_check_notes(notes):
-    """What check-barriers left unchecked, as tilec.CheckIncompleteWarning: at every
-    lowering, and from a disk-cache entry at every load (kernel.Kernel)."""
-    for note in notes:
+def warn_notes(check_notes, pipeline_notes):
+    """What check-barriers left unchecked, as tilec.CheckIncompleteWarning, and the
+    pipelined loops that run plain, as tilec.PipelineWarning: at every lowering, and
+    from a disk-cache entry at every load (kernel.Kernel)."""
+    for note in check_notes:
         warnings.warn(CheckIncompleteWarning(note), stacklevel=3)
+    for note in pipeline_notes:
+        warnings.warn(PipelineWarning(note), stacklevel=3)

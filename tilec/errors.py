@@ -99,6 +99,11 @@ class CheckIncompleteWarning(UserWarning):
     """check-barriers explored only its first MAX_PATHS paths of a kernel: the rest went unchecked."""
 
 
+class PipelineWarning(UserWarning):
+    """A `pipelined` loop of 2 or more stages runs as a plain loop (no load runs ahead of
+    the body); the message points at the loop and says why."""
+
+
 def os_reason(e: OSError) -> str:
     """An OSError's reason as the middle of a sentence: "is a directory", "no space
     left on device" (strerror, lowercased; the exception's text without one)."""

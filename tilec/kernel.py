@@ -11,7 +11,7 @@ import warnings
 from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
 from .arch import get as get_arch
-from .compiler import Program, load_source, lower, program_key, warn_check_notes
+from .compiler import Program, load_source, lower, program_key, warn_notes
 from .errors import CaptureError, TilecError, ToolchainWarning
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
@@ -51,7 +51,7 @@ class Kernel(Program):
             meta, cubin = hit or built
             if meta.get("host_code_tag") == _CODE_TAG:
                 self._host_code = meta.get("host_code")
-            warn_check_notes(meta.get("check_notes", ()))
+            warn_notes(meta.get("check_notes", ()), meta.get("pipeline_notes", ()))
             if built is not None:
                 cache.store(disk_key, meta, cubin)
         else:
@@ -216,7 +216,7 @@ def _build(source, overrides: dict, arch: str, tma: bool, debug: bool):
             "host_code": marshal.dumps(host_code), "host_code_tag": _CODE_TAG,
             "ptx": compiled.ptx, "compile_seconds": compiled.seconds, "compile_log": compiled.log,
             "nvrtc_version": list(nvrtc.version()),     # the compiler of the cubin (nvrtc.known_miscompiles)
-            "check_notes": list(lw.kernel.check_notes)}
+            "check_notes": list(lw.kernel.check_notes), "pipeline_notes": list(lw.kernel.pipeline_notes)}
     return lw, meta, compiled.cubin, host_code
 
 

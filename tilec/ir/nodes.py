@@ -682,6 +682,9 @@ class Kernel:
                                 # in place with itself): insert-barriers orders those reads
     check_notes: tuple = ()     # what check-barriers left unchecked (paths past its limit), as messages:
                                 # tilec.CheckIncompleteWarning at every compile, disk-cache hits included
+    pipeline_notes: tuple = ()  # plan-pipeline: the pipelined loops (2 or more stages) that run as plain loops,
+                                # and why, as messages: tilec.PipelineWarning at every compile, disk-cache hits
+                                # included
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

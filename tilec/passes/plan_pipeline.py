@@ -14,8 +14,9 @@ S - 1 iterations ahead; where those copies would not fit the block's shared
 memory, it runs as a plain loop instead. A kernel with a producer warpgroup
 (`producer = 1`) rotates nothing: its consumers' one-thread blocks are not
 thread 0's. Other `pipelined` loops run as plain loops (one asking for a
-producer warpgroup, `producer = 1`, is an error). The thread-copy variant
-has no TMA loads, so no rings."""
+producer warpgroup, `producer = 1`, is an error); where one asked for 2 or more
+stages, the kernel's `pipeline_notes` say which and why (tilec.PipelineWarning
+at every compile). The thread-copy variant has no TMA loads, so no rings."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -31,19 +32,22 @@ NAME = "plan-pipeline"
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     if not opts.tma:
         return k
-    planned = _plan(k, rotate=True)
-    if planned is not k and any(isinstance(s, ir.For) and s.rotate for s in ir.walk_stmts(planned.body)):
+    planned = _plan(k)
+    if any(isinstance(s, ir.For) and s.rotate for s in ir.walk_stmts(planned.body)):
         try:
             plan_smem.place(planned, opts.arch, barriers=0)
-        except SemanticError:       # the copies do not fit: plain loops, as before rotation (if that fits)
-            return _plan(k, rotate=False)
+        except SemanticError as e:  # the copies do not fit: plain loops, as before rotation (if that fits)
+            return _plan(k, no_rotation="the stages' copies of the tiles it loads do not fit in shared memory ("
+                                        + e.message.rstrip(".") + ")")
     return planned
 
 
-def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
-    """k with its gemm rings planned, and (`rotate`) its rotating loops."""
-    stages, copies = {}, {}
-    rotate = rotate and not any(isinstance(s, ir.For) and s.producer for s in ir.walk_stmts(k.body))
+def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
+    """k with its gemm rings planned, and its rotating loops unless `no_rotation`
+    says why not; a note for each loop of 2 or more stages that runs plain."""
+    stages, copies, notes = {}, {}, []
+    if no_rotation is None and any(isinstance(s, ir.For) and s.producer for s in ir.walk_stmts(k.body)):
+        no_rotation = "a kernel with a producer warpgroup (producer = 1) rotates no other loop"
 
     def plan(s):
         if not isinstance(s, ir.For) or s.stages is None:
@@ -53,8 +57,12 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
             if s.producer:
                 raise SemanticError("producer = 1 needs a pipelined loop whose body is TMA copies into shared "
                                     "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
-            tiles = _rotating_tiles(k, s) if rotate else []
+            if s.stages < 2:
+                return s
+            tiles, why = _rotating_tiles(k, s) if no_rotation is None else ([], no_rotation)
             if not tiles:
+                where = f"{s.span}: " if s.span is not None else ""
+                notes.append(f"{where}this pipelined loop (stages = {s.stages}) runs as a plain loop: {why}")
                 return s
             copies.update({t: s.stages for t in tiles})
             return replace(s, rotate=True)
@@ -75,6 +83,8 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
         return tuple(out)
 
     body = block(k.body)
+    if notes:
+        k = replace(k, pipeline_notes=tuple(notes))
     if not stages and not copies:
         return k
     buffers = []
@@ -84,15 +94,13 @@ def _plan(k: ir.Kernel, rotate: bool) -> ir.Kernel:
     return replace(k, body=body, buffers=tuple(buffers))
 
 
-def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
-    """The tiles a rotating pipeline gives S copies: those of the TMA loads that
-    start `loop`'s body, where S >= 2, nothing after them loads a tile, runs a gemm
-    or nests a pipelined loop, no other statement of the kernel uses them, no
-    tile lies over their memory, and the kernel writes the tensors they load
-    from only as in place, tile by tile after reading each
-    (not in mark-in-place's `rereads`); else none."""
-    if loop.stages < 2:
-        return []
+def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
+    """(the tiles a rotating pipeline gives S copies, "") or ([], why not): those of
+    the TMA loads that start `loop`'s body (S >= 2), where nothing after them loads
+    a tile, runs a gemm or nests a pipelined loop, no other statement of the kernel
+    uses them, no tile lies over their memory, and the kernel writes the tensors
+    they load from only as in place, tile by tile after reading each (not in
+    mark-in-place's `rereads`)."""
     loads = []
     for s in loop.body:
         if not _is_load(k, s):
@@ -100,18 +108,34 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> list:
         loads.append(s.dst.name)
     rest = loop.body[len(loads):]
     tiles = list(dict.fromkeys(loads))
-    if not loads or len(tiles) < len(loads) or not rest:
-        return []
-    if any(_is_load(k, x) or isinstance(x, ir.Gemm) or (isinstance(x, ir.For) and x.stages is not None)
-           for x in ir.walk_stmts(rest)):
-        return []
+    if not loads:
+        return [], "its body does not start with a TMA load (a copy from a tensor into a shared tile)"
+    if len(tiles) < len(loads):
+        return [], f"it loads tile '{next(t for t in tiles if loads.count(t) > 1)}' more than once"
+    if not rest:
+        return [], "nothing follows its loads"
+    for x in ir.walk_stmts(rest):
+        at = f" (line {x.span.line})" if x.span is not None else ""
+        if _is_load(k, x):
+            return [], f"a load into tile '{x.dst.name}'{at} follows other statements (only the loads that start " \
+                       "the body can run ahead)"
+        if isinstance(x, ir.Gemm):
+            return [], f"it holds a gemm{at} but is no gemm ring (TMA loads, then only gemms reading the tiles " \
+                       "they load)"
+        if isinstance(x, ir.For) and x.stages is not None:
+            return [], f"it holds another pipelined loop{at}"
     elsewhere = tiles_named(map_body(k.body, lambda s: [] if s == loop else s))
-    if set(tiles) & elsewhere or any(b.alias in tiles or (b.name in tiles and b.alias) for b in k.buffers):
-        return []
+    for t in tiles:
+        if t in elsewhere:
+            return [], f"tile '{t}', which it loads, is used outside the loop as well"
+        if any(b.alias == t or (b.name == t and b.alias) for b in k.buffers):
+            return [], f"tile '{t}', which it loads, shares its memory with another tile"
     # loads issued S - 1 iterations early must not read what an iteration before them writes
-    if set(_sources(k, loop.body[:len(loads)])) & set(k.rereads):
-        return []
-    return tiles
+    reread = [t for t in _sources(k, loop.body[:len(loads)]) if t in k.rereads]
+    if reread:
+        return [], f"it loads from {reread[0]}, which the kernel also writes other than in place (a load issued " \
+                   "early could read what an earlier iteration has not written yet)"
+    return tiles, ""
 
 
 def _sources(k: ir.Kernel, body) -> list:
