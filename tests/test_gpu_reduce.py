@@ -12,7 +12,7 @@ import tilec
 from guard import guarded
 from test_reduce import (DTYPES, EXAMPLES, M, N, NAN_ROWS, SWIZZLED, falling_back, make_input, nan_expectation,
                          nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
-                         rowsum_reference, run_interpreted, same_bits)
+                         SOFTMAX, rowsum_reference, run_interpreted, same_bits, softmax_reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -138,3 +138,26 @@ def test_rowsum_example_on_the_gpu(shape):
     with falling_back():
         k(x, cs.view, cm.view)
     assert same_bits(sums, cs.view) and same_bits(maxes, cm.view)
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (7, 1), (129, 4096), (33, 20000), (4096, 1000)])
+def test_softmax_program_on_the_gpu(shape):
+    """tests/softmax.tile tuned: against torch.softmax (f32 math, f16 out) within f16
+    rounding, against numpy in f64, and bit for bit against the interpreter running
+    the candidate the tune chose; the output guarded."""
+    import torch
+    x = (np.random.default_rng(shape[1]).standard_normal(shape) * 4).astype(np.float16)
+    tuned = tilec.compile(SOFTMAX)
+    y, = run_gpu(SOFTMAX, [x], [(shape, "f16")], fallback_ok=shape[1] % 8 != 0, kernel=tuned)
+    want = torch.softmax(torch.from_numpy(x).cuda().float(), -1).half().cpu().numpy()
+    np.testing.assert_allclose(y.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(y.astype(np.float64), softmax_reference(x), rtol=2e-3, atol=1e-5)
+    k = tilec.compile(SOFTMAX, backend="interpret", **tuned.best_config)
+    c = guarded(shape, np.float16, like="numpy")
+    with falling_back():
+        k(x, c.view)
+    c.check()
+    bad = y.view(np.uint16) != c.view.view(np.uint16)
+    # exp may differ from the GPU's expf in the last bit (language guide §17): rarely an f16 output
+    assert bad.mean() < 1e-3, (int(bad.sum()), bad.size)
+    np.testing.assert_allclose(y.astype(np.float32), c.view.astype(np.float32), rtol=1e-3, atol=1e-7)

@@ -384,6 +384,39 @@ def test_rowsum_example_fallback():
     assert np.array_equal(maxes.view, want_max)
 
 
+SOFTMAX = ROOT / "tests" / "softmax.tile"
+
+
+def softmax_reference(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("shape, consts", [((10, 1000), {}), ((5, 3000), dict(BN=256)), ((3, 1), {}),
+                                           ((9, 600), dict(BM=8, BN=128, THREADS=128)), ((2, 5000), dict(BM=1))])
+def test_softmax_program(shape, consts):
+    """tests/softmax.tile (a running maximum and rescaled sum over column tiles, then
+    a second pass): against numpy within f16 rounding, rows that span several tiles
+    and a partial last one included; then in place (Y is X: the second pass writes
+    each tile where it reads it)."""
+    x = (np.random.default_rng(shape[1]).standard_normal(shape) * 4).astype(np.float16)
+    k = tilec.compile(SOFTMAX, backend="interpret", **consts)
+    y = guarded(shape, np.float16, like="numpy")
+    tma = no_fallback if shape[1] % 8 == 0 else falling_back        # rows of 16-byte multiples: TMA
+    with tma():
+        k(x, y.view)
+    y.check()
+    want = softmax_reference(x)
+    np.testing.assert_allclose(y.view.astype(np.float64), want, rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(y.view.astype(np.float64).sum(axis=1), 1.0, rtol=2e-3)
+    z = guarded(shape, np.float16, like="numpy", fill=x)
+    with tma():
+        k(z.view, z.view)
+    z.check()
+    assert np.array_equal(z.view, y.view)
+
+
 # ---------------------------------------------------------------- effects and barriers
 
 HAZARDS = """
