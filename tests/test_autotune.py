@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -289,6 +290,47 @@ def test_integer_outputs_agree_exactly():
     assert reference.mismatch([out], (("Y", ("N",)),)) is None
     out[3] += 1
     assert reference.mismatch([out], (("Y", ("N",)),)) == "output Y differs at 1 of 100 elements from"
+
+
+# a rotating pipeline whose 64 KiB tile fits 3 copies in shared memory, not 4 (S = 4 runs plain)
+ROTATING = """
+kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {
+    const S = 3;
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 128));
+    threads 128;
+    shared a: f32[128, 128];
+    local acc: f32[128, 128];
+    fill(acc, 0.0);
+    for k in pipelined(K, stages = S) {
+        copy(A[k, by * 128, bx * 128], a);
+        parallel (i, j) in (128, 128) {
+            acc[i, j] = acc[i, j] + a[i, j];
+        }
+    }
+    copy(acc, Y[by * 128, bx * 128]);
+}
+"""
+
+
+@pytest.mark.parametrize("fastest", [3, 4])
+def test_a_plain_pipelined_loop_is_said_of_the_chosen_candidate_only(env, monkeypatch, fastest):
+    """tilec.PipelineWarning comes from the candidate the tune chooses (stages = 4 does
+    not fit, so its loop runs plain), not from the others it compiled and timed."""
+    monkeypatch.setattr(autotune, "_time", lambda kernel, args, stream, flush=None:
+                        1e-3 if kernel.consts["S"] == fastest else 2e-3)
+    monkeypatch.setattr(autotune, "_run", lambda kernel, args, stream=None: None)
+    k = tilec.compile(ROTATING, tune={"S": (3, 4)}, key=("K",), arch="sm_90a")
+    a, y = np.zeros((2, 128, 128), np.float32), np.zeros((128, 128), np.float32)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        k(a, y)
+    plain = [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
+    assert k.best_config == {"S": fastest}
+    assert plain == ([] if fastest == 3 else [
+        "<string>:9:5: this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of the tiles it "
+        "loads do not fit in shared memory (shared tiles need 262144 bytes; a Hopper block has at most 232448 "
+        "bytes of shared memory)"]), plain
+    assert k.kernel.pipeline_notes == tuple(plain)
 
 
 def test_the_same_key_does_not_tune_again_a_new_one_does(env):

@@ -51,8 +51,8 @@ import warnings
 
 from . import kernel as kernel_mod
 from ._version import __version__
-from .compiler import program_key
-from .errors import CaptureError, TilecError, TuneMismatchWarning
+from .compiler import program_key, warn_notes
+from .errors import CaptureError, PipelineWarning, TilecError, TuneMismatchWarning
 from .runtime import cache, host, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
@@ -980,9 +980,11 @@ class TunedKernel:
         cands, pruned = self._meeting(kv)
         n = len(cands)
         progress = _Progress(self._name(), 2 * n)
-        compiled, refused = compile_candidates(self.source, [{**self._consts, **cfg} for cfg in cands],
-                                               self.arch, self._fallback_allowed, self.debug,
-                                               lambda i: progress.step("compiling"))
+        with warnings.catch_warnings():     # a candidate's plain pipelined loop: said of the winner only
+            warnings.simplefilter("ignore", PipelineWarning)
+            compiled, refused = compile_candidates(self.source, [{**self._consts, **cfg} for cfg in cands],
+                                                   self.arch, self._fallback_allowed, self.debug,
+                                                   lambda i: progress.step("compiling"))
         if not compiled:
             progress.finish("no candidate compiles")
             raise refused[min(refused)]
@@ -1035,6 +1037,8 @@ class TunedKernel:
             if i != best:
                 compiled[i]._prepared.clear()      # drop the references to the caller's tensors
         winner = compiled[best]
+        if winner is not self.default:      # the declared consts' kernel said its notes when compiled
+            warn_notes((), winner.pipeline_notes)
         _run(winner, args, stream)
         report = []
         for i, cfg in enumerate(cands):

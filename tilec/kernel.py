@@ -65,6 +65,7 @@ class Kernel(Program):
         self.host_source = meta["host_source"]
         self.ptx = meta["ptx"]
         self.compile_log = meta.get("compile_log", "")   # NVRTC / ptxas warnings; empty for a clean kernel
+        self.pipeline_notes = tuple(meta.get("pipeline_notes", ()))  # the pipelined loops that run plain, and why
         self.cubin = cubin
         self.compile_seconds = meta["compile_seconds"] if hit is None else 0.0
         self._smem_bytes = meta["smem_bytes"]
