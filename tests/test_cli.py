@@ -160,6 +160,41 @@ def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     assert err.startswith(f"{bad}:17:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 
 
+ROTATING = """kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {
+    const S = 3;
+    tune S in (3, 4);
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 128));
+    threads 128;
+    shared a: f32[128, 128];
+    local acc: f32[128, 128];
+    fill(acc, 0.0);
+    for k in pipelined(K, stages = S) {
+        copy(A[k, by * 128, bx * 128], a);
+        parallel (i, j) in (128, 128) {
+            acc[i, j] = acc[i, j] + a[i, j];
+        }
+    }
+    copy(acc, Y[by * 128, bx * 128]);
+}
+"""
+PLAIN = ("this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of the tiles it loads do not "
+         "fit in shared memory (shared tiles need 262144 bytes; a Hopper block has at most 232448 bytes of shared "
+         "memory)")
+
+
+def test_check_names_the_candidates_whose_pipelined_loop_runs_plain(tmp_path):
+    """A 64 KiB tile rotates in 3 copies, not 4: the declared consts compile quietly, and
+    the check lists candidate S=4's note; with S=4 declared, the compiler's warning
+    itself, at the loop."""
+    (tmp_path / "k.tile").write_text(ROTATING)
+    p = tilec("check", "k.tile", cwd=tmp_path)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.splitlines()[1:] == [f"k.tile: candidate S=4 compiles with a warning: k.tile:9:5: {PLAIN}"]
+    p = tilec("check", "k.tile", "-D", "S=4", cwd=tmp_path)
+    assert p.returncode == 0 and p.stderr == f"k.tile:9:5: warning: {PLAIN}\n", p.stderr
+    assert p.stdout == "k.tile: ok (kernel ksum, " + p.stdout.split(", ", 1)[1] and len(p.stdout.splitlines()) == 1
+
+
 def test_check_parse_error(tmp_path):
     bad = tmp_path / "bad.tile"
     bad.write_text("kernel k(A: f32[M, N]) {\n    grid (bx) = (1)\n    threads 128;\n}\n")

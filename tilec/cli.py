@@ -75,32 +75,42 @@ def _cmd_check(args):
     cands = any_shape_candidates(source, consts, space, first, where)
     total = math.prod(len(values) for values in space.values())
     excluded = f"; {total - len(cands)} more excluded by the tune condition for every shape" if len(cands) < total else ""
-    _, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True, env_debug())
+    with warnings.catch_warnings():     # said below, a line per candidate (or group of them)
+        warnings.simplefilter("ignore", PipelineWarning)
+        compiled, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True,
+                                              env_debug())
     refused = [(cands[1 + i], errors[i]) for i in sorted(errors)]
+    plain = [(cands[1 + i], note) for i in sorted(compiled) for note in compiled[i].pipeline_notes]
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
           f"{len(cands) - len(refused)} of {len(cands)} candidates compile{excluded})")
-    for line in _refusals(cands, refused):
+    for line in _refusals(cands, refused) + _grouped(cands, plain, "compile with a warning", "compiles with a warning"):
         print(f"{args.file}: {line}")
 
 
 def _refusals(tried: list, refused: list) -> list:
     """A line per refused candidate, "candidate BM=192 ... refused: <error>",
-    grouped by error (in the order of each error's first candidate); the
-    candidates of one error that are every candidate tried with a few consts
-    fixed are one line instead: "16 candidates with PERSISTENT=0 STREAM_K=1
-    refused: <error>"."""
-    by_error = {}
-    for cfg, e in refused:
-        by_error.setdefault(e.render().splitlines()[0], []).append(cfg)
+    grouped by error (_grouped)."""
+    return _grouped(tried, [(cfg, e.render().splitlines()[0]) for cfg, e in refused], "refused", "refused")
+
+
+def _grouped(tried: list, said: list, verb: str, verb_one: str) -> list:
+    """A line per (candidate, message) of `said`, "candidate BM=192 ... <verb_one>:
+    <message>", grouped by message (in the order of each message's first
+    candidate); the candidates of one message that are every candidate tried with
+    a few consts fixed are one line instead: "16 candidates with PERSISTENT=0
+    STREAM_K=1 <verb>: <message>"."""
+    by_text = {}
+    for cfg, text in said:
+        by_text.setdefault(text, []).append(cfg)
     lines = []
-    for error, cfgs in by_error.items():
+    for text, cfgs in by_text.items():
         fixed = {n: v for n, v in cfgs[0].items() if all(c[n] == v for c in cfgs)}
         alike = sum(all(c[n] == v for n, v in fixed.items()) for c in tried)
         if len(cfgs) > 1 and fixed and alike == len(cfgs):     # every candidate tried with those values
             what = " ".join(f"{n}={v}" for n, v in fixed.items())
-            lines.append(f"{len(cfgs)} candidates with {what} refused: {error}")
+            lines.append(f"{len(cfgs)} candidates with {what} {verb}: {text}")
         else:
-            lines += [f"candidate {' '.join(f'{n}={v}' for n, v in c.items())} refused: {error}" for c in cfgs]
+            lines += [f"candidate {' '.join(f'{n}={v}' for n, v in c.items())} {verb_one}: {text}" for c in cfgs]
     return lines
 
 
