@@ -213,6 +213,48 @@ def test_a_loop_that_runs_plain_says_why(src, why):
     assert len(said) == 1 and loop + why in said[0], said
 
 
+TWO_LOOPS = """
+kernel two(A: f32[K, M, N], Y: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 128), cdiv(M, 128));
+    threads 128;
+    shared a: f32[128, 128];
+    shared b: f32[8, 32];
+    local acc: f32[128, 128];
+    local acc2: f32[8, 32];
+    fill(acc, 0.0);
+    fill(acc2, 0.0);
+    for k in pipelined(K, stages = 4) {
+        copy(A[k, by * 128, bx * 128], a);
+        parallel (i, j) in (128, 128) {
+            acc[i, j] = acc[i, j] + a[i, j];
+        }
+    }
+    for k in pipelined(K, stages = 2) {
+        copy(A[k, by * 8, bx * 32], b);
+        parallel (i, j) in (8, 32) {
+            acc2[i, j] = acc2[i, j] + b[i, j];
+        }
+    }
+    copy(b, Y[0, 0]);
+    copy(acc2, Y[0, 32]);
+    copy(acc, Y[by * 128, bx * 128]);
+}
+"""
+
+
+def test_each_plain_loop_gives_its_own_reason():
+    """The first loop's 4 copies of a 64 KiB tile do not fit (so no loop rotates); the
+    second would not rotate anyway, and says its own reason."""
+    said = plain_loop_warnings(TWO_LOOPS)
+    assert [m.split(": ", 1)[1].split(": ", 1) for m in said] == [
+        ["this pipelined loop (stages = 4) runs as a plain loop", "the stages' copies of the tiles it loads do not "
+         "fit in shared memory (shared tiles need 263168 bytes; a Hopper block has at most 232448 bytes of shared "
+         "memory)"],
+        ["this pipelined loop (stages = 2) runs as a plain loop", "tile 'b', which it loads, is used outside the "
+         "loop as well"]], said
+    assert [m.split(": ")[0] for m in said] == ["<string>:11:5", "<string>:17:5"]
+
+
 def test_a_disk_cache_hit_says_it_again(tmp_path, monkeypatch):
     """The warning comes with every compile, from NVRTC or from the disk cache; the
     thread-copy variant (every loop plain, by design) adds none."""

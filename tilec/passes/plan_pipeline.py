@@ -59,7 +59,9 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
                                     "tiles followed by gemms that read them (a ring the producer can fill)", s.span)
             if s.stages < 2:
                 return s
-            tiles, why = _rotating_tiles(k, s) if no_rotation is None else ([], no_rotation)
+            tiles, why = _rotating_tiles(k, s)
+            if tiles and no_rotation is not None:
+                tiles, why = [], no_rotation
             if not tiles:
                 where = f"{s.span}: " if s.span is not None else ""
                 notes.append(f"{where}this pipelined loop (stages = {s.stages}) runs as a plain loop: {why}")
