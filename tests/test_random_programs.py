@@ -190,6 +190,28 @@ def test_interpreter_matches_the_numpy_model(p):
         raise AssertionError(f"{type(e).__name__}: {e}{describe(p)}") from e
 
 
+@seed(20270103)
+@settings(max_examples=int(os.environ.get("TILEC_RANDOM_PROGRAMS", 500)) // 2, **SETTINGS)
+@given(program())
+def test_no_pipelined_loop_runs_plain_unsaid(p):
+    """Every `pipelined` loop of 2 or more stages in the TMA lowering is a gemm ring,
+    rotates, or is named (its line and column) by exactly one tilec.PipelineWarning;
+    no warning names anything else."""
+    from tilec.compiler import lower
+    from tilec.ir import nodes as ir
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            k = lower(p.text()).stages["plan-pipeline"]
+        except tilec.TilecError:
+            return                      # refused programs: test_interpreter_matches_the_numpy_model's business
+    notes = [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
+    plain = [str(s.span) for s in ir.walk_stmts(k.body)
+             if isinstance(s, ir.For) and s.stages is not None and s.stages >= 2 and not (s.ring or s.rotate)]
+    assert sorted(n.split(": ", 1)[0] for n in notes) == sorted(plain), (notes, plain, describe(p))
+    assert list(k.pipeline_notes) == notes
+
+
 @pytest.fixture(scope="module")
 def fresh_cache(tmp_path_factory):
     """An empty disk cache, so that NVRTC runs for every program (not a hit from an earlier run)."""
