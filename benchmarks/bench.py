@@ -834,7 +834,10 @@ def print_targets(merged, selected, nruns):
             note = (note + "; " if note else "") + "lowest run below"
         spread = f"runs {m['lo']:.3f}-{m['hi']:.3f}" if m["n"] > 1 else \
             f"rounds {m['rounds'].lo:.3f}-{m['rounds'].hi:.3f}" if m["rounds"] is not None else "one run"
-        print(f"  {what:42s} >= {bound:.2f}  {m['ratio']:6.3f} ({spread})  {'PASS' if ok else 'MISS'}  {note}")
+        ratio = f"{m['ratio']:6.3f}"
+        if (float(ratio) >= bound) != ok:       # 0.9996 would print as 1.000 beside MISS: one more digit
+            ratio = f"{m['ratio']:6.4f}"
+        print(f"  {what:42s} >= {bound:.2f}  {ratio} ({spread})  {'PASS' if ok else 'MISS'}  {note}")
     print(f"targets: {passed} of {len(lines)} PASS")
 
 
