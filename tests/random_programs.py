@@ -180,7 +180,7 @@ class Cast(E):
     a: E
 
 
-TRANSCENDENTAL = ("exp", "log", "rsqrt")
+TRANSCENDENTAL = ("exp", "exp2", "log", "log2", "rsqrt")
 
 
 def index_text(kind, rest, v, n) -> str:
@@ -407,15 +407,15 @@ class Ev:
         t = F64 if self.double else F32
         x = to_type(args[0].v, t)
         with np.errstate(all="ignore"):
-            out = np.sqrt(x) if f == "sqrt" else np.exp(x) if f == "exp" else np.log(x) if f == "log" else \
-                (t.type(1) / np.sqrt(x)).astype(t)
+            out = {"sqrt": np.sqrt, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2}[f](x) \
+                if f != "rsqrt" else (t.type(1) / np.sqrt(x)).astype(t)
             if args[0].mag is None:         # an exact argument: sqrt is exact too, the others within a few units
                 return Val(np.asarray(out, t), None if f == "sqrt" else np.abs(np.asarray(out, F64)))
             # an argument off by up to e = units * mag_x moves the result by about |f'(x)| * e
             # (exp by exp(x) * e: an argument near 9 makes a unit of error nine of the result's)
             ax, mx, ao = np.abs(x.astype(F64)), args[0].mag, np.abs(np.asarray(out, F64))
-            mag = {"sqrt": ao + 0.5 * mx / np.sqrt(ax), "exp": ao * (1 + mx), "log": ao + mx / ax,
-                   "rsqrt": ao * (1 + 0.5 * mx / ax)}[f]
+            mag = {"sqrt": ao + 0.5 * mx / np.sqrt(ax), "exp": ao * (1 + mx), "exp2": ao * (1 + mx),
+                   "log": ao + mx / ax, "log2": ao + 1.5 * mx / ax, "rsqrt": ao * (1 + 0.5 * mx / ax)}[f]
         return Val(np.asarray(out, t), mag)
 
 
@@ -1318,7 +1318,7 @@ def float_expr(draw, ctx, depth, transc=True):
             return Cast("f32", Var(draw(st.sampled_from(VARS[:ctx.r] + tuple(ctx.ints)))))
         return Lit(draw(st.sampled_from(FLOAT_LITS)), True)
     op = draw(st.sampled_from(["+", "+", "-", "*", "*", "/", "neg", "min", "max", "abs", "select", "cast",
-                               "sqrt", "exp", "log", "rsqrt", "fma"]))
+                               "sqrt", "exp", "exp2", "log", "log2", "rsqrt", "fma"]))
     sub = lambda: float_expr(draw, ctx, depth - 1, transc)          # noqa: E731
     exact = lambda: float_expr(draw, ctx, depth - 1, False)         # noqa: E731
     if op in ("+", "-", "*"):
@@ -1344,10 +1344,10 @@ def float_expr(draw, ctx, depth, transc=True):
         return Call("sqrt", (Call("abs", (sub(),)) if draw(st.booleans()) else sub(),))
     if not transc:
         return Bin("+", sub(), sub())
-    if op == "exp":                                  # exact arguments (see the module docstring)
-        return Call("exp", (exact(),))
-    if op == "log":
-        return Call("log", (Bin("+", Call("abs", (exact(),)), Lit("1.0", True)),))
+    if op in ("exp", "exp2"):                        # exact arguments (see the module docstring)
+        return Call(op, (exact(),))
+    if op in ("log", "log2"):
+        return Call(op, (Bin("+", Call("abs", (exact(),)), Lit("1.0", True)),))
     return Call("rsqrt", (Bin("+", Call("abs", (exact(),)), Lit("0.25", True)),))
 
 

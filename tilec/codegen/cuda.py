@@ -23,8 +23,8 @@ from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, wor
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
 _C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
            "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
-_FLOAT_FN = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
-_DOUBLE_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+_FLOAT_FN = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
+_DOUBLE_FN = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt"}
 
 
 def _template(name: str) -> str | None:

@@ -24,8 +24,8 @@ reinterpret_cast return short signed sizeof static static_assert static_cast str
 try typedef typeid typename union unsigned using virtual void volatile wchar_t while""".split())
 _CUDA_NAMES = set("""threadIdx blockIdx blockDim gridDim warpSize CUtensorMap smem_addr mbarrier_init
 fence_mbarrier_init mbarrier_arrive_expect_tx mbarrier_wait mbarrier_wait_bounded globaltimer_ns bulk_commit_group
-bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t expf logf sqrtf
-rsqrtf exp log sqrt rsqrt min max abs cdiv""".split())
+bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t expf exp2f logf log2f sqrtf
+rsqrtf exp exp2 log log2 sqrt rsqrt min max abs cdiv""".split())
 
 
 def reserved(name: str) -> bool:

@@ -29,7 +29,7 @@ INT_CALLS = {
     "abs": (1, abs),
     "select": (3, lambda c, a, b: a if c else b),     # c ? a : b (make-persistent's stream-K schedule)
 }
-FLOAT_CALLS = {"exp", "log", "sqrt", "rsqrt"}
+FLOAT_CALLS = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt"}
 # Integers are 64-bit signed: literals, folded constants and const overrides
 # must lie in this range (generated CUDA writes the larger ones as `...LL`).
 INT_MIN, INT_MAX = -2**63, 2**63 - 1
@@ -38,7 +38,7 @@ INT_MIN, INT_MAX = -2**63, 2**63 - 1
 # (im2col, a let's view, takes keywords and is checked by check-types).
 CALL_PARAMS = {
     "min": ("a", "b"), "max": ("a", "b"), "cdiv": ("a", "b"), "abs": ("x",), "select": ("c", "a", "b"),
-    "exp": ("x",), "log": ("x",), "sqrt": ("x",), "rsqrt": ("x",),
+    "exp": ("x",), "exp2": ("x",), "log": ("x",), "log2": ("x",), "sqrt": ("x",), "rsqrt": ("x",),
 }
 assert all(len(CALL_PARAMS[f]) == n for f, (n, _) in INT_CALLS.items()) and FLOAT_CALLS <= set(CALL_PARAMS)
 

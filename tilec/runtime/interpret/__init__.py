@@ -30,7 +30,7 @@ by statement, and computes what that CUDA computes:
 
 Not modelled: timing, races (blocks run one after another, a specialised
 block's two roles in turns between mbarrier waits), hangs other than mbarrier
-waits, NaN payloads, the last ulp of exp / log / rsqrt.
+waits, NaN payloads, the last ulp of exp / exp2 / log / log2 / rsqrt.
 """
 from __future__ import annotations
 

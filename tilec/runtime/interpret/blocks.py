@@ -857,7 +857,7 @@ class _Blocks:
             return common_type(t, np.dtype(np.int32)) if e.func == "cdiv" else t
         if e.func == "abs":
             return self.dtype_of(e.args[0], env, double)
-        return F64 if double else F32               # exp, log, sqrt, rsqrt
+        return F64 if double else F32               # exp, exp2, log, log2, sqrt, rsqrt
 
     def binop(self, e, env, double):
         op = e.op
@@ -918,8 +918,12 @@ class _Blocks:
         a = convert(args[0], t)
         if f == "exp":
             return np.exp(a)
+        if f == "exp2":
+            return np.exp2(a)
         if f == "log":
             return np.log(a)
+        if f == "log2":
+            return np.log2(a)
         if f == "sqrt":
             return np.sqrt(a)
         if f == "rsqrt":
