@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from tilec.passes import PASS_NAMES
+from test_autotune import ROTATING as _ROTATING
 from conftest import ROOT, TILEC
 
 
@@ -160,23 +161,8 @@ def test_gemm_rule_error_points_at_the_gemm(tmp_path):
     assert err.startswith(f"{bad}:17:9: error: gemm runs on warpgroups of 128 threads; threads is 96")
 
 
-ROTATING = """kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {
-    const S = 3;
-    tune S in (3, 4);
-    grid (bx, by) = (cdiv(N, 128), cdiv(M, 128));
-    threads 128;
-    shared a: f32[128, 128];
-    local acc: f32[128, 128];
-    fill(acc, 0.0);
-    for k in pipelined(K, stages = S) {
-        copy(A[k, by * 128, bx * 128], a);
-        parallel (i, j) in (128, 128) {
-            acc[i, j] = acc[i, j] + a[i, j];
-        }
-    }
-    copy(acc, Y[by * 128, bx * 128]);
-}
-"""
+# test_autotune's rotating loop (a 64 KiB tile: 3 copies fit, 4 do not) with its stages tuned in the program
+ROTATING = _ROTATING.lstrip("\n").replace("    const S = 3;\n", "    const S = 3;\n    tune S in (3, 4);\n")
 PLAIN = ("this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of the tiles it loads do not "
          "fit in shared memory (shared tiles need 262144 bytes; a Hopper block has at most 232448 bytes of shared "
          "memory)")
