@@ -28,6 +28,7 @@ from tilec.errors import Source
 from tilec.ir import nodes as ir
 from tilec.runtime import cache, nvrtc
 from conftest import ROOT, TILEC, python_c
+from test_rotate import ksum
 
 ACC = """
 kernel acc(X: f32[M, N], Y: f32[M, N], alpha: f32) {
@@ -293,23 +294,7 @@ def test_integer_outputs_agree_exactly():
 
 
 # a rotating pipeline whose 64 KiB tile fits 3 copies in shared memory, not 4 (S = 4 runs plain)
-ROTATING = """
-kernel ksum(A: f32[K, M, N], Y: f32[M, N]) {
-    const S = 3;
-    grid (bx, by) = (cdiv(N, 128), cdiv(M, 128));
-    threads 128;
-    shared a: f32[128, 128];
-    local acc: f32[128, 128];
-    fill(acc, 0.0);
-    for k in pipelined(K, stages = S) {
-        copy(A[k, by * 128, bx * 128], a);
-        parallel (i, j) in (128, 128) {
-            acc[i, j] = acc[i, j] + a[i, j];
-        }
-    }
-    copy(acc, Y[by * 128, bx * 128]);
-}
-"""
+ROTATING = ksum("S").replace("const BM = 8, BN = 32;", "const BM = 128, BN = 128, S = 3;")
 
 
 @pytest.mark.parametrize("fastest", [3, 4])

@@ -11,7 +11,7 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import CALL_PARAMS, INT_CALLS, INT_MAX, divides_by, fold, walk_expr
+from ..ir.exprs import CALL_PARAMS, FLOAT_CALLS, INT_CALLS, INT_MAX, divides_by, fold, walk_expr
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -24,8 +24,8 @@ reinterpret_cast return short signed sizeof static static_assert static_cast str
 try typedef typeid typename union unsigned using virtual void volatile wchar_t while""".split())
 _CUDA_NAMES = set("""threadIdx blockIdx blockDim gridDim warpSize CUtensorMap smem_addr mbarrier_init
 fence_mbarrier_init mbarrier_arrive_expect_tx mbarrier_wait mbarrier_wait_bounded globaltimer_ns bulk_commit_group
-bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t expf exp2f logf log2f sqrtf
-rsqrtf exp exp2 log log2 sqrt rsqrt min max abs cdiv""".split())
+bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t min max abs cdiv""".split()) | \
+    FLOAT_CALLS | {f + "f" for f in FLOAT_CALLS}      # exp and CUDA's expf, ...
 
 
 def reserved(name: str) -> bool:

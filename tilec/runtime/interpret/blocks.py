@@ -916,19 +916,15 @@ class _Blocks:
             return arith("+", arith("/", a, b, e), np.asarray(arith("%", a, b, e) > 0).astype(np.int32), e)
         t = F64 if double else F32                 # expf / exp ...
         a = convert(args[0], t)
-        if f == "exp":
-            return np.exp(a)
-        if f == "exp2":
-            return np.exp2(a)
-        if f == "log":
-            return np.log(a)
-        if f == "log2":
-            return np.log2(a)
-        if f == "sqrt":
-            return np.sqrt(a)
         if f == "rsqrt":
             return (t.type(1) / np.sqrt(a)).astype(t)
+        if f in _FLOAT_FN:
+            return _FLOAT_FN[f](a)
         raise TypeError(f"cannot interpret a call of {f}")
+
+
+# the float calls numpy computes in the argument's type (rsqrt as 1 / sqrt, above)
+_FLOAT_FN = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt}
 
 
 @functools.lru_cache(maxsize=64)
