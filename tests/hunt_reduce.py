@@ -1,6 +1,6 @@
 """A longer hunt than test_gpu_reduce's property test: N random reduce cases
 (test_reduce.reduce_case: tile shapes, thread counts, dtypes, axes, ops, result
-spaces) on the GPU against the numpy reference of the lane order and the
+spaces, local sources) on the GPU against the numpy reference of the lane order and the
 interpreter, bit for bit; counts the cases whose lanes span several warps.
 
     python tests/hunt_reduce.py 7 300          (on the GPU machine, from the repository root)"""
@@ -13,7 +13,7 @@ import test_gpu_reduce  # noqa: E402
 from test_reduce import lanes_of, reduce_case  # noqa: E402
 
 inner = test_gpu_reduce.test_reduce_any_tile_and_block_on_the_gpu.hypothesis.inner_test
-count = {"ran": 0, "over several warps": 0, "failed": 0}
+count = {"ran": 0, "over several warps": 0, "local sources": 0, "failed": 0}
 
 
 @seed(int(sys.argv[1]))
@@ -23,6 +23,7 @@ def hunt(case, data_seed):
     count["ran"] += 1
     dt, adt, axis, op, space, bm, bn, threads = case[:8]
     count["over several warps"] += lanes_of(space, axis, bm, bn, threads) > 32
+    count["local sources"] += case[12]
     try:
         inner(case, data_seed)
     except Exception as e:

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from guard import guarded
-from test_reduce import (DTYPES, EXAMPLES, M, N, NAN_ROWS, SWIZZLED, falling_back, make_input, nan_expectation,
-                         nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
+from test_reduce import (DTYPES, EXAMPLES, LOCAL_SPREADS, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
+                         nan_expectation, nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
                          SOFTMAX, rowsum_reference, run_interpreted, same_bits, softmax_reference)
 
 pytestmark = pytest.mark.gpu
@@ -75,17 +75,47 @@ def test_a_shared_result_sums_in_lanes_on_the_gpu(space, want):
     assert same_bits(got, run_interpreted(src, x, output_shape(x.shape, 1), "f32"))
 
 
+@pytest.mark.parametrize("spread", LOCAL_SPREADS)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("dt, adt", [("f32", "f32"), ("f16", "f32"), ("f64", "f64"), ("i8", "i32")], ids=str)
+@pytest.mark.parametrize("space", ["shared", "local"])
+def test_reduce_of_a_local_tile_on_the_gpu(spread, axis, op, dt, adt, space):
+    """test_reduce's local tiles in each of their four spreads: the shuffles by lanes
+    (by N threads for a column), the warps' slots and the results against the
+    reference of §5's layout and the interpreter, bit for bit."""
+    bm, bn, threads = LOCAL_SPREADS[spread]
+    if space == "shared" and (bm if axis == 1 else bn) * SIZES[adt] % 16:
+        pytest.skip("a shared result goes out by TMA: a 16-byte box")
+    x = make_input((bm + 16, 2 * bn), dt, np.random.default_rng(zlib.crc32(f"{spread} {axis} {op} {dt}".encode())))
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre=True, trips=2, from_local=True)
+    shape = output_shape(x.shape, axis, bm, bn)
+    got, = run_gpu(src, [x], [(shape, adt)])
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre=True, from_local=True))
+    assert same_bits(got, run_interpreted(src, x, shape, adt))
+
+
+def test_a_local_tile_sums_in_its_lanes_on_the_gpu():
+    """test_reduce's rows of 2^24 and 255 ones held two elements a thread: 2^24 + 254."""
+    x = np.ones((4, 256), np.float32)
+    x[:, 0] = 2.0 ** 24
+    src = reduce_source("f32", "f32", 1, "sum", "local", 4, 256, 128, from_local=True)
+    got, = run_gpu(src, [x], [(output_shape(x.shape, 1, 4, 256), "f32")])
+    assert (got == 2.0 ** 24 + 254).all(), got
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(reduce_case(), st.integers(0, 2**32 - 1))
 def test_reduce_any_tile_and_block_on_the_gpu(case, data_seed):
-    """test_reduce's random tiles, thread counts, dtypes, axes, ops and result spaces:
+    """test_reduce's random tiles, thread counts, dtypes, axes, ops, result spaces and
+    local sources:
     the GPU (shuffles and all) against the reference and the interpreter, bit for bit."""
-    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips = case
+    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips, from_local = case
     x = make_input((m, n), dt, np.random.default_rng(data_seed))
-    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips)
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips, from_local)
     shape = output_shape(x.shape, axis, bm, bn)
     got, = run_gpu(src, [x], [(shape, adt)])
-    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre)), (case, src)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre, from_local)), (case, src)
     assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 

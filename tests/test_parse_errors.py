@@ -545,15 +545,37 @@ row)
 kernel k(A: f32[M, N]) {
     grid (bx) = (1);
     threads 128;
-    shared s: f32[64, 128];
-    local r: f32[64, 128];
+    shared s: f32[4];
+    local r: f32[4, 48];
     reduce(r, s, axis = 1, op = sum);
 }
 """, """\
-t.tile:6:12: error: reduce reads a shared tile; 'r' is local (each thread holds only some of its \
-elements): copy it into a shared tile first
+t.tile:6:12: error: reduce cannot read the local tile 'r' (f32[4, 48]) where it lies: with 128 threads \
+its rows of 48 elements must each sit on all the threads (48 a multiple of 128) or on whole groups of \
+threads (48 dividing 128 and 32, or a multiple of 32 dividing 128, with 4 x 48 a multiple of 128); copy \
+it into a shared tile and reduce that
     reduce(r, s, axis = 1, op = sum);
-           ^""", id="reduce-local-source"),
+           ^""", id="reduce-local-source-uneven"),
+
+    pytest.param(SemanticError, """\
+kernel k(A: f16[M, K], B: f16[K, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    shared r: f32[64];
+    local acc: f32[64, 64];
+    fill(acc, 0);
+    copy(A[0, 0], a);
+    copy(B[0, 0], b);
+    gemm(a, b, acc);
+    reduce(acc, r, axis = 1, op = max);
+}
+""", """\
+t.tile:12:12: error: reduce cannot read 'acc' yet: it is a gemm accumulator, so it keeps wgmma's \
+fragment layout (§12); copy it into a shared tile and reduce that
+    reduce(acc, r, axis = 1, op = max);
+           ^~~""", id="reduce-accumulator"),
 
     pytest.param(SemanticError, """\
 kernel k(A: f32[M, N]) {

@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import tilec
 from tilec.compiler import lower
@@ -43,18 +43,24 @@ NP = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "i32":
 M, N = 72, 144
 
 
-def reduce_source(dt, adt, axis, op, space, bm=32, bn=64, threads=128, pre=False, trips=0):
+def reduce_source(dt, adt, axis, op, space, bm=32, bn=64, threads=128, pre=False, trips=0, from_local=False):
     """A kernel whose block (bx, by) reduces its [bm, bn] tile of X into Y: row
     results at Y[bx, by * bm ...] (axis 1), column results at Y[by, bx * bn ...].
     `pre`: a parallel rewrites the tile before the reduce (floats negated, integers
     halved as C++ divides); `trips` > 0: load, reduce and store `trips` times in a
     loop (each trip's load over the tile the last reduce read, its reduce over the
-    result the last TMA store may still be reading)."""
+    result the last TMA store may still be reading). `from_local`: a parallel
+    copies the tile (rewritten as `pre` says) into a local tile `e`, and the
+    reduce reads that."""
     ydims, ext, origin = (("NB, M", "BM", "bx, by * BM") if axis == 1 else ("MB, N", "BN", "by, bx * BN"))
     src = REDUCE.format(dt=dt, adt=adt, axis=axis, op=op, space=space, bm=bm, bn=bn, ydims=ydims, ext=ext,
                         origin=origin).replace("threads 128;", f"threads {threads};")
-    if pre:
-        change = "-s[i, j]" if dt in FLOATS else "s[i, j] / 2"
+    change = ("-s[i, j]" if dt in FLOATS else "s[i, j] / 2") if pre else "s[i, j]"
+    if from_local:
+        src = src.replace("    reduce(s,", f"    parallel (i, j) in (BM, BN) {{\n        e[i, j] = {change};\n    }}\n"
+                                          "    reduce(e,")
+        src = src.replace(f"    {space} r:", f"    local e: {dt}[BM, BN];\n    {space} r:")
+    elif pre:
         src = src.replace("    reduce(", f"    parallel (i, j) in (BM, BN) {{\n        s[i, j] = {change};\n    }}\n"
                                          "    reduce(")
     if trips:
@@ -94,7 +100,43 @@ def lanes_of(space, axis, bm=32, bn=64, threads=128):
     return max(g for g in (1 << i for i in range(11)) if g == 1 or (g <= threads // results and g <= walk))
 
 
-def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pre=False):
+def local_holders(axis, bm, bn, threads):
+    """For a local [bm, bn] tile (element (i, j) on thread (i * bn + j) % threads,
+    docs/language.md §5), each result's lanes grouped by warp: [result][warp] ->
+    the positions k along the reduced axis that each of the warp's holding threads
+    has, threads in increasing order, positions in increasing order."""
+    results, walk = (bm, bn) if axis == 1 else (bn, bm)
+    out = []
+    for r in range(results):
+        held = {}
+        for k in range(walk):
+            i, j = (r, k) if axis == 1 else (k, r)
+            held.setdefault((i * bn + j) % threads, []).append(k)
+        warps = {}
+        for t in sorted(held):
+            warps.setdefault(t // 32, []).append(held[t])
+        out.append([warps[w] for w in sorted(warps)])
+    return out
+
+
+def local_spreads_evenly(bm, bn, threads):
+    """docs/language.md's rule for reducing a local tile: rows of bn elements lie
+    evenly on the threads (bn a multiple of threads, or a divisor of threads that
+    divides 32 or is a multiple of 32, with bm * bn a multiple of threads)."""
+    return bn % threads == 0 or (threads % bn == 0 and (32 % bn == 0 or bn % 32 == 0) and bm * bn % threads == 0)
+
+
+def halves(part, add):
+    """A warp's lanes combined as the shuffles do: lane g takes lane g + h's, h = n / 2 ... 1."""
+    assert len(part) & (len(part) - 1) == 0, len(part)
+    while len(part) > 1:
+        h = len(part) // 2
+        part = [add(part[i], part[i + h]) for i in range(h)]
+    return part[0]
+
+
+def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pre=False,
+              from_local=False):
     """What the kernel computes, from numpy alone: X zero-padded to whole tiles (TMA's
     fill past the edges), each tile reduced along `axis`; float sums accumulated in
     the CUDA's order in float, or double with an f64 side (np.add.accumulate runs left
@@ -122,16 +164,16 @@ def reference(x, dt, adt, axis, op, bm=32, bn=64, space="local", threads=128, pr
         lanes = tiles.transpose(0, 2, 3, 1).reshape(mb, nb * bn, bm)      # [by, column, i]
     if op in ("max", "min"):
         out = lanes.max(axis=-1) if op == "max" else lanes.min(axis=-1)
+    elif dt in FLOATS and from_local:             # each lane's elements where the tile holds them
+        per_tile = lanes.reshape(lanes.shape[0], -1, bm if axis == 1 else bn, lanes.shape[-1])   # [.., tile, r, k]
+        out = np.stack([np.add.accumulate(np.stack([
+            halves([np.add.accumulate(per_tile[..., r, ks], axis=-1)[..., -1] for ks in warp], np.add)
+            for warp in warps]), axis=0)[-1] for r, warps in enumerate(local_holders(axis, bm, bn, threads))],
+            axis=-1).reshape(lanes.shape[:2])
     elif dt in FLOATS:
         g = lanes_of(space, axis, bm, bn, threads)
         parts = [np.add.accumulate(lanes[..., i::g], axis=-1)[..., -1] for i in range(g)]
-        warps = []
-        for w in range(0, g, 32):                       # each warp's lanes in halves
-            part = parts[w:w + 32]
-            while len(part) > 1:
-                h = len(part) // 2
-                part = [part[i] + part[i + h] for i in range(h)]
-            warps.append(part[0])
+        warps = [halves(parts[w:w + 32], np.add) for w in range(0, g, 32)]     # each warp's lanes in halves
         out = np.add.accumulate(np.stack(warps), axis=0)[-1]     # then the warps in order
     else:
         out = np.array([[sum(int(v) for v in lane) % 2**64 for lane in row] for row in lanes], np.uint64)
@@ -191,11 +233,12 @@ SIZES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i32": 4}
 
 @st.composite
 def reduce_case(draw):
-    """(dt, adt, axis, op, space, bm, bn, threads, M, N, pre, trips): a tile and a block size
+    """(dt, adt, axis, op, space, bm, bn, threads, M, N, pre, trips, from_local): a tile and a block size
     TMA and the language take (16-byte inner boxes, at most 256 elements a box
     dim, 48 KiB of tile), a shared result's box a 16-byte multiple too; M and N
     ragged against the tile, their rows whole 16-byte granules; reduce_source's
-    `pre` and `trips` (the barriers a parallel and a loop around it need)."""
+    `pre` and `trips` (the barriers a parallel and a loop around it need), and
+    `from_local` where the language takes it."""
     dt, adt = draw(st.sampled_from(DTYPES))
     axis, op, space = draw(st.sampled_from([0, 1])), draw(st.sampled_from(["sum", "max", "min"])), \
         draw(st.sampled_from(["shared", "local"]))
@@ -214,7 +257,10 @@ def reduce_case(draw):
     quantum = 16                                      # rows of X and Y in whole granules for every dtype
     m = draw(st.integers(1, 3 * bm // quantum + 2)) * quantum
     n = draw(st.integers(1, 3 * bn // quantum + 2)) * quantum
-    return dt, adt, axis, op, space, bm, bn, threads, m, n, draw(st.booleans()), draw(st.sampled_from([0, 0, 1, 2]))
+    # the tile reduced from a local copy where its rows lie evenly on the threads (and it takes few registers)
+    from_local = local_spreads_evenly(bm, bn, threads) and bm * bn <= 64 * threads and draw(st.booleans())
+    return (dt, adt, axis, op, space, bm, bn, threads, m, n, draw(st.booleans()), draw(st.sampled_from([0, 0, 1, 2])),
+            from_local)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -222,11 +268,11 @@ def reduce_case(draw):
 def test_reduce_any_tile_and_block_matches_numpy(case, data_seed):
     """Any tile shape, thread count, dtype pair, axis, op and result space: the
     interpreter against the reference, bit for bit (the lanes rule included)."""
-    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips = case
+    dt, adt, axis, op, space, bm, bn, threads, m, n, pre, trips, from_local = case
     x = make_input((m, n), dt, np.random.default_rng(data_seed))
-    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips)
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre, trips, from_local)
     got = run_interpreted(src, x, output_shape(x.shape, axis, bm, bn), adt)
-    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre)), (case, src)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre, from_local)), (case, src)
 
 
 @pytest.mark.parametrize("space, want", [("local", 2.0 ** 24), ("shared", 2.0 ** 24 + 48)])
@@ -312,6 +358,81 @@ def test_more_results_than_threads():
     src = reduce_source("f32", "f32", 1, "max", "local", bm=256, bn=32)
     got = run_interpreted(src, x, output_shape(x.shape, 1, 256, 32), "f32")
     assert same_bits(got, reference(x, "f32", "f32", 1, "max", 256, 32))
+
+
+# a local tile's four ways of lying on the threads (docs/language.md, reduce): (bm, bn, threads)
+LOCAL_SPREADS = {
+    "rows-on-all-threads": (4, 256, 128),      # a row on every thread, 2 elements each; a column on one thread
+    "rows-on-warps": (4, 64, 128),             # a row on 2 warps, one element a thread; a column on 2 warps
+    "rows-on-a-warp": (4, 32, 64),             # a row on a warp; a column on 2 warps, 2 elements a thread
+    "rows-in-a-warp": (16, 16, 128),           # a row on 16 lanes of a warp; a column on 8 threads, 2 a warp
+}
+
+
+@pytest.mark.parametrize("spread", LOCAL_SPREADS)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("dt, adt", [("f32", "f32"), ("f16", "f32"), ("f64", "f64"), ("i8", "i32")], ids=str)
+@pytest.mark.parametrize("space", ["shared", "local"])
+def test_reduce_of_a_local_tile_matches_numpy(spread, axis, op, dt, adt, space):
+    """A local tile reduced where its elements are: each lane (a thread holding part of the
+    row or column) walks its elements in order, the lanes of a warp combine in halves,
+    then the warps in order; the reference derives the lanes from §5's layout alone."""
+    bm, bn, threads = LOCAL_SPREADS[spread]
+    if space == "shared" and (bm if axis == 1 else bn) * SIZES[adt] % 16:
+        pytest.skip("a shared result goes out by TMA: a 16-byte box")
+    x = make_input((bm + 16, 2 * bn), dt, np.random.default_rng(zlib.crc32(f"{spread} {axis} {op} {dt}".encode())))
+    src = reduce_source(dt, adt, axis, op, space, bm, bn, threads, pre=True, from_local=True)
+    got = run_interpreted(src, x, output_shape(x.shape, axis, bm, bn), adt)
+    assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre=True, from_local=True))
+
+
+def test_a_local_tile_sums_in_its_lanes():
+    """Rows of 2^24 then 255 ones, 128 threads: each thread holds two elements of a row
+    (columns t and t + 128) and adds them first, so lane 0 keeps 2^24 (its 1 rounds
+    away) and every other lane has 2; the halves and the 4 warps give 2^24 + 254, where
+    one thread walking the row gives 2^24 and the shared tile's 4 lanes 2^24 + 192."""
+    x = np.ones((4, 256), np.float32)
+    x[:, 0] = 2.0 ** 24
+    for from_local, want in ((True, 2.0 ** 24 + 254), (False, 2.0 ** 24)):
+        src = reduce_source("f32", "f32", 1, "sum", "local", 4, 256, 128, from_local=from_local)
+        got = run_interpreted(src, x, output_shape(x.shape, 1, 4, 256), "f32")
+        assert (got == want).all(), (from_local, got)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 24, 64]), st.sampled_from([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
+                                                                            256, 384, 512, 640]),
+       st.sampled_from([32, 64, 96, 128, 256, 384, 512]), st.sampled_from([0, 1]))
+def test_which_local_tiles_reduce(bm, bn, threads, axis):
+    """A local tile reduces exactly where its rows lie evenly on the threads (the rule
+    the docs state); elsewhere the error names the tile at its argument."""
+    assume(bm * bn <= 1024 * threads)                   # a thread's registers (another error)
+    src = f"""kernel k(Y: f32[N]) {{
+    grid (bx) = (1);
+    threads {threads};
+    local e: f32[{bm}, {bn}];
+    local r: f32[{bn if axis == 0 else bm}];
+    fill(e, 1.0);
+    reduce(e, r, axis = {axis}, op = sum);
+    copy(r, Y[0]);
+}}"""
+    if local_spreads_evenly(bm, bn, threads):
+        assert f"reduce e -> r, axis {axis}, op sum" in tilec.compile(src, backend="interpret").ir("plan-smem")
+    else:
+        with pytest.raises(tilec.TilecError, match=r"^<string>:7:12: error: reduce cannot read the local tile 'e'"):
+            tilec.compile(src, backend="interpret")
+
+
+def test_a_local_tile_beside_the_accumulator_does_not_reduce():
+    """A local tile that an epilogue writes from the accumulator takes wgmma's layout (§12)."""
+    src = SWIZZLED.replace("    reduce(a, r, axis = 1, op = sum);\n",
+                           "    parallel (i, j) in (64, 64) {\n        d[i, j] = acc[i, j];\n    }\n"
+                           "    reduce(d, r, axis = 1, op = sum);\n").replace(
+        "    shared r:", "    local d: f32[64, 64];\n    shared r:")
+    with pytest.raises(tilec.TilecError, match=r"<string>:17:12: error: reduce cannot read 'd' yet: it is used "
+                                               r"beside a gemm accumulator"):
+        tilec.compile(src, arch="sm_90a")
 
 
 SWIZZLED = """
@@ -482,6 +603,15 @@ def test_cuda_compiles_with_an_empty_log(dt, adt, axis, op, space):
     k = tilec.compile(reduce_source(dt, adt, axis, op, space), arch="sm_90a")
     assert k.compile_log == "" and k.fallback.compile_log == ""
     assert "tl_acc" in k.cuda_source
+
+
+@pytest.mark.parametrize("spread", LOCAL_SPREADS)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dt, adt, op, space", [("f16", "f32", "sum", "shared"), ("i8", "i32", "max", "local")])
+def test_local_source_compiles_with_an_empty_log(spread, axis, dt, adt, op, space):
+    bm, bn, threads = LOCAL_SPREADS[spread]
+    k = tilec.compile(reduce_source(dt, adt, axis, op, space, bm, bn, threads, from_local=True), arch="sm_90a")
+    assert k.compile_log == "" and k.fallback.compile_log == ""
 
 
 def test_swizzled_source_compiles_with_an_empty_log():

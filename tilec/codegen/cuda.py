@@ -486,7 +486,9 @@ class _Printer:
         n = src.shape[s.axis]
         what = "row" if s.axis == 1 else "column"
         result = "tl_acc" if ctype(acc.dtype) == t else convert(acc.dtype, "tl_acc")
-        lanes = ir.reduce_lanes(self.k, s)
+        if src.scope == "local":
+            return self.reduce_local(s, src, acc, t, combine, result, ind)
+        lanes = ir.reduce_spread(self.k, s).lanes
         if lanes > 1:
             return self.reduce_in_lanes(s, acc, n, lanes, t, at, combine, result, ind)
         body = [f"  {t} tl_acc = {at(ir.Int(0))};  // the {s.op} of {what} tl_i0 of {src.name}"]
@@ -495,6 +497,106 @@ class _Printer:
                      "  }"]
         body.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
         return self.thread_loop(acc.shape, ["tl_i0"], body, ind)
+
+    def reduce_local(self, s, src, acc, t, combine, result, ind) -> list:
+        """A local tile [M, N], reduced where its elements are (ir.local_reduce_spread):
+        each thread walks its own slots of a result in order (its lane's elements),
+        the lanes combine in halves within each warp (__shfl_down_sync by h lanes, h *
+        N threads for a column 'across'), and each group's first lane holds the
+        group's value. One group and a shared result: that lane writes it. Else the
+        groups leave their values in ir.REDUCE_WARPS (slot r * groups + w, between
+        two block barriers), and a thread loop over acc combines each result's
+        groups in order. A result that one thread walks whole (lanes == 1) is
+        element r % threads's own: that thread writes it."""
+        spread, threads = ir.reduce_spread(self.k, s), self.threads
+        m, n = src.shape
+        what = "row" if s.axis == 1 else "column"
+
+        def slot(index):
+            ref = f"{src.name}[{index}]"
+            return ref if ctype(src.dtype) == t else f"static_cast<{t}>({ref})"
+
+        def walk(first, rest):      # tl_acc over the slots first, then rest(k) for k = 1 .. count - 1
+            count, index = rest
+            out = [f"{t} tl_acc = {slot(first)};"]
+            if count > 1:
+                out += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {count}; ++tl_k) {{",
+                        f"  tl_acc = {combine(slot(index))};", "}"]
+            return out
+
+        groups, per_warp = spread.groups, spread.per_warp
+        if spread.local == "along" and s.axis == 1:     # row r: slots r * Q ... r * Q + Q - 1, lane = thread
+            q = n // threads
+            loop, res = ("tl_r", m), "tl_r"
+            lane, stride = "threadIdx.x", 1
+            values = walk(f"tl_r * {q}", (q, f"tl_r * {q} + tl_k"))
+            how = f"each {what} of {s.src} on all {threads} threads, {q} element{'s' if q > 1 else ''} a thread"
+        elif spread.local == "along":                   # column r = c * T + t: slots i * Q + c, on one thread
+            q = n // threads
+            loop, res = ("tl_c", q), f"tl_c * {threads} + threadIdx.x"
+            lane, stride = None, 1
+            values = walk("tl_c", (m, f"tl_k * {q} + tl_c"))
+            how = f"each {what} of {s.src} on one thread"
+        elif s.axis == 1:                               # slot s: element t % N of row s * T / N + t / N
+            p = threads // n
+            loop, res = ("tl_s", m * n // threads), f"tl_s * {p} + threadIdx.x / {n}"
+            lane, stride = f"(threadIdx.x % {n})", 1
+            values = [f"{t} tl_acc = {slot('tl_s')};"]
+            how = f"each {what} of {s.src} on {n} threads, one element a thread"
+        else:                                           # column t % N: lane t / N walks rows g, g + T / N, ...
+            loop, res = None, f"threadIdx.x % {n}"
+            lane, stride = f"(threadIdx.x / {n})", n
+            values = walk("0", (m * n // threads, "tl_k"))
+            how = f"each {what} of {s.src} on {threads // n} threads"
+        body = list(values)
+        if spread.lanes > 1 and per_warp > 1:
+            body += ["#pragma unroll", f"for (int tl_h = {per_warp // 2}; tl_h > 0; tl_h /= 2) {{",
+                     f"  tl_acc = {combine(self.shuffled_down(t, f'tl_h * {stride}' if stride > 1 else 'tl_h'))};",
+                     "}"]
+        slots = ir.reduce_slots(self.k, s)
+        warps = f"reinterpret_cast<{t}*>({ir.REDUCE_WARPS})"
+        if not slots:
+            if spread.lanes == 1:           # this thread walked result res whole, and holds acc's element res
+                target = f"{acc.name}[{loop[0] if loop else 0}]" if acc.scope == "local" else \
+                    f"{acc.name}[{res}]"
+                body.append(f"{target} = {result};")
+            else:                           # one group: its first lane writes the shared result
+                body += [f"if ({lane} % {per_warp} == 0) {{", f"  {acc.name}[{res}] = {result};", "}"]
+        elif per_warp == 1:                 # every lane is its warp's only one
+            body.append(f"{warps}[({res}) * {groups} + {lane}] = tl_acc;")
+        else:
+            group = "0" if groups == 1 else f"{lane} / {per_warp}"
+            body += [f"if ({lane} % {per_warp} == 0) {{",
+                     f"  {warps}[({res}) * {groups} + {group}] = tl_acc;", "}"]
+        steps = (["the lanes of each warp combine in halves"] if spread.lanes > 1 and per_warp > 1 else []) + \
+            ([f"the {groups} warps' values in order"] if groups > 1 else [])
+        out = [f"{ind}{{  // {s.op} of {how}" + ("; " + ", then ".join(steps) if steps else "")]
+        if slots:
+            out.append(f"{ind}  {self.block_sync}  // a reduce before may still read the slots")
+        if loop:
+            out += [f"{ind}  #pragma unroll", f"{ind}  for (int {loop[0]} = 0; {loop[0]} < {loop[1]}; ++{loop[0]}) {{"]
+            out += [f"{ind}    {line}" for line in body] + [f"{ind}  }}"]
+        else:
+            out += [f"{ind}  {line}" for line in body]
+        out.append(f"{ind}}}")
+        if slots:
+            gather = [f"  {t} tl_acc = {warps}[tl_i0 * {groups}];"]
+            if groups > 1:
+                gather += ["  #pragma unroll", f"  for (int tl_w = 1; tl_w < {groups}; ++tl_w) {{",
+                           f"    tl_acc = {combine(f'{warps}[tl_i0 * {groups} + tl_w]')};", "  }"]
+            gather.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
+            out.append(f"{ind}{self.block_sync}  // every warp's value in its slot")
+            out += self.thread_loop(acc.shape, ["tl_i0"], gather, ind)
+        return out
+
+    def shuffled_down(self, t, delta, width=None) -> str:
+        """__shfl_down_sync of tl_acc by `delta` lanes, within segments of `width`
+        lanes (None: the whole warp), in a type the shuffle takes (8-, 16-bit
+        integers through int)."""
+        shuffled = t if t in ("float", "double", "int", "unsigned", "long long", "unsigned long long") else "int"
+        moved = "tl_acc" if shuffled == t else f"static_cast<{shuffled}>(tl_acc)"
+        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, {delta}{'' if width is None else f', {width}'})"
+        return pulled if shuffled == t else f"static_cast<{t}>({pulled})"
 
     def reduce_in_lanes(self, s, acc, n, lanes, t, at, combine, result, ind) -> list:
         """`lanes` threads (a power of two) per result: thread t works on result
@@ -507,12 +609,9 @@ class _Printer:
         keeps a reduce before from still reading the slots), and lane 0 combines
         the warps' values in order, warp 0's first. Lane 0 writes acc[i]."""
         what = "row" if s.axis == 1 else "column"
-        shuffled = t if t in ("float", "double", "int", "unsigned", "long long", "unsigned long long") else "int"
-        moved = "tl_acc" if shuffled == t else f"static_cast<{shuffled}>(tl_acc)"
         width = min(lanes, 32)
         warps = lanes // width
-        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, tl_h, {width})"
-        pulled = pulled if shuffled == t else f"static_cast<{t}>({pulled})"
+        pulled = self.shuffled_down(t, "tl_h", width)
         spare = self.threads // lanes > acc.elements      # threads past the last result, in the shuffles only
         first = f"tl_acc = {at(ir.Var('tl_lane'))};"
         rest = [f"for (int tl_k = tl_lane + {lanes}; tl_k < {n}; tl_k += {lanes}) {{",

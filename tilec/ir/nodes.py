@@ -598,22 +598,80 @@ def thread_registers(threads: int, producer: bool = False) -> int:
     return min(255, 65536 // block // 8 * 8)
 
 
-def reduce_lanes(k: "Kernel", s: Reduce) -> int:
-    """The threads that share one result of reduce `s` (codegen/cuda.py's reduce,
-    the interpreter and plan-smem follow it): a power of two, at most threads //
-    results and at most the elements of a row or column it walks (each thread has
-    one at least).
-    Within a warp they combine through shuffles; a group of several warps then
-    combines the warps' values in order through shared memory (REDUCE_WARPS).
-    Only where the result tile is shared (the group's first thread writes it; a
-    local result's element lives on thread e % threads, outside the group); else
-    1. `threads` is a multiple of 32 (check-types), so every warp of the block
-    takes part in the shuffles whole."""
-    acc = k.buffer(s.dst)
+@dataclass(frozen=True)
+class ReduceSpread:
+    """How reduce `s` spreads over the block's threads (ir.reduce_spread; codegen/
+    cuda.py's reduce, the interpreter and plan-smem follow it). Each result is
+    walked by `lanes` threads: lane g takes elements g, g + lanes, g + 2 * lanes,
+    ... of its row or column, in order from its first; then the lanes combine in
+    halves within groups of `per_warp` consecutive lanes (one warp's: lane g takes
+    lane g + h's for h = per_warp / 2, ..., 1, warp shuffles), then the groups'
+    values in order, the first group's first (through shared memory).
+    `local` is '' for a shared tile, else how a local tile's rows lie over the
+    threads (local_reduce_spread): 'along' (each row's elements on every thread,
+    or a column on one) or 'across' (a slot of every thread holds a piece of
+    several rows)."""
+    lanes: int
+    per_warp: int
+    local: str = ""
+
+    @property
+    def groups(self) -> int:
+        return self.lanes // self.per_warp
+
+
+def reduce_spread(k: "Kernel", s: Reduce) -> ReduceSpread:
+    """A shared tile: `lanes` threads per result, a power of two, at most threads
+    // results and at most the elements of a row or column it walks (each
+    thread has one at least), only where the result tile is shared (the group's
+    first thread writes it; a local result's element lives on thread e % threads,
+    outside the group), else 1. A local tile: where its elements already are
+    (local_reduce_spread). `threads` is a multiple of 32 (check-types), so every
+    warp of the block takes part in the shuffles whole."""
+    src, acc = k.buffer(s.src), k.buffer(s.dst)
+    if src.scope == "local":
+        spread = local_reduce_spread(k.threads.value, src.shape, s.axis)
+        assert spread is not None, "check-types admits only local tiles that spread evenly"
+        return spread
     if acc.scope != "shared":
-        return 1
-    limit = min(k.threads.value // acc.elements, k.buffer(s.src).shape[s.axis])
-    return 1 << (limit.bit_length() - 1) if limit >= 1 else 1
+        return ReduceSpread(1, 1)
+    limit = min(k.threads.value // acc.elements, src.shape[s.axis])
+    lanes = 1 << (limit.bit_length() - 1) if limit >= 1 else 1
+    return ReduceSpread(lanes, min(lanes, 32))
+
+
+def local_reduce_spread(threads: int, shape, axis: int) -> Optional[ReduceSpread]:
+    """A local tile [M, N] holds element (i, j) on thread (i * N + j) % threads
+    (§5), so where N is a multiple of the threads T, thread t holds columns t, t
+    + T, ... of every row ('along': a row's lanes are all T threads, a column's
+    one thread), and where T is a multiple of N, slot s of thread t holds element
+    t % N of row s * T / N + t / N ('across': a row's lanes are the N threads of
+    one slot, a column's the T / N threads t % N == j, in order of t). `across`
+    also needs every thread to hold as many elements (M * N a multiple of T) and
+    N a divisor of 32 or a multiple of it, so that lanes never straddle warps
+    unevenly. None where the tile spreads any other way."""
+    m, n = shape
+    if n % threads == 0:
+        return ReduceSpread(threads, 32, "along") if axis == 1 else ReduceSpread(1, 1, "along")
+    if threads % n or (m * n) % threads or (32 % n and n % 32):
+        return None
+    if axis == 1:
+        return ReduceSpread(n, min(n, 32), "across")
+    return ReduceSpread(threads // n, max(32 // n, 1), "across")
+
+
+def reduce_slots(k: "Kernel", s: Reduce) -> int:
+    """The 8-byte slots of REDUCE_WARPS that reduce `s` uses: a shared tile's
+    groups of several warps, one slot a warp of the block; a local tile's, one a
+    group of each result, where the groups' values meet in shared memory (or the
+    lane that holds a result is not the thread that writes it: a local result
+    anywhere but a column 'along'); else 0."""
+    spread, acc = reduce_spread(k, s), k.buffer(s.dst)
+    if not spread.local:
+        return k.threads.value // 32 if spread.groups > 1 else 0
+    if spread.lanes == 1 or (spread.groups == 1 and acc.scope == "shared"):
+        return 0
+    return acc.elements * spread.groups
 
 
 # the shared tile where the warps of a reduce's lane group leave their values

@@ -147,9 +147,15 @@ def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
 
 def _check_uses(k):
     """Swizzled operand tiles are written by TMA loads only (copies from a global
-    tensor or an im2col view) and are not copied out."""
+    tensor or an im2col view) and are not copied out; a local tile in wgmma's
+    fragment layout is not reduced (codegen's reduce takes the e % threads one)."""
     swizzled = {b.name for b in k.buffers if b.swizzle}
+    accumulators = {s.acc for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)}
     for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.Reduce) and k.buffer(s.src).layout == "wgmma":
+            what = "a gemm accumulator" if s.src in accumulators else "used beside a gemm accumulator"
+            raise SemanticError(f"reduce cannot read '{s.src}' yet: it is {what}, so it keeps wgmma's fragment "
+                                "layout (§12); copy it into a shared tile and reduce that", s.src_span)
         e = effects.of(k, s)
         loaded = isinstance(s, ir.Copy) and k.space(s.src.name) in ("global", "view")
         copied_out = {s.src.name} if isinstance(s, ir.Copy) else set()

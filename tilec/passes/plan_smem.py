@@ -22,10 +22,10 @@ SWIZZLE_ALIGN = 1024            # the 128-byte swizzle pattern follows address b
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
-    if any(isinstance(s, ir.Reduce) and ir.reduce_lanes(k, s) > 32 for s in ir.walk_stmts(k.body)):
-        # one slot a warp where a reduce's groups of several warps combine (codegen's reduce_in_lanes)
-        k = replace(k, buffers=k.buffers + (ir.Buffer(ir.REDUCE_WARPS, "shared", ir.DTYPES["u64"],
-                                                      (k.threads.value // 32,)),))
+    slots = max((ir.reduce_slots(k, s) for s in ir.walk_stmts(k.body) if isinstance(s, ir.Reduce)), default=0)
+    if slots:
+        # where a reduce's groups of lanes meet in shared memory (codegen's reduce_in_lanes, reduce_local)
+        k = replace(k, buffers=k.buffers + (ir.Buffer(ir.REDUCE_WARPS, "shared", ir.DTYPES["u64"], (slots,)),))
     buffers, offset = place(k, opts.arch, barriers=len(k.barriers))
     if any(b.swizzle for b in buffers):
         offset += SWIZZLE_ALIGN     # room to align the dynamic smem base to 1024 bytes at run time

@@ -600,7 +600,7 @@ class _Blocks:
 
     def reduce(self, s, env):
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
-        (axis 0) of s, in order from the first element, or in ir.reduce_lanes lanes
+        (axis 0) of s, in order from the first element, or in ir.reduce_spread's lanes
         combined in halves within each warp, then the warps in order: floats in
         float (double with an f64 side), so float sums round as the GPU's do; integer sums
         modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
@@ -616,7 +616,8 @@ class _Blocks:
                 if s.op == "max":
                     return np.where(total < v, v, total)        # tl_max(tl_acc, v)
                 return np.where(v < total, v, total)            # tl_min(v, tl_acc)
-            lanes = ir.reduce_lanes(self.k, s)
+            spread = ir.reduce_spread(self.k, s)
+            lanes = spread.lanes
             totals = []
             for g in range(lanes):                              # lane g walks elements g, g + lanes, ...
                 total = x[g]
@@ -624,8 +625,8 @@ class _Blocks:
                     total = combine(total, v)
                 totals.append(total)
             warps = []
-            for w in range(0, lanes, 32):                       # each warp's lanes (all of them, up to 32)
-                part = totals[w:w + 32]
+            for w in range(0, lanes, spread.per_warp):          # each warp's lanes
+                part = totals[w:w + spread.per_warp]
                 while len(part) > 1:                            # lane g takes lane g + h's, h = 16 ... 1
                     h = len(part) // 2
                     part = [combine(part[g], part[g + h]) for g in range(h)]
