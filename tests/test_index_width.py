@@ -71,6 +71,17 @@ def test_the_host_wrapper_passes_symbols_through_their_check():
         host.symbol("K", 2**31)
 
 
+def test_interpreter_refuses_a_dimension_over_2_31_like_the_gpu():
+    """The interpreter binds symbols through the same check (a 2^31-element view of one
+    float, stride 0: no memory), so its launch error is the GPU's, not numpy's overflow."""
+    k = tilec.compile(AREA, backend="interpret")
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), (2**31,), (0,))
+    out = guarded((2,), "i64", like="numpy")
+    with pytest.raises(tilec.LaunchError, match=r"shape symbol M = 2147483648 is over 2\^31-1"):
+        k(big, np.zeros(N, np.int64), out.view)
+    out.check()
+
+
 def test_interpreter_multiplies_sizes_in_64_bits():
     k = tilec.compile(AREA, backend="interpret")
     out = guarded((2,), "i64", like="numpy")

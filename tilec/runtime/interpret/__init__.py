@@ -218,8 +218,10 @@ class InterpretCall(host.Call):
 
 
 def _shape_symbols(k: ir.Kernel, tensors: dict) -> dict:
-    """Each shape symbol as the kernel receives it (an int, rt.symbol), read where it is bound."""
-    return {b.symbol: np.int32(tensors[b.tensor].shape[b.dim]) for b in shape_bindings(k)[0]}
+    """Each shape symbol as the kernel receives it (a 32-bit int, host.symbol, with its
+    launch error for a dimension over 2^31-1), read where it is bound."""
+    return {b.symbol: np.int32(host.symbol(b.symbol, tensors[b.tensor].shape[b.dim]).value)
+            for b in shape_bindings(k)[0]}
 
 
 def run(k: ir.Kernel, args, grid=None):
