@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from guard import guarded
-from test_reduce import (DTYPES, EXAMPLES, LOCAL_SPREADS, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
+from test_reduce import (ACC_LAYOUTS, DTYPES, EXAMPLES, LOCAL_SPREADS, acc_reduce_inputs, acc_reduce_reference,
+                         acc_reduce_source, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
                          nan_expectation, nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
                          SOFTMAX, rowsum_reference, run_interpreted, same_bits, softmax_reference)
 
@@ -93,6 +94,28 @@ def test_reduce_of_a_local_tile_on_the_gpu(spread, axis, op, dt, adt, space):
     got, = run_gpu(src, [x], [(shape, adt)])
     assert same_bits(got, reference(x, dt, adt, axis, op, bm, bn, space, threads, pre=True, from_local=True))
     assert same_bits(got, run_interpreted(src, x, shape, adt))
+
+
+@pytest.mark.parametrize("layout", ACC_LAYOUTS)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["max", "sum"])
+@pytest.mark.parametrize("tile, space", [("acc", "shared"), ("d", "shared"), ("d", "local")])
+def test_reduce_of_the_accumulator_on_the_gpu(layout, axis, op, tile, space):
+    """The accumulator's fragments reduced on the device (quads' shuffles, lanes 4 apart
+    for columns, warpgroups' slots) against the interpreter bit for bit: the operands
+    are small integers, so acc is exact; d = acc * 0.3 + 0.1 (one fused multiply-add)
+    is not, so its sums show the order of the additions."""
+    a, b, c_shape, y_shape = acc_reduce_inputs(layout, axis, zlib.crc32(f"{layout} {axis} {op} gpu".encode()))
+    src = acc_reduce_source(layout, axis, op, tile, space)
+    c, y = run_gpu(src, [a, b], [(c_shape, "f32"), (y_shape, "f32")], fallback_ok=True)
+    k = tilec.compile(src, backend="interpret")
+    ci, yi = guarded(c_shape, np.float32, like="numpy"), guarded(y_shape, np.float32, like="numpy")
+    with falling_back():
+        k(a, b, ci.view, yi.view)
+    assert same_bits(c, ci.view)
+    assert same_bits(y, yi.view), np.argwhere(y != yi.view)[:5]
+    want = acc_reduce_reference(a, b, layout, axis, op, tile)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
 
 def test_a_local_tile_sums_in_its_lanes_on_the_gpu():

@@ -558,26 +558,6 @@ it into a shared tile and reduce that
            ^""", id="reduce-local-source-uneven"),
 
     pytest.param(SemanticError, """\
-kernel k(A: f16[M, K], B: f16[K, N]) {
-    grid (bx) = (1);
-    threads 128;
-    shared a: f16[64, 64];
-    shared b: f16[64, 64];
-    shared r: f32[64];
-    local acc: f32[64, 64];
-    fill(acc, 0);
-    copy(A[0, 0], a);
-    copy(B[0, 0], b);
-    gemm(a, b, acc);
-    reduce(acc, r, axis = 1, op = max);
-}
-""", """\
-t.tile:12:12: error: reduce cannot read 'acc' yet: it is a gemm accumulator, so it keeps wgmma's \
-fragment layout (§12); copy it into a shared tile and reduce that
-    reduce(acc, r, axis = 1, op = max);
-           ^~~""", id="reduce-accumulator"),
-
-    pytest.param(SemanticError, """\
 kernel k(A: f32[M, N]) {
     grid (bx) = (1);
     threads 128;

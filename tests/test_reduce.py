@@ -424,15 +424,114 @@ def test_which_local_tiles_reduce(bm, bn, threads, axis):
             tilec.compile(src, backend="interpret")
 
 
-def test_a_local_tile_beside_the_accumulator_does_not_reduce():
-    """A local tile that an epilogue writes from the accumulator takes wgmma's layout (§12)."""
-    src = SWIZZLED.replace("    reduce(a, r, axis = 1, op = sum);\n",
-                           "    parallel (i, j) in (64, 64) {\n        d[i, j] = acc[i, j];\n    }\n"
-                           "    reduce(d, r, axis = 1, op = sum);\n").replace(
-        "    shared r:", "    local d: f32[64, 64];\n    shared r:")
-    with pytest.raises(tilec.TilecError, match=r"<string>:17:12: error: reduce cannot read 'd' yet: it is used "
-                                               r"beside a gemm accumulator"):
-        tilec.compile(src, arch="sm_90a")
+ACC_REDUCE = """
+kernel accred(A: f16[M, K], B: f16[K, N], C: f32[M, N], Y: f32[{ydims}]) {{
+    const BM = {bm}, BN = {bn};
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads {threads};
+    shared a: f16[BM, 64];
+    shared b: f16[64, BN];
+    local acc: f32[BM, BN];
+    local d: f32[BM, BN];
+    {space} r: f32[{ext}];
+    fill(acc, 0.0);
+    for k in range(cdiv(K, 64)) {{
+        copy(A[by * BM, k * 64], a);
+        copy(B[k * 64, bx * BN], b);
+        gemm(a, b, acc);
+    }}
+    parallel (i, j) in (BM, BN) {{
+        d[i, j] = acc[i, j] * 0.3 + 0.1;      // beside acc: its layout; one fused multiply-add
+    }}
+    reduce({tile}, r, axis = {axis}, op = {op});
+    copy(acc, C[by * BM, bx * BN]);
+    copy(r, Y[{origin}]);
+}}
+"""
+# accumulator layouts (bm, bn, threads): one warpgroup; two over M; two over N (64 rows); three over M;
+# two m64 tiles a warpgroup; a swapped gemm (16 rows: fragments of acc^T)
+ACC_LAYOUTS = {"wg1": (64, 128, 128), "wg2-rows": (128, 128, 256), "wg2-cols": (64, 128, 256),
+               "wg3": (192, 64, 384), "mt2": (256, 64, 256), "swapped": (16, 128, 128)}
+
+
+def acc_reduce_source(layout, axis, op, tile="acc", space="shared"):
+    bm, bn, threads = ACC_LAYOUTS[layout]
+    ydims, ext, origin = ("NB, M", "BM", "bx, by * BM") if axis == 1 else ("MB, N", "BN", "by, bx * BN")
+    return ACC_REDUCE.format(bm=bm, bn=bn, threads=threads, ydims=ydims, ext=ext, origin=origin, space=space,
+                             tile=tile, axis=axis, op=op)
+
+
+def acc_reduce_inputs(layout, axis, seed):
+    """Small-integer operands (every product and sum exact, as on the GPU), A a few rows
+    and B a few columns past whole tiles; the output's shape."""
+    bm, bn, _ = ACC_LAYOUTS[layout]
+    rng = np.random.default_rng(seed)
+    m, n, k = 2 * bm + 8, 2 * bn + 8, 136
+    a = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float16)
+    y_shape = (-(-n // bn), m) if axis == 1 else (-(-m // bm), n)
+    return a, b, (m, n), y_shape
+
+
+def acc_reduce_reference(a, b, layout, axis, op, tile):
+    """numpy: the product (exact), d = fl(acc * 0.3 + 0.1) with one rounding (a fused
+    multiply-add, in f64 then rounded: exact for these magnitudes), padded as the
+    tiles are (acc 0, d 0.1 past the edges), reduced per tile; sums in float64 and
+    rounded once (the kernel's order differs: compare sums with a tolerance)."""
+    bm, bn, _ = ACC_LAYOUTS[layout]
+    prod = a.astype(np.float64) @ b.astype(np.float64)
+    m, n = prod.shape
+    mp, np_ = -(-m // bm) * bm, -(-n // bn) * bn
+    full = np.zeros((mp, np_))
+    full[:m, :n] = prod
+    if tile == "d":
+        full = (full * np.float64(np.float32(0.3)) + np.float64(np.float32(0.1))).astype(np.float32).astype(np.float64)
+    if axis == 1:
+        t = full.reshape(mp, np_ // bn, bn)
+        out = (t.max(-1) if op == "max" else t.sum(-1)).T[:, :m]
+    else:
+        t = full.reshape(mp // bm, bm, np_)
+        out = (t.max(1) if op == "max" else t.sum(1))[:, :n]
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("layout", ACC_LAYOUTS)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", ["max", "sum"])
+@pytest.mark.parametrize("tile, space", [("acc", "shared"), ("d", "shared"), ("acc", "local")])
+def test_reduce_of_the_accumulator_matches_numpy(layout, axis, op, tile, space):
+    """The accumulator (and a tile beside it, in its layout) reduced in its fragments, in
+    every layout a gemm gives it: exact maxima; sums within a few float32 roundings."""
+    a, b, c_shape, y_shape = acc_reduce_inputs(layout, axis, zlib.crc32(f"{layout} {axis} {op}".encode()))
+    src = acc_reduce_source(layout, axis, op, tile, space)
+    k = tilec.compile(src, backend="interpret")
+    c, y = guarded(c_shape, np.float32, like="numpy"), guarded(y_shape, np.float32, like="numpy")
+    with falling_back():                            # Y's rows need not be whole 16-byte granules
+        k(a, b, c.view, y.view)
+    c.check()
+    y.check()
+    want = acc_reduce_reference(a, b, layout, axis, op, tile)
+    if op == "max" or tile == "acc":                # integers: every order gives the same bits
+        np.testing.assert_array_equal(y.view, want)
+    else:
+        np.testing.assert_allclose(y.view, want, rtol=1e-5, atol=1e-4)
+
+
+def test_reduce_of_the_accumulator_follows_its_fragments():
+    """ir.fragment_element against wgmma's m64nNk16 D-fragment layout as PTX's ISA
+    states it (warp w of the warpgroup, lane l, register r: row 16 w + l / 4 + 8 (r / 2
+    % 2), column 8 (r / 4) + 2 (l % 4) + r % 2), for one warpgroup's 64 x 128 tile;
+    and the lanes a row reduce walks: a quad's 4 threads, each its columns in order."""
+    lowered = lower(acc_reduce_source("wg1", 1, "sum"), arch="sm_90a").kernel
+    acc = lowered.buffer("acc")
+    for t in range(128):
+        w, lane = t // 32, t % 32
+        for r in range(64):
+            assert ir.fragment_element(acc, 128, t, r) == (16 * w + lane // 4 + 8 * (r // 2 % 2),
+                                                            8 * (r // 4) + 2 * (lane % 4) + r % 2)
+    red = next(s for s in ir.walk_stmts(lowered.body) if isinstance(s, ir.Reduce))
+    lanes = ir.reduce_lanes(lowered, red)
+    assert lanes[9] == [[tuple(c for c in range(128) if c % 8 // 2 == q) for q in range(4)]]
 
 
 SWIZZLED = """

@@ -188,7 +188,7 @@ class _Printer:
         owns rows (g / wg_cols)*64*m_tiles.. and columns (g % wg_cols)*nw.., warp w
         16 of the rows, registers r and r + 1 two adjacent columns of one row.
         Rows and columns of the product wgmma computes: of acc^T if `transposed`."""
-        mt, nw = _fragment_tiles(acc, self.threads)
+        mt, nw = ir.fragment_tiles(acc, self.threads)
         tile = f" + (tl_r / {nw // 2}) * 64" if mt > 1 else ""
         row = f"{_fragment_row(acc, self.threads, tile)} + (tl_r % 4) / 2 * 8"
         col = f"{_fragment_col(acc, self.threads)}(tl_r % {nw // 2}) / 4 * 8 + {_FRAGMENT_COL}"
@@ -524,7 +524,8 @@ class _Printer:
                         f"  tl_acc = {combine(slot(index))};", "}"]
             return out
 
-        groups, per_warp = spread.groups, spread.per_warp
+        if spread.local.startswith("wgmma"):
+            return self.reduce_fragments(s, src, acc, spread, t, slot, combine, result, ind)
         if spread.local == "along" and s.axis == 1:     # row r: slots r * Q ... r * Q + Q - 1, lane = thread
             q = n // threads
             loop, res = ("tl_r", m), "tl_r"
@@ -548,6 +549,56 @@ class _Printer:
             lane, stride = f"(threadIdx.x / {n})", n
             values = walk("0", (m * n // threads, "tl_k"))
             how = f"each {what} of {s.src} on {threads // n} threads"
+        return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind)
+
+    def reduce_fragments(self, s, src, acc, spread, t, slot, combine, result, ind) -> list:
+        """A 'wgmma' tile (an accumulator, or a tile beside one) reduced in its fragments
+        (ir.fragment_element): a fragment row's elements are on the 4 lanes of a
+        quad, nw / 4 a lane (register r of columns (r % (nw / 2)) / 4 * 8 + (l % 4) *
+        2 + r % 2, walked in column order), in each warpgroup over N; a fragment
+        column's on 8 lanes 4 apart in every warp over M, 2 per m64 tile a lane
+        (rows l / 4, + 8, + 64, ..., in order). Which one is the tile's row: see
+        ir.fragment_reduce_spread."""
+        threads = self.threads
+        mt, nw = ir.fragment_tiles(src, threads)
+        half = nw // 2                          # registers a thread has per m64 tile
+        row0 = _fragment_row(src, threads)
+        col0 = _fragment_col(src, threads)
+        if spread.local == "wgmma rows":        # results: this thread's 2 * mt fragment rows
+            loop = ("tl_x", 2 * mt)
+            res = f"{row0} + tl_x / 2 * 64 + tl_x % 2 * 8"
+            first = f"tl_x / 2 * {half} + tl_x % 2 * 2"
+            values = [f"{t} tl_acc = {slot(first)};"]
+            if nw // 4 > 1:
+                values += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {nw // 4}; ++tl_k) {{",
+                           f"  tl_acc = {combine(slot(f'{first} + tl_k / 2 * 4 + tl_k % 2'))};", "}"]
+            lane, stride = "threadIdx.x", 1       # a quad's first lane leads
+            group = None if src.wg_cols == 1 else _warpgroup_col(src.wg_cols)
+            how = f"each fragment row of {s.src} on the 4 lanes of a quad" + \
+                (f" in each of {src.wg_cols} warpgroups" if src.wg_cols > 1 else "") + f", {nw // 4} elements a lane"
+        else:                                   # results: this thread's nw / 4 fragment columns
+            loop = ("tl_x", nw // 4)
+            res = f"{col0}tl_x / 2 * 8 + {_FRAGMENT_COL} + tl_x % 2"
+            first = "tl_x / 2 * 4 + tl_x % 2"
+            values = [f"{t} tl_acc = {slot(first)};"]
+            values += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {2 * mt}; ++tl_k) {{",
+                       f"  tl_acc = {combine(slot(f'tl_k / 2 * {half} + tl_k % 2 * 2 + {first}'))};", "}"]
+            lane, stride = "(threadIdx.x % 32 / 4)", 4
+            group = f"(threadIdx.x % 128 / 32 + ({_warpgroup_row(src.wg_cols)}) * 4)"
+            how = f"each fragment column of {s.src} on 8 lanes of each of {spread.groups} warps, {2 * mt} " \
+                  "elements a lane"
+        return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
+                                     group)
+
+    def reduce_lanes_out(self, s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
+                         group=None) -> list:
+        """The end of reduce_local and reduce_fragments: after `values` (tl_acc, a lane's
+        walk of result `res`, in `loop` if any), the lanes of each warp combine in halves
+        (__shfl_down_sync by h * stride threads), and each warp's first lane (`lane` %
+        per_warp == 0) writes the result (one warp and a shared result), or its value
+        into slot res * groups + its warp's index (`group`; by default lane /
+        per_warp) for a thread loop over acc to combine in order after a barrier."""
+        groups, per_warp = spread.groups, spread.per_warp
         body = list(values)
         if spread.lanes > 1 and per_warp > 1:
             body += ["#pragma unroll", f"for (int tl_h = {per_warp // 2}; tl_h > 0; tl_h /= 2) {{",
@@ -565,7 +616,7 @@ class _Printer:
         elif per_warp == 1:                 # every lane is its warp's only one
             body.append(f"{warps}[({res}) * {groups} + {lane}] = tl_acc;")
         else:
-            group = "0" if groups == 1 else f"{lane} / {per_warp}"
+            group = "0" if groups == 1 else group or f"{lane} / {per_warp}"
             body += [f"if ({lane} % {per_warp} == 0) {{",
                      f"  {warps}[({res}) * {groups} + {group}] = tl_acc;", "}"]
         steps = (["the lanes of each warp combine in halves"] if spread.lanes > 1 and per_warp > 1 else []) + \
@@ -861,7 +912,7 @@ class _Printer:
         address are computed once (64-bit), then its columns stored. (Per-element
         index math made NVVM and ptxas take twice as long on gemm.tile.)"""
         t = self.k.param(s.dst.name)
-        mt, nw = _fragment_tiles(acc, self.threads)
+        mt, nw = ir.fragment_tiles(acc, self.threads)
         lead = len(t.shape) - 2
         starts = [self.expr(e, 5) for e in s.dst.starts]
         outer = [f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})"
@@ -1007,24 +1058,17 @@ def _non_negative(e) -> bool:
     return False
 
 
-def _fragment_tiles(acc: ir.Buffer, threads: int):
-    """(m64 tiles, columns) of the accumulator (of acc^T if transposed) that one warpgroup holds."""
-    rows = threads // 128 // acc.wg_cols
-    m, n = acc.fragment_shape
-    return m // (64 * rows), n // acc.wg_cols
-
-
 def _fragment_row(acc: ir.Buffer, threads: int, tile="") -> str:
     """The first accumulator row a thread holds in wgmma's m64nNk16 fragments:
     warpgroup g owns rows (g / wg_cols) * 64 * m_tiles.. (`tile`: + 64 per m64
     tile), warp w 16 of them, lane l row l / 4 (and row + 8)."""
-    mt, _ = _fragment_tiles(acc, threads)
+    mt, _ = ir.fragment_tiles(acc, threads)
     return f"({_warpgroup_row(acc.wg_cols)}) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
 
 
 def _fragment_col(acc: ir.Buffer, threads: int) -> str:
     """The first column of the warpgroup's share ('' when one warpgroup spans N), ending in ' + '."""
-    _, nw = _fragment_tiles(acc, threads)
+    _, nw = ir.fragment_tiles(acc, threads)
     return "" if acc.wg_cols == 1 else f"({_warpgroup_col(acc.wg_cols)}) * {nw} + "
 
 

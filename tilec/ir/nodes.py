@@ -629,9 +629,11 @@ def reduce_spread(k: "Kernel", s: Reduce) -> ReduceSpread:
     (local_reduce_spread). `threads` is a multiple of 32 (check-types), so every
     warp of the block takes part in the shuffles whole."""
     src, acc = k.buffer(s.src), k.buffer(s.dst)
+    if src.scope == "local" and src.layout == "wgmma":
+        return fragment_reduce_spread(src, k.threads.value, s.axis)
     if src.scope == "local":
         spread = local_reduce_spread(k.threads.value, src.shape, s.axis)
-        assert spread is not None, "check-types admits only local tiles that spread evenly"
+        assert spread is not None, "plan-gemm admits only local tiles that spread evenly"
         return spread
     if acc.scope != "shared":
         return ReduceSpread(1, 1)
@@ -658,6 +660,75 @@ def local_reduce_spread(threads: int, shape, axis: int) -> Optional[ReduceSpread
     if axis == 1:
         return ReduceSpread(n, min(n, 32), "across")
     return ReduceSpread(threads // n, max(32 // n, 1), "across")
+
+
+def fragment_tiles(acc: "Buffer", threads: int) -> tuple:
+    """(m64 tiles, columns) of the accumulator (of acc^T if transposed) that one
+    warpgroup holds in wgmma's fragments: `threads / 128` warpgroups, `wg_cols`
+    of them side by side over N."""
+    rows = threads // 128 // acc.wg_cols
+    m, n = acc.fragment_shape
+    return m // (64 * rows), n // acc.wg_cols
+
+
+def fragment_element(acc: "Buffer", threads: int, t: int, r: int) -> tuple:
+    """The element (i, j) of a 'wgmma' tile that register r of thread t holds (codegen's
+    fragment_index): warpgroup g owns fragment rows (g / wg_cols) * 64 * m_tiles..
+    and columns (g % wg_cols) * nw.., m64 tile r / (nw / 2), warp w 16 of its rows,
+    lane l row l / 4 (+ 8 for registers 2, 3 of each 4) and columns (l % 4) * 2 +
+    r % 2 of each 8-column group r % (nw / 2) / 4; (j, i) for acc^T's fragments."""
+    mt, nw = fragment_tiles(acc, threads)
+    g = t // 128
+    row = g // acc.wg_cols * 64 * mt + r // (nw // 2) * 64 + t % 128 // 32 * 16 + t % 32 // 4 + r % 4 // 2 * 8
+    col = g % acc.wg_cols * nw + r % (nw // 2) // 4 * 8 + t % 4 * 2 + r % 2
+    return (col, row) if acc.transposed else (row, col)
+
+
+def fragment_reduce_spread(acc: "Buffer", threads: int, axis: int) -> ReduceSpread:
+    """A reduce of a 'wgmma' tile where its fragments are: a fragment row is on the 4
+    lanes of a quad in each of the wg_cols warpgroups over N (4 lanes a warp); a
+    fragment column on 8 lanes (4 apart) of every warp of the warpgroups over M.
+    Which one a reduce walks: rows of the tile (axis 1) are fragment rows unless the
+    fragments hold acc^T."""
+    rows = threads // 128 // acc.wg_cols
+    if (axis == 1) != acc.transposed:
+        return ReduceSpread(4 * acc.wg_cols, 4, "wgmma rows")
+    return ReduceSpread(32 * rows, 8, "wgmma columns")
+
+
+def tile_owners(b: "Buffer", threads: int) -> list:
+    """owners[i][j]: the thread that holds element (i, j) of local tile `b` (§5's e %
+    threads, or wgmma's fragments)."""
+    m, n = b.shape
+    if b.layout != "wgmma":
+        return [[(i * n + j) % threads for j in range(n)] for i in range(m)]
+    owners = [[0] * n for _ in range(m)]
+    for t in range(threads):
+        for r in range(b.elements // threads):
+            i, j = fragment_element(b, threads, t, r)
+            owners[i][j] = t
+    return owners
+
+
+def reduce_lanes(k: "Kernel", s: Reduce) -> list:
+    """For a reduce of a local tile: [result][warp] -> the positions along the reduced
+    axis that each of the warp's threads holding part of the result has, threads in
+    increasing order, positions increasing (each lane walks its elements in that
+    order; a warp's lanes then combine in halves, the warps in order: the order
+    codegen's reduce_local takes, which the interpreter follows)."""
+    src = k.buffer(s.src)
+    owners = tile_owners(src, k.threads.value)
+    results, walk = (src.shape[0], src.shape[1]) if s.axis == 1 else (src.shape[1], src.shape[0])
+    out = []
+    for r in range(results):
+        held = {}
+        for p in range(walk):
+            held.setdefault(owners[r][p] if s.axis == 1 else owners[p][r], []).append(p)
+        warps = {}
+        for t in sorted(held):
+            warps.setdefault(t // 32, []).append(tuple(held[t]))
+        out.append([warps[w] for w in sorted(warps)])
+    return out
 
 
 def reduce_slots(k: "Kernel", s: Reduce) -> int:

@@ -196,19 +196,11 @@ def _check_body(k, body, lanes):
 
 def _check_reduce(k, s: ir.Reduce):
     """A 2-D tile into a 1-D tile of the extent that is left; floats into floats,
-    integers into integers; a local tile only where its rows spread evenly over
-    the threads (ir.local_reduce_spread)."""
+    integers into integers (how a local tile lies is plan-gemm's, which knows its
+    layout)."""
     src, dst = _tile(k, s.src, s.src_span, "reduce"), _tile(k, s.dst, s.dst_span, "reduce")
     if len(src.shape) != 2:
         raise SemanticError(f"reduce reduces a 2-D tile; '{src.name}' has rank {len(src.shape)}", s.src_span)
-    threads = k.threads.value
-    if src.scope == "local" and ir.local_reduce_spread(threads, src.shape, s.axis) is None:
-        m, n = src.shape
-        raise SemanticError(f"reduce cannot read the local tile '{src.name}' ({_decl(src)}) where it lies: with "
-                            f"{threads} threads its rows of {n} element{'s' if n > 1 else ''} must each sit on all the threads ({n} a "
-                            f"multiple of {threads}) or on whole groups of threads ({n} dividing {threads} and 32, "
-                            f"or a multiple of 32 dividing {threads}, with {m} x {n} a multiple of {threads}); "
-                            "copy it into a shared tile and reduce that", s.src_span)
     if len(dst.shape) != 1:
         raise SemanticError(f"reduce writes a 1-D tile; '{dst.name}' has rank {len(dst.shape)}", s.dst_span)
     left = src.shape[1 - s.axis]

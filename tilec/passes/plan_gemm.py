@@ -106,6 +106,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
     body = map_body(k.body, plan)
     if not layouts:
+        _check_reduces(k)
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed)) for b in k.buffers)
@@ -115,6 +116,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         _check_registers({**fragments, **spread}, threads, k.producer_warpgroup, next(
             s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)))
     _check_uses(k)
+    _check_reduces(k)
     return k
 
 
@@ -145,17 +147,30 @@ def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
     return replace(k, buffers=tuple(bufs[b.name] for b in k.buffers))
 
 
+def _check_reduces(k):
+    """A local tile is reduced where it lies: in wgmma's fragments (any accumulator
+    layout), or at e % threads with its rows evenly on the threads
+    (ir.local_reduce_spread)."""
+    threads = k.threads.value
+    for s in ir.walk_stmts(k.body):
+        if not isinstance(s, ir.Reduce):
+            continue
+        src = k.buffer(s.src)
+        if src.scope != "local" or src.layout == "wgmma" or ir.local_reduce_spread(threads, src.shape, s.axis):
+            continue
+        m, n = src.shape
+        raise SemanticError(f"reduce cannot read the local tile '{src.name}' ({src.dtype.name}[{m}, {n}]) where it "
+                            f"lies: with {threads} threads its rows of {n} element{'s' if n > 1 else ''} must each "
+                            f"sit on all the threads ({n} a multiple of {threads}) or on whole groups of threads "
+                            f"({n} dividing {threads} and 32, or a multiple of 32 dividing {threads}, with {m} x {n} "
+                            f"a multiple of {threads}); copy it into a shared tile and reduce that", s.src_span)
+
+
 def _check_uses(k):
     """Swizzled operand tiles are written by TMA loads only (copies from a global
-    tensor or an im2col view) and are not copied out; a local tile in wgmma's
-    fragment layout is not reduced (codegen's reduce takes the e % threads one)."""
+    tensor or an im2col view) and are not copied out."""
     swizzled = {b.name for b in k.buffers if b.swizzle}
-    accumulators = {s.acc for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)}
     for s in ir.walk_stmts(k.body):
-        if isinstance(s, ir.Reduce) and k.buffer(s.src).layout == "wgmma":
-            what = "a gemm accumulator" if s.src in accumulators else "used beside a gemm accumulator"
-            raise SemanticError(f"reduce cannot read '{s.src}' yet: it is {what}, so it keeps wgmma's fragment "
-                                "layout (§12); copy it into a shared tile and reduce that", s.src_span)
         e = effects.of(k, s)
         loaded = isinstance(s, ir.Copy) and k.space(s.src.name) in ("global", "view")
         copied_out = {s.src.name} if isinstance(s, ir.Copy) else set()

@@ -270,6 +270,7 @@ class _Blocks:
         self.roles = None                   # the _Roles of the Specialized statement being run
         self._view_exprs = {}
         self._fused = {}                    # (id of a + or - expression, double): (it, fused_product's answer)
+        self.reduce_lanes = {}              # id of a reduce of a local tile: ir.reduce_lanes
         self.rings = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.RingAdvance)]
 
     def run(self, grid):
@@ -616,29 +617,33 @@ class _Blocks:
                 if s.op == "max":
                     return np.where(total < v, v, total)        # tl_max(tl_acc, v)
                 return np.where(v < total, v, total)            # tl_min(v, tl_acc)
-            spread = ir.reduce_spread(self.k, s)
-            lanes = spread.lanes
-            totals = []
-            for g in range(lanes):                              # lane g walks elements g, g + lanes, ...
-                total = x[g]
-                for v in x[g + lanes::lanes]:
-                    total = combine(total, v)
-                totals.append(total)
-            warps = []
-            for w in range(0, lanes, spread.per_warp):          # each warp's lanes
-                part = totals[w:w + spread.per_warp]
-                while len(part) > 1:                            # lane g takes lane g + h's, h = 16 ... 1
-                    h = len(part) // 2
-                    part = [combine(part[g], part[g + h]) for g in range(h)]
-                warps.append(part[0])
-            total = warps[0]
-            for v in warps[1:]:                                 # then the warps in order
-                total = combine(total, v)
+            if src.scope == "local":
+                total = self.reduce_local(s, x, combine)
+            else:
+                lanes = ir.reduce_spread(self.k, s).lanes
+                totals = [x[g::lanes] for g in range(lanes)]   # lane g walks elements g, g + lanes, ...
+                total = _in_warps([totals[w:w + 32] for w in range(0, lanes, 32)], combine)
         elif s.op == "sum":
             total = np.add.reduce(x.astype(np.uint64), axis=0, dtype=np.uint64)
         else:
             total = (np.maximum if s.op == "max" else np.minimum).reduce(x, axis=0)
         self.set_tile(acc, encode(total, acc.dtype))
+
+    def reduce_local(self, s, x, combine):
+        """A local tile's reduce, where its elements are (ir.reduce_lanes: each result's
+        lanes, warp by warp), vectorized over the results whose lanes hold the same
+        positions; x[p, r]: element p of result r."""
+        lanes = self.reduce_lanes.get(id(s))
+        if lanes is None:
+            lanes = self.reduce_lanes[id(s)] = ir.reduce_lanes(self.k, s)
+        alike = {}
+        for r, warps in enumerate(lanes):
+            alike.setdefault(tuple(tuple(w) for w in warps), []).append(r)
+        total = np.empty(x.shape[1:], x.dtype)
+        for warps, results in alike.items():
+            part = x[:, results]
+            total[results] = _in_warps([[part[list(ps)] for ps in warp] for warp in warps], combine)
+        return total
 
     def thread_copy(self, s, env):
         """codegen/cuda.py's thread_copy: every element of the tile, global sides
@@ -934,6 +939,28 @@ def _indices(shape):
     for a in out:
         a.flags.writeable = False
     return out
+
+
+def _in_warps(warps, combine):
+    """warps[w][g]: lane g's elements in the order it walks them. Each lane combines its
+    own in order, a warp's lanes then in halves (lane g takes lane g + h's, h = n / 2
+    ... 1, as __shfl_down_sync does), then the warps' values in order."""
+    values = []
+    for warp in warps:
+        part = []
+        for elements in warp:
+            total = elements[0]
+            for v in elements[1:]:
+                total = combine(total, v)
+            part.append(total)
+        while len(part) > 1:
+            h = len(part) // 2
+            part = [combine(part[g], part[g + h]) for g in range(h)]
+        values.append(part[0])
+    total = values[0]
+    for v in values[1:]:
+        total = combine(total, v)
+    return total
 
 
 _STMT = {
