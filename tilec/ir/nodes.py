@@ -601,16 +601,17 @@ def thread_registers(threads: int, producer: bool = False) -> int:
 @dataclass(frozen=True)
 class ReduceSpread:
     """How reduce `s` spreads over the block's threads (ir.reduce_spread; codegen/
-    cuda.py's reduce, the interpreter and plan-smem follow it). Each result is
-    walked by `lanes` threads: lane g takes elements g, g + lanes, g + 2 * lanes,
-    ... of its row or column, in order from its first; then the lanes combine in
-    halves within groups of `per_warp` consecutive lanes (one warp's: lane g takes
-    lane g + h's for h = per_warp / 2, ..., 1, warp shuffles), then the groups'
-    values in order, the first group's first (through shared memory).
-    `local` is '' for a shared tile, else how a local tile's rows lie over the
-    threads (local_reduce_spread): 'along' (each row's elements on every thread,
-    or a column on one) or 'across' (a slot of every thread holds a piece of
-    several rows)."""
+    cuda.py's reduce and plan-smem follow it). Each result is walked by `lanes`
+    threads, each its own elements in order (of a shared tile: lane g takes
+    elements g, g + lanes, g + 2 * lanes, ...; of a local tile: those it holds,
+    ir.reduce_lanes); then the lanes combine in halves within groups of
+    `per_warp` (one warp's: lane g takes lane g + h's for h = per_warp / 2, ...,
+    1, warp shuffles), then the groups' values in order, the first group's first
+    (through shared memory). `local` is '' for a shared tile, else how a local
+    tile's rows lie over the threads: 'along' (each row's elements on every
+    thread, or a column on one) or 'across' (a slot of every thread holds a
+    piece of several rows), local_reduce_spread; 'wgmma rows' or 'wgmma
+    columns' (the fragments' rows or columns), fragment_reduce_spread."""
     lanes: int
     per_warp: int
     local: str = ""
@@ -626,8 +627,8 @@ def reduce_spread(k: "Kernel", s: Reduce) -> ReduceSpread:
     thread has one at least), only where the result tile is shared (the group's
     first thread writes it; a local result's element lives on thread e % threads,
     outside the group), else 1. A local tile: where its elements already are
-    (local_reduce_spread). `threads` is a multiple of 32 (check-types), so every
-    warp of the block takes part in the shuffles whole."""
+    (local_reduce_spread, fragment_reduce_spread). `threads` is a multiple of 32
+    (check-types), so every warp of the block takes part in the shuffles whole."""
     src, acc = k.buffer(s.src), k.buffer(s.dst)
     if src.scope == "local" and src.layout == "wgmma":
         return fragment_reduce_spread(src, k.threads.value, s.axis)
