@@ -448,3 +448,27 @@ def test_a_long_loop_runs_its_last_trips_at_their_real_indices():
     assert (1000 - len(trips)) % 6 == 0 and len(trips) - 5 >= 5
     assert list(ch.trips(16)) == list(range(16))          # up to 2 x fill + period: every trip
     assert len(ch.trips(17)) == 11
+
+
+def test_an_epilogues_second_store_shares_the_first_ones_tail_choice(monkeypatch):
+    """gemm.tile with stream-K and a second output (each tile's row maxima) after C: the
+    second store's tail takes the TAIL choice of C's first one (each tail sits between
+    barriers of its own), so the epilogue forks a path in two per trip, not in four; the
+    check stays complete (before: past 4096 paths, a CheckIncompleteWarning), and the
+    path that runs the tails runs both stores' tails."""
+    from test_reduce import gemm_with_row_maxima
+    consts = dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
+    k = lower(gemm_with_row_maxima(), consts).stages["insert-barriers"]
+    tails = [s for s in ir.walk_stmts(k.body) if isinstance(s, ir.StoreTail) and s.chunk == 0]
+    assert [s.tensor for s in tails] == ["C", "R"]
+    assert check_barriers._tail_followers(k.body) == {id(tails[1])}
+    ran = []
+    step = check_barriers._Checker.step
+
+    def recording(self, s, st, classes):
+        if isinstance(s, ir.StoreTail):
+            ran.append(s.tensor)
+        return step(self, s, st, classes)
+    monkeypatch.setattr(check_barriers._Checker, "step", recording)
+    assert check_barriers.run(k, Options()).check_notes == ()
+    assert "C" in ran and "R" in ran

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from guard import guarded
-from test_reduce import (ACC_LAYOUTS, DTYPES, EXAMPLES, LOCAL_SPREADS, acc_reduce_inputs, acc_reduce_reference,
-                         acc_reduce_source, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
+from test_reduce import (ACC_LAYOUTS, DTYPES, EXAMPLES, LOCAL_SPREADS, ROW_MAXIMA_CASES, acc_reduce_inputs,
+                         acc_reduce_reference, acc_reduce_source, gemm_with_row_maxima, row_maxima_case, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
                          nan_expectation, nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
                          SOFTMAX, rowsum_reference, run_interpreted, same_bits, softmax_reference)
 
@@ -116,6 +116,17 @@ def test_reduce_of_the_accumulator_on_the_gpu(layout, axis, op, tile, space):
     assert same_bits(y, yi.view), np.argwhere(y != yi.view)[:5]
     want = acc_reduce_reference(a, b, layout, axis, op, tile)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ROW_MAXIMA_CASES)
+def test_row_maxima_in_gemm_epilogues_on_the_gpu(name):
+    """test_reduce's gemm.tile with row maxima in its epilogue, on the device: exact."""
+    consts, a, b, c_want, want = row_maxima_case(name, 8)
+    src = gemm_with_row_maxima()
+    c, r = run_gpu(src, [a, b], [(c_want.shape, "f16"), (want.shape, "f32")], fallback_ok=True,
+                   kernel=tilec.compile(src, tune=False, **consts))
+    np.testing.assert_array_equal(c, c_want)
+    np.testing.assert_array_equal(r, want)
 
 
 def test_a_local_tile_sums_in_its_lanes_on_the_gpu():

@@ -517,6 +517,57 @@ def test_reduce_of_the_accumulator_matches_numpy(layout, axis, op, tile, space):
         np.testing.assert_allclose(y.view, want, rtol=1e-5, atol=1e-4)
 
 
+def gemm_with_row_maxima():
+    """examples/gemm.tile whose epilogue also writes each row's maximum of its tile:
+    R[bx, row] (the accumulator reduced in its fragments, after the store of C)."""
+    src = (EXAMPLES / "gemm.tile").read_text()
+    for old, new in (("kernel gemm(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {",
+                      "kernel gemm(A: f16[M, K], B: f16[K, N], C: f16[M, N], R: f32[NB, M]) {"),
+                     ("    local acc: f32[BM, BN];\n", "    local acc: f32[BM, BN];\n    shared rowmax: f32[BM];\n"),
+                     ("    copy(acc, C[by * BM, bx * BN]);    // converts f32 -> f16\n",
+                      "    copy(acc, C[by * BM, bx * BN]);    // converts f32 -> f16\n"
+                      "    reduce(acc, rowmax, axis = 1, op = max);\n    copy(rowmax, R[bx, by * BM]);\n")):
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    return src
+
+
+# gemm.tile's schedules with an epilogue: plain, persistent, stream-K (a tile's K split over blocks, the
+# finisher adding the partial sums before the epilogue), swapped (16 rows: acc^T)
+ROW_MAXIMA_CASES = {"plain": (dict(BM=128, BN=128, PERSISTENT=0), (300, 520, 200)),
+                    "persistent": (dict(BM=128, BN=256, PERSISTENT=1), (300, 520, 200)),
+                    "stream-k": (dict(BM=128, BN=128, PERSISTENT=1, STREAM_K=1), (300, 520, 2048)),
+                    "swapped": (dict(BM=16, BN=128, PERSISTENT=0), (40, 300, 136))}
+
+
+def row_maxima_case(name, seed):
+    consts, (m, n, k) = ROW_MAXIMA_CASES[name]
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float16)
+    bm, bn = consts["BM"], consts["BN"]
+    prod = a.astype(np.float64) @ b.astype(np.float64)
+    padded = np.zeros((-(-m // bm) * bm, -(-n // bn) * bn))
+    padded[:m, :n] = prod
+    want = padded.reshape(padded.shape[0], -1, bn).max(-1).T[:, :m].astype(np.float32)
+    return consts, a, b, prod.astype(np.float16), want
+
+
+@pytest.mark.parametrize("name", ROW_MAXIMA_CASES)
+def test_row_maxima_in_gemm_epilogues(name):
+    """The reduce runs where the epilogue does: after stream-K's finisher has added the
+    partial tiles, in the swapped layout, in a persistent loop over tiles."""
+    consts, a, b, c_want, want = row_maxima_case(name, 7)
+    k = tilec.compile(gemm_with_row_maxima(), backend="interpret", tune=False, **consts)
+    c, r = guarded(c_want.shape, np.float16, like="numpy"), guarded(want.shape, np.float32, like="numpy")
+    with falling_back():
+        k(a, b, c.view, r.view)
+    c.check()
+    r.check()
+    np.testing.assert_array_equal(c.view, c_want)
+    np.testing.assert_array_equal(r.view, want)
+
+
 def test_reduce_of_the_accumulator_follows_its_fragments():
     """ir.fragment_element against wgmma's m64nNk16 D-fragment layout as PTX's ISA
     states it (warp w of the warpgroup, lane l, register r: row 16 w + l / 4 + 8 (r / 2

@@ -231,6 +231,29 @@ def _distinct(states) -> list:
     return out
 
 
+def _tail_followers(body) -> set:
+    """ids of the store tails that take the TAIL choice of an earlier one in their block
+    (every first chunk of a store but the block's first, e.g. an epilogue's second
+    store): each tail sits between block barriers of its own, so running them all
+    checks each one's reads and running none the path without their barriers, as for
+    the chunks of one store (TAIL); a choice per store doubled the paths per store
+    and trip."""
+    out = set()
+
+    def visit(block):
+        first = None
+        for s in block:
+            if isinstance(s, ir.StoreTail) and s.chunk == 0:
+                if first is not None:
+                    out.add(id(s))
+                else:
+                    first = s
+            for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
+                visit(getattr(s, f))
+    visit(body)
+    return out
+
+
 def _storing(st) -> set:
     """The tiles TMA stores may still be reading."""
     return set(st.uncommitted).union(*st.groups)
@@ -340,6 +363,7 @@ class _Checker:
         self._lets = {}             # an env key -> the lets it reads
         self._inert = {}            # id(loop) -> whether its trips change nothing checked
         self._forks_after = {}      # id(block) -> (the block, forks_after's answer)
+        self.tail_followers = _tail_followers(k.body)
 
     def lets(self, key) -> frozenset:
         """The lets whose values the env key `key` (an expression's text) reads."""
@@ -461,7 +485,7 @@ class _Checker:
         if isinstance(s, ir.StoreTail):
             # in blocks whose tile crosses the last whole granule: barrier, reads, barrier
             forks = [st]
-            if s.chunk == 0:
+            if s.chunk == 0 and id(s) not in self.tail_followers:
                 forks = [copy.deepcopy(st), st]
                 forks[0].env[TAIL], st.env[TAIL] = True, False
             for fork in forks:
@@ -604,7 +628,7 @@ class _Checker:
                 f[2] = i + 1
                 stack.append([_BLOCK, s.then if taken else s.orelse, 0, classes])
             else:                               # a store tail
-                if s.chunk == 0:                # a block whose tile crosses the last whole granule
+                if s.chunk == 0 and id(s) not in self.tail_followers:   # a tile crossing the last granule
                     st.env[TAIL] = run.choose(2) == 0
                 f[2] = i + 1
                 if st.env[TAIL]:
