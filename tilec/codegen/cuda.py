@@ -525,7 +525,7 @@ class _Printer:
             return out
 
         if spread.local.startswith("wgmma"):
-            return self.reduce_fragments(s, src, acc, spread, t, slot, combine, result, ind)
+            return self.reduce_fragments(s, src, acc, spread, t, walk, combine, result, ind)
         if spread.local == "along" and s.axis == 1:     # row r: slots r * Q ... r * Q + Q - 1, lane = thread
             q = n // threads
             loop, res = ("tl_r", m), "tl_r"
@@ -551,7 +551,7 @@ class _Printer:
             how = f"each {what} of {s.src} on {threads // n} threads"
         return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind)
 
-    def reduce_fragments(self, s, src, acc, spread, t, slot, combine, result, ind) -> list:
+    def reduce_fragments(self, s, src, acc, spread, t, walk, combine, result, ind) -> list:
         """A 'wgmma' tile (an accumulator, or a tile beside one) reduced in its fragments
         (ir.fragment_element): a fragment row's elements are on the 4 lanes of a
         quad, nw / 4 a lane (register r of columns (r % (nw / 2)) / 4 * 8 + (l % 4) *
@@ -568,10 +568,7 @@ class _Printer:
             loop = ("tl_x", 2 * mt)
             res = f"{row0} + tl_x / 2 * 64 + tl_x % 2 * 8"
             first = f"tl_x / 2 * {half} + tl_x % 2 * 2"
-            values = [f"{t} tl_acc = {slot(first)};"]
-            if nw // 4 > 1:
-                values += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {nw // 4}; ++tl_k) {{",
-                           f"  tl_acc = {combine(slot(f'{first} + tl_k / 2 * 4 + tl_k % 2'))};", "}"]
+            values = walk(first, (nw // 4, f"{first} + tl_k / 2 * 4 + tl_k % 2"))
             lane, stride = "threadIdx.x", 1       # a quad's first lane leads
             group = None if src.wg_cols == 1 else _warpgroup_col(src.wg_cols)
             how = f"each fragment row of {s.src} on the 4 lanes of a quad" + \
@@ -580,9 +577,7 @@ class _Printer:
             loop = ("tl_x", nw // 4)
             res = f"{col0}tl_x / 2 * 8 + {_FRAGMENT_COL} + tl_x % 2"
             first = "tl_x / 2 * 4 + tl_x % 2"
-            values = [f"{t} tl_acc = {slot(first)};"]
-            values += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {2 * mt}; ++tl_k) {{",
-                       f"  tl_acc = {combine(slot(f'tl_k / 2 * {half} + tl_k % 2 * 2 + {first}'))};", "}"]
+            values = walk(first, (2 * mt, f"tl_k / 2 * {half} + tl_k % 2 * 2 + {first}"))
             lane, stride = "(threadIdx.x % 32 / 4)", 4
             group = f"(threadIdx.x % 128 / 32 + ({_warpgroup_row(src.wg_cols)}) * 4)"
             how = f"each fragment column of {s.src} on 8 lanes of each of {spread.groups} warps, {2 * mt} " \

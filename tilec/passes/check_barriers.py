@@ -231,23 +231,19 @@ def _distinct(states) -> list:
     return out
 
 
-def _tail_followers(body) -> set:
-    """ids of the store tails that take the TAIL choice of an earlier one in their block
-    (every first chunk of a store but the block's first, e.g. an epilogue's second
-    store): each tail sits between block barriers of its own, so running them all
-    checks each one's reads and running none the path without their barriers, as for
-    the chunks of one store (TAIL); a choice per store doubled the paths per store
-    and trip."""
+def _forking_tails(body) -> set:
+    """ids of the store tails that choose TAIL for their block: the first chunk of the
+    block's first store. The others take its choice (the chunks of that store, and an
+    epilogue's later stores): each tail sits between block barriers of its own, so
+    running them all checks each one's reads and running none the path without their
+    barriers; a choice per store doubled the paths per store and trip."""
     out = set()
 
     def visit(block):
-        first = None
+        first = next((s for s in block if isinstance(s, ir.StoreTail) and s.chunk == 0), None)
+        if first is not None:
+            out.add(id(first))
         for s in block:
-            if isinstance(s, ir.StoreTail) and s.chunk == 0:
-                if first is not None:
-                    out.add(id(s))
-                else:
-                    first = s
             for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
                 visit(getattr(s, f))
     visit(body)
@@ -363,7 +359,7 @@ class _Checker:
         self._lets = {}             # an env key -> the lets it reads
         self._inert = {}            # id(loop) -> whether its trips change nothing checked
         self._forks_after = {}      # id(block) -> (the block, forks_after's answer)
-        self.tail_followers = _tail_followers(k.body)
+        self.forking_tails = _forking_tails(k.body)
 
     def lets(self, key) -> frozenset:
         """The lets whose values the env key `key` (an expression's text) reads."""
@@ -485,7 +481,7 @@ class _Checker:
         if isinstance(s, ir.StoreTail):
             # in blocks whose tile crosses the last whole granule: barrier, reads, barrier
             forks = [st]
-            if s.chunk == 0 and id(s) not in self.tail_followers:
+            if id(s) in self.forking_tails:
                 forks = [copy.deepcopy(st), st]
                 forks[0].env[TAIL], st.env[TAIL] = True, False
             for fork in forks:
@@ -628,7 +624,7 @@ class _Checker:
                 f[2] = i + 1
                 stack.append([_BLOCK, s.then if taken else s.orelse, 0, classes])
             else:                               # a store tail
-                if s.chunk == 0 and id(s) not in self.tail_followers:   # a tile crossing the last granule
+                if id(s) in self.forking_tails:     # a block whose tile crosses the last whole granule
                     st.env[TAIL] = run.choose(2) == 0
                 f[2] = i + 1
                 if st.env[TAIL]:

@@ -602,7 +602,8 @@ class _Blocks:
     def reduce(self, s, env):
         """codegen/cuda.py's reduce: acc[i] = op over row i (axis 1) or column i
         (axis 0) of s, in order from the first element, or in ir.reduce_spread's lanes
-        combined in halves within each warp, then the warps in order: floats in
+        (a local tile's: reduce_local) combined in halves within each warp, then the
+        warps in order: floats in
         float (double with an f64 side), so float sums round as the GPU's do; integer sums
         modulo 2^64 (any order gives those bits), integer maxima and minima in s's type;
         then converted to acc's dtype as C++ assigns it."""
