@@ -1525,6 +1525,10 @@ def tile_program(draw):
         else:
             loop_body.append(par)
         stages = draw(st.sampled_from([None, None, 1, 2, 3, 4]))
+        if draw(st.integers(0, 3)) == 0:    # a statement before the loads (hoist-loads moves them ahead of it)
+            ahead = Ctx({t.name: t for t in tiles}, {"acc": False}, r, ints + ["k"], floats)
+            loop_body.insert(0, Par(tshape, [Assign("acc", Bin("+", Elem("acc", (("own",),) * r),
+                                                                 value_for(draw, ahead, dR, 1)))]))
         loop = For("k", "K", stages, loop_body)
         # inside another loop (a rotating one keeps its copies' phases from trip to trip)
         outer = draw(st.sampled_from([None, None, None, "2", "3", "n"]))

@@ -9,6 +9,7 @@ import pytest
 
 import tilec
 from guard import guarded
+from test_hoist_loads import operands, run, source
 from test_rotate import RMW, ksum, ksum_reference, nested, tails_reference, twice
 from conftest import ROOT
 
@@ -100,3 +101,24 @@ def check_rowsum_on_the_gpu(k, shape):
 @pytest.mark.parametrize("shape", [(4096, 4096), (1024, 16384), (300, 1000), (7, 256), (5, 4)])
 def test_rowsum_example_rotating_on_the_gpu(shape):
     check_rowsum_on_the_gpu(tilec.compile(str(ROOT / "examples/rowsum.tile")), shape)
+
+
+@pytest.mark.parametrize("names", [
+    ["t from acc", "load a", "acc += a"],                                   # moves, rotates
+    ["load a", "acc += a", "t from acc", "load b", "acc += b", "store c"],  # the second load moves
+    ["t from acc", "load a", "c from a", "store c", "load b", "acc += b"],  # one moves, one cannot
+    ["fill a", "store c", "load a", "acc += a", "load b", "acc += b"],       # nothing moves: plain
+])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("trips", [1, 4, 9])
+def test_a_hoisted_body_on_the_gpu(names, stages, trips):
+    """hoist-loads' bodies (tests/test_hoist_loads.py) pipelined on the device, 3 x 3
+    blocks with ragged edges, bit for bit against the same body as a `range` loop in
+    the interpreter."""
+    a, b = operands(trips, trips * 10 + stages, shape=(20, 72))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.PipelineWarning)
+        want = run(source(names, "range(K)"), a, b)
+        got = run(source(names, f"pipelined(K, stages = {stages})"), a, b, backend="gpu")
+    for w, g in zip(want, got):
+        assert np.array_equal(w.view(np.uint32), g.view(np.uint32)), names

@@ -665,7 +665,8 @@ def softmax_reference(x):
 
 
 @pytest.mark.parametrize("shape, consts", [((10, 1000), {}), ((5, 3000), dict(BN=256)), ((3, 1), {}),
-                                           ((9, 600), dict(BM=8, BN=128, THREADS=128)), ((2, 5000), dict(BM=1))])
+                                           ((9, 600), dict(BM=8, BN=128, THREADS=128)), ((2, 5000), dict(BM=1)),
+                                           ((5, 700), dict(BM=2, BN=1024, THREADS=32))])
 def test_softmax_program(shape, consts):
     """tests/softmax.tile (a running maximum and rescaled sum over column tiles, then
     a second pass): against numpy within f16 rounding, rows that span several tiles

@@ -197,7 +197,8 @@ LOOP = ":9:5: this pipelined loop (stages = 2) runs as a plain loop: "
      "tile 'a', which it loads, is used outside the loop as well"),
     (ksum(2).replace("            acc[i, j] = acc[i, j] + a[i, j];\n        }",
                      "            acc[i, j] = acc[i, j] + a[i, j];\n        }\n        copy(A[k, 0, 0], a);"),
-     "a load into tile 'a' (line 14) follows other statements (only the loads that start the body can run ahead)"),
+     "the load into tile 'a' (line 14) cannot move ahead of line 11, which reads tile 'a' (only loads that start "
+     "the body, or can move there, run ahead)"),
     (ksum(2).replace("        copy(A[k, by * BM, bx * BN], a);\n", "        fill(a, 1.0);\n"),
      "its body does not start with a TMA load (a copy from a tensor into a shared tile)"),
     (ksum(2).replace("        copy(A[k, by * BM, bx * BN], a);\n",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import (check_barriers, check_smem, check_types, fold_consts, insert_barriers, lower_copies, lower_ranges,
-               make_persistent, mark_in_place, plan_gemm, plan_pipeline, plan_smem, plan_tma)
+from . import (check_barriers, check_smem, check_types, fold_consts, hoist_loads, insert_barriers, lower_copies,
+               lower_ranges, make_persistent, mark_in_place, plan_gemm, plan_pipeline, plan_smem, plan_tma)
 
 PIPELINE = (
     fold_consts,        # consts, lets, shape symbols, name kinds
@@ -13,6 +13,7 @@ PIPELINE = (
     check_types,        # memory spaces, ranks, dtypes, where names may be used
     mark_in_place,      # which written tensors may be passed as a tensor the kernel reads
     plan_gemm,          # gemm -> wgmma warpgroups; operand and accumulator layouts
+    hoist_loads,        # a pipelined body's TMA loads to its front, past statements they commute with
     plan_pipeline,      # which pipelined loops become TMA rings or rotate; their tiles' stages or copies
     lower_copies,       # copy -> TMA load / TMA store / thread copy
     plan_tma,           # tensor maps, boxes, expect-tx bytes, static TMA rules

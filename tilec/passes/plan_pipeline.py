@@ -25,6 +25,7 @@ from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, tiles_named
 from . import plan_smem
+from .hoist_loads import blocker, is_load
 
 NAME = "plan-pipeline"
 
@@ -105,21 +106,26 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     mark-in-place's `rereads`)."""
     loads = []
     for s in loop.body:
-        if not _is_load(k, s):
+        if not is_load(k, s):
             break
         loads.append(s.dst.name)
     rest = loop.body[len(loads):]
     tiles = list(dict.fromkeys(loads))
     if not loads:
-        return [], "its body does not start with a TMA load (a copy from a tensor into a shared tile)"
+        later = next((x for x in rest if is_load(k, x)), None)
+        if later is None:
+            return [], "its body does not start with a TMA load (a copy from a tensor into a shared tile)"
+        return [], f"its body does not start with a TMA load, and {_stays(k, later, rest)}"
     if len(tiles) < len(loads):
         return [], f"it loads tile '{next(t for t in tiles if loads.count(t) > 1)}' more than once"
     if not rest:
         return [], "nothing follows its loads"
     for x in ir.walk_stmts(rest):
         at = f" (line {x.span.line})" if x.span is not None else ""
-        if _is_load(k, x):
-            return [], f"a load into tile '{x.dst.name}'{at} follows other statements (only the loads that start " \
+        if is_load(k, x):
+            if any(x is r for r in rest):
+                return [], _stays(k, x, rest)
+            return [], f"a load into tile '{x.dst.name}'{at} sits in a nested block (only the loads that start " \
                        "the body can run ahead)"
         if isinstance(x, ir.Gemm):
             return [], f"it holds a gemm{at} but is no gemm ring (TMA loads, then only gemms reading the tiles " \
@@ -140,14 +146,22 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     return tiles, ""
 
 
+def _stays(k: ir.Kernel, load: ir.Copy, rest: tuple) -> str:
+    """Why `load`, a statement of `rest`, did not move to the front (hoist-loads)."""
+    at = f" (line {load.span.line})" if load.span is not None else ""
+    for x in rest[:next(i for i, r in enumerate(rest) if r is load)]:
+        why = blocker(k, load, x)
+        if why is not None:
+            line = f"line {x.span.line}" if x.span is not None else "a statement"
+            return f"the load into tile '{load.dst.name}'{at} cannot move ahead of {line}, which {why} (only " \
+                   "loads that start the body, or can move there, run ahead)"
+    raise AssertionError("hoist-loads left a load it could move")
+
+
 def _sources(k: ir.Kernel, body) -> list:
     """The tensors the TMA loads of `body` read (an im2col view's tensor for a view)."""
     views = {v.name: v.tensor for v in k.views}
-    return list(dict.fromkeys(views.get(s.src.name, s.src.name) for s in body if _is_load(k, s)))
-
-
-def _is_load(k: ir.Kernel, s) -> bool:
-    return isinstance(s, ir.Copy) and k.space(s.dst.name) == "shared" and k.space(s.src.name) in ("global", "view")
+    return list(dict.fromkeys(views.get(s.src.name, s.src.name) for s in body if is_load(k, s)))
 
 
 def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
@@ -155,7 +169,7 @@ def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
     more gemms that read only loaded tiles; else none."""
     tiles = []
     for s in body:
-        if not _is_load(k, s):
+        if not is_load(k, s):
             break
         tiles.append(s.dst.name)
     rest = body[len(tiles):]
