@@ -7,12 +7,9 @@ plan-pipeline pipelines only the loads that start a body. A body written as
     copy(A[k * BM, 0], a);
     ...
 
-has the same meaning with the load first when the statements before it (no
-`let` among them: fold-consts has put each let's value where it is used, and
-make-persistent's lets stand outside the K loop)
+has the same meaning with the load first when the statements before it
 
-- neither read nor write the tile it loads,
-- write nothing its start expressions read (a tile subscripted there), and
+- neither read nor write the tile it loads, and
 - write no tensor that may share memory with the one it loads from: that tensor
   itself, or one the launch may pass as that very tensor (mark-in-place's
   `in_place`; a launch whose written tensor overlaps another argument in any
@@ -22,13 +19,18 @@ Each load that passes (in the body's order, counting the loads that stay as
 statements it must pass too) moves to the front; the rest keep their order. The
 loads of nested blocks stay where they are. plan-pipeline's PipelineWarning for a
 load that stays names the statement it cannot pass and why (`blocker`). The
-thread-copy variant has no TMA loads and is left as written."""
+thread-copy variant has no TMA loads and is left as written.
+
+Nothing else can stand in a load's way: its start expressions read no tile
+element (check-types refuses that) and bind to no `let` of the body
+(fold-consts has put each let's value where it is used, and make-persistent's
+lets stand outside the K loop)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..ir import nodes as ir
-from ..ir.effects import deep, of
+from ..ir.effects import deep
 from ..ir.exprs import map_body
 
 NAME = "hoist-loads"
@@ -62,15 +64,12 @@ def is_load(k: ir.Kernel, s) -> bool:
 
 def blocker(k: ir.Kernel, load: ir.Copy, s) -> str | None:
     """Why `load` cannot move ahead of statement `s` (a phrase: "writes tile 'x'"), or None."""
-    e, own = deep(k, s), of(k, load)
+    e = deep(k, s)
     t = load.dst.name                   # (no tile lies over another before lower-copies)
     if t in e.writes:
         return f"writes tile '{t}'"
     if t in e.reads:
         return f"reads tile '{t}'"
-    for t in sorted(own.reads - {load.src.name}):
-        if t in e.writes:
-            return f"writes tile '{t}', which the load's start reads"
     source = {v.name: v.tensor for v in k.views}.get(load.src.name, load.src.name)
     may_share = {w for (w, r), why in k.in_place if r == source and why is None} | {source}
     for t in sorted(e.writes & may_share):
