@@ -216,6 +216,37 @@ def test_copy_in_a_loop_reuses_one_barrier():
     b.check()
 
 
+@pytest.mark.parametrize("rows, cols, stages, smem", [(96, 128, None, 49152), (32, 128, 3, 49152),
+                                                     (128, 64, 3, 98304)], ids=["one tile", "rotating", "over"])
+def test_48_kib_of_tiles_and_their_barriers_launch(rows, cols, stages, smem):
+    """Exactly 48 KiB of dynamic shared memory (one f32[96, 128] tile, or three
+    copies of a rotating f32[32, 128] one) beside the mbarriers' static bytes is
+    over the default limit, so the launch must ask for it (it once failed with
+    CUDA_ERROR_INVALID_VALUE); and 96 KiB, well over it."""
+    import torch
+    loop = "range(1)" if stages is None else f"pipelined(cdiv(M, {rows}), stages = {stages})"
+    src = f"""
+    kernel tiles(A: f32[M, N], B: f32[M, N]) {{
+        grid (bx) = (cdiv(N, {cols}));
+        threads 128;
+        shared s: f32[{rows}, {cols}];
+        for r in {loop} {{
+            copy(A[r * {rows}, bx * {cols}], s);
+            copy(s, B[r * {rows}, bx * {cols}]);
+        }}
+    }}"""
+    k = tilec.compile(src)
+    assert f"dynamic_smem {smem} bytes" in k.ir("plan-smem")
+    a = rand((rows if stages is None else 1000, 300), "f32")
+    b = guarded(a.shape, a.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k(a, b.view)
+    torch.cuda.synchronize()
+    assert torch.equal(b.view, a)
+    b.check()
+
+
 def test_replayed_launch_follows_new_data_and_new_pointers():
     """The second call with the same tensors replays the prepared launch; new
     tensors (new pointers or shapes) get their own."""

@@ -189,7 +189,8 @@ class LoadedKernel:
         make_current(device)
         self.module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
-        if smem_bytes > 48 * 1024:
+        if smem_bytes:  # the launch may take 48 KiB of shared memory, its mbarriers' static bytes included, unless
+            # asked for more: ask for the dynamic bytes always (48 KiB of them and the barriers would not launch)
             check(cu.cuFuncSetAttribute(
                 self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
