@@ -58,3 +58,24 @@ kernel big(A: f32[M, N], B: f32[M, N]) {{
     with pytest.raises(SemanticError, match="these TMA loads bring 1146880 bytes to one mbarrier, whose "
                                                   "transaction count holds at most 1048575"):
         insert_barriers._expect_tx(loads)
+
+
+def test_tiles_that_fit_only_without_their_mbarriers():
+    """232320 bytes of tiles (the largest 128-byte multiple under the 232448 a Hopper
+    block has) fit beside one mbarrier; 128 bytes more reach the limit, and the 8 bytes
+    of the mbarrier go over it: the message counts them."""
+    text = """
+kernel edge(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[242, 240];
+    shared u: f32[1, 32];
+    copy(A[0, 0], s);
+    copy(A[0, 0], u);
+    copy(s, B[0, 0]);
+    copy(u, B[0, 0]);
+}"""
+    assert "dynamic_smem 232320 bytes" in lower(text.replace("shared u: f32[1, 32];", "").replace(
+        "    copy(A[0, 0], u);\n", "").replace("    copy(u, B[0, 0]);\n", "")).ir_text("plan-smem")
+    assert error(text).startswith("t.tile:5:5: error: shared tiles need 232448 bytes and 1 mbarrier 8 more; "
+                                  "a Hopper block has at most 232448 bytes of shared memory")

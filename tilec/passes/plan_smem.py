@@ -58,7 +58,8 @@ def place(k: ir.Kernel, arch: str, barriers: int) -> tuple:
     target = get_arch(arch)
     if offset > target.smem_per_block - 8 * barriers:
         big = max((b for b in buffers if b.scope == "shared" and not b.alias), key=lambda b: b.ring_bytes)
-        raise SemanticError(f"shared tiles need {offset} bytes; {target.block} has at most "
+        bars = f" and {barriers} mbarrier{'s' if barriers > 1 else ''} {8 * barriers} more" if barriers else ""
+        raise SemanticError(f"shared tiles need {offset} bytes{bars}; {target.block} has at most "
                             f"{target.smem_per_block} bytes of shared memory", big.span)
     return buffers, offset
 
