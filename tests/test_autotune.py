@@ -313,8 +313,8 @@ def test_a_plain_pipelined_loop_is_said_of_the_chosen_candidate_only(env, monkey
     assert k.best_config == {"S": fastest}
     assert plain == ([] if fastest == 3 else [
         "<string>:9:5: this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of the tiles it "
-        "loads do not fit in shared memory (shared tiles need 262144 bytes; a Hopper block has at most 232448 "
-        "bytes of shared memory)"]), plain
+        "loads do not fit in shared memory (shared tiles need 262144 bytes, and 1024 more for 1 mbarrier (static "
+        "shared memory counts in 1024-byte steps); a Hopper block has at most 232448 bytes of shared memory)"]), plain
     assert k.kernel.pipeline_notes == tuple(plain)
 
 
@@ -1041,8 +1041,9 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     # and 128x64 tiles fit 8 stages 64 deep, and 8x64 to 40x64 128 deep
     smem = [line for line in lines[1:] if not line.endswith(registers)]
     named = re.compile(r"examples/gemm\.tile: (?:candidate|\d+ candidates with) BM=(\d+) BN=(\d+) STAGES=[68] .*refused: "
-                       r"examples/gemm\.tile:1[01]:5: error: shared tiles need (\d+) bytes; a Hopper block has at "
-                       r"most 232448 bytes of shared memory")
+                       r"examples/gemm\.tile:1[01]:5: error: shared tiles need (\d+) bytes, 1024 more to align "
+                       r"swizzled tiles(?:, and 1024 more for \d+ mbarriers \(static shared memory counts in "
+                       r"1024-byte steps\))?; a Hopper block has at most 232448 bytes of shared memory")
     tiles = {(int(m.group(1)), int(m.group(2))) for m in map(named.fullmatch, smem) if m}
     assert all(named.fullmatch(line) for line in smem), smem
     assert tiles == {(8, 128), (8, 256), (16, 128), (16, 256), (24, 128), (32, 128), (40, 128), (48, 64), (48, 128),

@@ -249,8 +249,8 @@ def test_each_plain_loop_gives_its_own_reason():
     said = plain_loop_warnings(TWO_LOOPS)
     assert [m.split(": ", 1)[1].split(": ", 1) for m in said] == [
         ["this pipelined loop (stages = 4) runs as a plain loop", "the stages' copies of the tiles it loads do not "
-         "fit in shared memory (shared tiles need 263168 bytes; a Hopper block has at most 232448 bytes of shared "
-         "memory)"],
+         "fit in shared memory (shared tiles need 263168 bytes, and 1024 more for 1 mbarrier (static shared memory "
+         "counts in 1024-byte steps); a Hopper block has at most 232448 bytes of shared memory)"],
         ["this pipelined loop (stages = 2) runs as a plain loop", "tile 'b', which it loads, is used outside the "
          "loop as well"]], said
     assert [m.split(": ")[0] for m in said] == ["<string>:11:5", "<string>:17:5"]

@@ -417,5 +417,5 @@ def test_a_ring_too_big_is_refused_before_the_barrier_passes(monkeypatch):
     monkeypatch.setattr(check_barriers, "run", never)
     line = next(i for i, text in enumerate(GEMM.splitlines(), 1) if text.strip().startswith("shared b"))
     msg = error(GEMM, BM=128, BN=256, STAGES=8, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
-    assert msg.splitlines()[0] == (f"<string>:{line}:5: error: shared tiles need 425984 bytes; a Hopper block has "
-                                   "at most 232448 bytes of shared memory")
+    assert msg.splitlines()[0] == (f"<string>:{line}:5: error: shared tiles need 425984 bytes, 1024 more to align "
+                                   "swizzled tiles; a Hopper block has at most 232448 bytes of shared memory")

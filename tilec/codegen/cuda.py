@@ -17,7 +17,7 @@ from ..ir import nodes as ir
 from ..ir.exprs import float_width, fold, fused_product, is_float, map_body, reads_f64, walk_expr, widened
 from ..ir.nodes import walk_stmts
 from ..ir.printer import binary, expr as show_expr
-from ..passes import make_persistent
+from ..passes import make_persistent, plan_smem
 from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, workspace_bytes_per_block
 
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
@@ -1201,11 +1201,11 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
     pr.uses_int_convert = any("tl_to_int<" in line for line in body)
     prologue = []
     if k.smem_bytes and any(b.swizzle for b in k.buffers):
-        prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem_raw[];")
+        prologue.append(f"extern __shared__ __align__({plan_smem.DYNAMIC_BASE_ALIGN}) unsigned char tl_smem_raw[];")
         prologue.append("// swizzled tiles need 1024-byte aligned shared addresses")
         prologue.append("unsigned char* const tl_smem = tl_smem_raw + ((1024u - (smem_addr(tl_smem_raw) & 1023u)) & 1023u);")
     elif k.smem_bytes:
-        prologue.append("extern __shared__ __align__(1024) unsigned char tl_smem[];")
+        prologue.append(f"extern __shared__ __align__({plan_smem.DYNAMIC_BASE_ALIGN}) unsigned char tl_smem[];")
     for b in k.buffers:
         shape = ", ".join(map(str, b.shape))
         if b.scope == "shared":

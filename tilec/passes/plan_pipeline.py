@@ -36,7 +36,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     planned = _plan(k)
     if any(isinstance(s, ir.For) and s.rotate for s in ir.walk_stmts(planned.body)):
         try:
-            plan_smem.place(planned, opts.arch, barriers=0)
+            plan_smem.place(planned, opts.arch, barriers=1)     # a rotating loop has its copies' mbarriers
         except SemanticError as e:  # the copies do not fit: plain loops, as before rotation (if that fits)
             return _plan(k, no_rotation="the stages' copies of the tiles it loads do not fit in shared memory ("
                                         + e.message.rstrip(".") + ")")
