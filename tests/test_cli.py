@@ -164,8 +164,8 @@ def test_gemm_rule_error_points_at_the_gemm(tmp_path):
 # test_autotune's rotating loop (a 64 KiB tile: 3 copies fit, 4 do not) with its stages tuned in the program
 ROTATING = _ROTATING.lstrip("\n").replace(" S = 3;\n", " S = 3;\n    tune S in (3, 4);\n")
 PLAIN = ("this pipelined loop (stages = 4) runs as a plain loop: the stages' copies of the tiles it loads do not "
-         "fit in shared memory (shared tiles need 262144 bytes; a Hopper block has at most 232448 bytes of shared "
-         "memory)")
+         "fit in shared memory (shared tiles need 262144 bytes, and 1024 more for 1 mbarrier (static shared memory "
+         "counts in 1024-byte steps); a Hopper block has at most 232448 bytes of shared memory)")
 
 
 def test_check_names_the_candidates_whose_pipelined_loop_runs_plain(tmp_path):
