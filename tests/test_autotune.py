@@ -240,6 +240,31 @@ def test_a_candidate_with_other_outputs_is_not_chosen(env, monkeypatch):
                      r"[0-9.e-]+, [0-9.e-]+ allowed\) from BM=16 W=1's", report), report
 
 
+def test_a_candidate_the_driver_refuses_is_skipped_with_a_warning(env, monkeypatch):
+    """A candidate the compiler accepted whose launch the driver refuses (a DeviceError,
+    as 48 KiB of tiles beside an mbarrier once did) is a tilec bug: the tune skips it
+    and says so, a TuneLaunchWarning naming it (an error in the test suite, pyproject);
+    a launch refused for the call's shape (a LaunchError) is skipped quietly."""
+    def run(kernel, args, stream=None):
+        if kernel.consts["BM"] == 32 and kernel.consts["BN"] == 128:
+            raise tilec.DeviceError("launching acc failed: CUDA_ERROR_INVALID_VALUE")
+        if kernel.consts["BM"] == 16 and kernel.consts["BN"] == 128:
+            raise tilec.LaunchError("a grid too big for this shape")
+        interpret_run(kernel, args)
+    monkeypatch.setattr(autotune, "_run", run)
+    k = tilec.compile(ACC, tune=SPACE, key=("M", "N"), arch="sm_90a")
+    x, y = arrays()
+    want = untuned(x, y, 0.5)
+    with pytest.warns(tilec.TuneLaunchWarning) as caught:
+        k(x, y, 0.5)
+    assert [str(w.message) for w in caught] == [
+        "autotune acc at M=40 N=100: 1 candidate the compiler accepted failed to launch and was skipped (BM=32 BN=128: "
+        "error: launching acc failed: CUDA_ERROR_INVALID_VALUE); this is a bug in tilec; k.tune_report() lists them"]
+    assert k.best_config not in ({"BM": 32, "BN": 128}, {"BM": 16, "BN": 128})
+    assert np.array_equal(y, want)
+    assert "BM=32 BN=128: refused: error: launching acc failed" in k.tune_report()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_candidates_outputs_agree_within_the_order_of_sums(dtype):
     """_Reference.mismatch: a float output may differ from the reference by MISMATCH_ULPS ulps of

@@ -2,14 +2,14 @@
 from ._version import __version__
 from .errors import (CaptureError, CheckIncompleteWarning, CompileError, DeviceError, LaunchError, ParseError,
                      PipelineWarning, SemanticError, TilecError, TmaFallbackWarning, ToolchainWarning,
-                     TuneMismatchWarning, UnsupportedError)
+                     TuneLaunchWarning, TuneMismatchWarning, UnsupportedError)
 from .runtime.tensormap import TmaRuleError
 from .kernel import Kernel, compile
 
 __all__ = ["__version__", "compile", "Kernel", "TilecError", "ParseError", "SemanticError",
            "UnsupportedError", "LaunchError", "TmaRuleError", "CaptureError", "CompileError", "DeviceError",
            "TmaFallbackWarning", "CheckIncompleteWarning", "PipelineWarning", "TuneMismatchWarning",
-           "ToolchainWarning"]
+           "TuneLaunchWarning", "ToolchainWarning"]
 
 
 def __getattr__(name):

@@ -52,7 +52,7 @@ import warnings
 from . import kernel as kernel_mod
 from ._version import __version__
 from .compiler import program_key, warn_notes
-from .errors import CaptureError, PipelineWarning, TilecError, TuneMismatchWarning
+from .errors import CaptureError, DeviceError, PipelineWarning, TilecError, TuneLaunchWarning, TuneMismatchWarning
 from .runtime import cache, host, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
@@ -1002,13 +1002,15 @@ class TunedKernel:
             progress.finish("an output requires grad")
             raise
         saved = {i: _save(args[i]) for i in writes}
-        ready, reference, mismatched = [], None, {}
+        ready, reference, mismatched, failed = [], None, {}, []
         try:
             for i in sorted(compiled):
                 try:
                     _run(compiled[i], args, stream)     # warm-up: module load, tensor maps
-                except TilecError as e:        # a launch the candidate refuses (e.g. too much shared memory)
+                except TilecError as e:        # a launch the candidate refuses (e.g. a grid too big for the shape)
                     refused[i] = e
+                    if isinstance(e, DeviceError):  # the driver refused what the compiler accepted: a tilec bug
+                        failed.append(i)
                 else:
                     _settle(args)
                     if reference is None:      # the first that runs: the declared consts, where they do
@@ -1025,6 +1027,13 @@ class TunedKernel:
             _restore_all(args, saved)
         if mismatched:
             self._warn_mismatch(kv, cands, reference.index, mismatched)
+        if failed:
+            n = len(failed)
+            warnings.warn(TuneLaunchWarning(
+                f"autotune {self._name()} at {_describe(dict(zip(self._key, kv)))}: {n} candidate"
+                f"{'s' if n > 1 else ''} the compiler accepted failed to launch and {'were' if n > 1 else 'was'} "
+                f"skipped ({_describe(cands[failed[0]])}: {refused[failed[0]]}); this is a bug in tilec; "
+                "k.tune_report() lists them"), stacklevel=4)
         if not ready:
             progress.finish("no candidate runs")
             raise refused[min(refused)]

@@ -90,6 +90,11 @@ class TuneMismatchWarning(UserWarning):
     first that ran, the declared consts where they run): it was not chosen."""
 
 
+class TuneLaunchWarning(UserWarning):
+    """An autotune candidate the compiler accepted failed to launch (the CUDA driver
+    refused it, a DeviceError): it was not timed or chosen. A bug in tilec."""
+
+
 class ToolchainWarning(UserWarning):
     """The NVRTC in use is known to miscompile something this kernel holds (runtime/nvrtc.py:
     known_miscompiles): its results may be wrong; the message says which NVRTC fixes it."""
