@@ -71,8 +71,10 @@ def blocker(k: ir.Kernel, load: ir.Copy, s) -> str | None:
     if t in e.reads:
         return f"reads tile '{t}'"
     source = {v.name: v.tensor for v in k.views}.get(load.src.name, load.src.name)
-    may_share = {w for (w, r), why in k.in_place if r == source and why is None} | {source}
-    for t in sorted(e.writes & may_share):
-        return f"writes {t}, which may share memory with {source}"
+    if source in e.writes:
+        return f"writes {source}, the tensor it loads from"
+    aliases = sorted(w for (w, r), why in k.in_place if r == source and why is None and w in e.writes)
+    if aliases:
+        return f"writes {aliases[0]}, which a launch may pass as {source} (in place)"
     return None
 
