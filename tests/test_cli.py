@@ -396,3 +396,12 @@ def test_the_docs_printed_outputs_are_the_real_ones(doc, cmd, printed):
     command of the docs prints exactly what the docs show (stdout and stderr)."""
     p = tilec(*cmd.split()[1:])
     assert p.stdout + p.stderr == printed, f"{doc}: `{cmd}` is stale; it prints:\n{p.stdout}{p.stderr}"
+
+
+def test_the_internals_guide_shows_the_pipeline_as_it_is():
+    """docs/internals.md §3 quotes PIPELINE from tilec/passes/__init__.py, comments and
+    all: the one ordering of the passes, as the code has it."""
+    code = (ROOT / "tilec/passes/__init__.py").read_text()
+    doc = (ROOT / "docs/internals.md").read_text()
+    quote = lambda text: text[text.index("PIPELINE = ("):text.index("\n)\n", text.index("PIPELINE = ("))]  # noqa: E731
+    assert quote(doc[doc.index("## 3. The passes"):]) == quote(code)
