@@ -53,8 +53,17 @@ def hoisted(k: ir.Kernel, body: tuple) -> tuple:
     """`body` with each TMA load that commutes with every statement before it moved to the front."""
     front, rest = [], []
     for s in body:
-        (front if is_load(k, s) and all(blocker(k, s, x) is None for x in rest) else rest).append(s)
+        (front if is_load(k, s) and first_blocker(k, s, rest) is None else rest).append(s)
     return tuple(front + rest)
+
+
+def first_blocker(k: ir.Kernel, load: ir.Copy, before) -> tuple | None:
+    """(the first statement of `before` that `load` cannot move ahead of, why), or None."""
+    for x in before:
+        why = blocker(k, load, x)
+        if why is not None:
+            return x, why
+    return None
 
 
 def is_load(k: ir.Kernel, s) -> bool:
@@ -70,11 +79,11 @@ def blocker(k: ir.Kernel, load: ir.Copy, s) -> str | None:
         return f"writes tile '{t}'"
     if t in e.reads:
         return f"reads tile '{t}'"
-    source = {v.name: v.tensor for v in k.views}.get(load.src.name, load.src.name)
+    view = k.view(load.src.name)
+    source = view.tensor if view is not None else load.src.name
     if source in e.writes:
         return f"writes {source}, the tensor it loads from"
     aliases = sorted(w for (w, r), why in k.in_place if r == source and why is None and w in e.writes)
     if aliases:
         return f"writes {aliases[0]}, which a launch may pass as {source} (in place)"
     return None
-

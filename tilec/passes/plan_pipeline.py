@@ -25,7 +25,7 @@ from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, tiles_named
 from . import plan_smem
-from .hoist_loads import blocker, is_load
+from .hoist_loads import first_blocker, is_load
 
 NAME = "plan-pipeline"
 
@@ -149,13 +149,12 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
 def _stays(k: ir.Kernel, load: ir.Copy, rest: tuple) -> str:
     """Why `load`, a statement of `rest`, did not move to the front (hoist-loads)."""
     at = f" (line {load.span.line})" if load.span is not None else ""
-    for x in rest[:next(i for i, r in enumerate(rest) if r is load)]:
-        why = blocker(k, load, x)
-        if why is not None:
-            line = f"line {x.span.line}" if x.span is not None else "a statement"
-            return f"the load into tile '{load.dst.name}'{at} cannot move ahead of {line}, which {why} (only " \
-                   "loads that start the body, or can move there, run ahead)"
-    raise AssertionError("hoist-loads left a load it could move")
+    found = first_blocker(k, load, rest[:next(i for i, r in enumerate(rest) if r is load)])
+    assert found is not None, "hoist-loads left a load it could move"
+    x, why = found
+    line = f"line {x.span.line}" if x.span is not None else "a statement"
+    return f"the load into tile '{load.dst.name}'{at} cannot move ahead of {line}, which {why} (only " \
+           "loads that start the body, or can move there, run ahead)"
 
 
 def _sources(k: ir.Kernel, body) -> list:

@@ -71,7 +71,7 @@ def place(k: ir.Kernel, arch: str, barriers: int) -> tuple:
             offset += b.ring_bytes
         buffers.append(b)
     target = get_arch(arch)
-    pad = SWIZZLE_ALIGN if any(b.swizzle for b in buffers if b.scope == "shared") else 0
+    pad = SWIZZLE_ALIGN if any(b.swizzle for b in buffers) else 0    # as codegen aligns the base
     static = static_bytes(barriers)
     if offset + pad + static > target.smem_per_block:
         big = max((b for b in buffers if b.scope == "shared" and not b.alias), key=lambda b: b.ring_bytes)
