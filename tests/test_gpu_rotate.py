@@ -10,7 +10,7 @@ import pytest
 import tilec
 from guard import guarded
 from test_hoist_loads import operands, run, source
-from test_rotate import RMW, ksum, ksum_reference, nested, tails_reference, twice
+from test_rotate import RMW, ksum, ksum_reference, nested, shared_tile, shared_tile_reference, tails_reference, twice
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -67,6 +67,24 @@ def test_a_nested_rotation_keeps_every_phase_on_the_gpu(stages, trips, rows):
     torch.cuda.synchronize()
     y.check()
     assert np.array_equal(y.view.cpu().numpy(), tails_reference(a, rows))
+
+
+@pytest.mark.parametrize("first, second", [(2, 3), (3, 2), (4, 2), (None, 3), (3, None)])
+@pytest.mark.parametrize("trips", [1, 2, 3, 8, 40])
+def test_loops_that_share_a_tile_on_the_gpu(first, second, trips):
+    """Two loops load the same tile (each iteration all of it first): both rotate
+    over its copies, and each iteration sees its own tile, bit for bit."""
+    import torch
+    a = np.random.default_rng(trips).standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((20, 72), "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        k = tilec.compile(shared_tile(first, second))
+        k(torch.from_numpy(a).cuda(), y.view)
+    torch.cuda.synchronize()
+    y.check()
+    assert "tl_a_stage1" in k.cuda_source
+    assert np.array_equal(y.view.cpu().numpy(), shared_tile_reference(a))
 
 
 def test_a_loop_in_place_tile_by_tile_on_the_gpu():

@@ -252,8 +252,111 @@ def test_each_plain_loop_gives_its_own_reason():
          "fit in shared memory (shared tiles need 263168 bytes, and 1024 more for 1 mbarrier (static shared memory "
          "counts in 1024-byte steps); a Hopper block has at most 232448 bytes of shared memory)"],
         ["this pipelined loop (stages = 2) runs as a plain loop", "tile 'b', which it loads, is used outside the "
-         "loop as well"]], said
+         "loop as well (line 23), where it could read what the loop leaves in it (elsewhere it may be used only "
+         "in loops whose bodies start by loading it)"]], said
     assert [m.split(": ")[0] for m in said] == ["<string>:11:5", "<string>:17:5"]
+
+
+# acc = A[0] + ... + A[K - 1], then acc = acc * 0.5 + A[k] for k from K - 1 down to 0:
+# two loops that load the same tile `a`, each iteration all of it before reading it,
+# so what one leaves in `a` is never read and both rotate over the tile's copies
+SHARED = """
+kernel shared_tile(A: f32[K, M, N], Y: f32[M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    local acc: f32[8, 32];
+    fill(acc, 0.0);
+    for k in {first} {{
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            acc[i, j] = acc[i, j] + a[i, j];
+        }}
+    }}
+    for k in {second} {{
+        copy(A[K - 1 - k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            acc[i, j] = acc[i, j] * 0.5 + a[i, j];
+        }}
+    }}
+    copy(acc, Y[by * 8, bx * 32]);
+}}
+"""
+
+
+def shared_tile(first, second):
+    """SHARED with each loop `pipelined` of that many stages, or `range` for None."""
+    loop = {s: f"pipelined(K, stages = {s})" if s else "range(K)" for s in (first, second)}
+    return SHARED.format(first=loop[first], second=loop[second])
+
+
+def shared_tile_reference(a):
+    acc = ksum_reference(a)
+    for x in a[::-1]:
+        acc = acc * np.float32(0.5) + x
+    return acc
+
+
+@pytest.mark.parametrize("first, second", [(2, 3), (3, 2), (2, 2), (None, 3), (3, None)])
+def test_loops_that_load_a_tile_first_share_its_copies(first, second):
+    """Each loop that asks for stages rotates; the tile has as many copies as the
+    deepest of them asks for; no warning."""
+    src = shared_tile(first, second)
+    copies = max(first or 1, second or 1)
+    assert buffers(src) == {"a", "acc"} | {f"tl_a_stage{j}" for j in range(1, copies)}
+    loops = [s for s in after(src, "plan-pipeline").body if isinstance(s, ir.For)]
+    assert [x.rotate for x in loops] == [first is not None, second is not None]
+    assert plain_loop_warnings(src) == []
+
+
+@pytest.mark.parametrize("first, second", [(2, 3), (3, 2), (4, 2), (None, 3), (3, None)])
+@pytest.mark.parametrize("trips", [0, 1, 2, 3, 5, 7])
+def test_loops_that_share_a_tile_each_see_their_own_tiles(first, second, trips):
+    a = np.random.default_rng(trips).standard_normal((trips, 20, 72)).astype(np.float32)
+    y = guarded((20, 72), np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if trips else "ignore", tilec.TmaFallbackWarning)
+        tilec.compile(shared_tile(first, second), backend="interpret")(a, y.view)
+    y.check()
+    assert np.array_equal(y.view, shared_tile_reference(a))
+
+
+@pytest.mark.parametrize("src, line, loop", [
+    # the second loop reads `a` before it loads it: its first iteration reads what
+    # the first loop left (which copy that is depends on K)
+    (shared_tile(2, 2).replace("        copy(A[K - 1 - k, by * 8, bx * 32], a);\n", "").replace(
+        "acc[i, j] * 0.5 + a[i, j];\n        }\n",
+        "acc[i, j] * 0.5 + a[i, j];\n        }\n        copy(A[K - 1 - k, by * 8, bx * 32], a);\n"), 16, "8:5"),
+    # a loop that loads `a` first holds the rotating loop, and reads `a` after it
+    ("""
+kernel outer(A: f32[K, M, N], Y: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    local acc: f32[8, 32];
+    fill(acc, 0.0);
+    for r in range(2) {
+        copy(A[r, by * 8, bx * 32], a);
+        for k in pipelined(K, stages = 2) {
+            copy(A[k, by * 8, bx * 32], a);
+            parallel (i, j) in (8, 32) {
+                acc[i, j] = acc[i, j] + a[i, j];
+            }
+        }
+        parallel (i, j) in (8, 32) {
+            acc[i, j] = acc[i, j] + a[i, j];
+        }
+    }
+    copy(acc, Y[by * 8, bx * 32]);
+}
+""", 9, "10:9"),
+], ids=["read before its load", "loop inside a loop that loads it"])
+def test_a_tile_read_where_a_rotation_left_it_runs_plain(src, line, loop):
+    said = [m for m in plain_loop_warnings(src) if f":{loop}: " in m]
+    assert len(said) == 1 and said[0].endswith(
+        f"tile 'a', which it loads, is used outside the loop as well (line {line}), where it could read what the "
+        "loop leaves in it (elsewhere it may be used only in loops whose bodies start by loading it)"), said
+    assert not any(n.startswith("tl_a_stage") for n in buffers(src))
 
 
 def test_a_disk_cache_hit_says_it_again(tmp_path, monkeypatch):
@@ -272,7 +375,8 @@ def test_a_disk_cache_hit_says_it_again(tmp_path, monkeypatch):
         assert k.from_disk_cache == hit
         plain = [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
         assert plain == ["ksum.tile:9:5: this pipelined loop (stages = 2) runs as a plain loop: tile 'a', which it "
-                         "loads, is used outside the loop as well"], plain
+                         "loads, is used outside the loop as well (line 15), where it could read what the loop "
+                         "leaves in it (elsewhere it may be used only in loops whose bodies start by loading it)"], plain
 
 
 @pytest.mark.parametrize("src", [ksum(None), ksum(1), ksum(2), ksum(3), RMW], ids=["range", "one stage", "2", "3", "rmw"])
@@ -444,7 +548,7 @@ def _without(body, drop):
     return tuple(out)
 
 
-@pytest.mark.parametrize("src", [ksum(3), nested(3)], ids=["ksum", "nested"])
+@pytest.mark.parametrize("src", [ksum(3), nested(3), shared_tile(2, 3)], ids=["ksum", "nested", "shared tile"])
 @pytest.mark.parametrize("what, drop", [
     ("a wait", lambda s: isinstance(s, ir.MbarrierWait) and s.barrier == "full1"),
     ("a phase flip", lambda s: isinstance(s, ir.FlipPhase) and s.barrier == "full2"),

@@ -8,10 +8,10 @@ this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
 S copies). A `pipelined` loop (stages >= 2) of any other body that starts with
 TMA loads and loads nothing after them is marked `rotate`, at any depth of
-loops: each tile it loads, used nowhere else, gets S copies (`ir.stage_tile`),
-iteration k using copy k % S, and insert-barriers issues each iteration's loads
-S - 1 iterations ahead; where those copies would not fit the block's shared
-memory, it runs as a plain loop instead. A kernel with a producer warpgroup
+loops: each tile it loads gets S copies (`ir.stage_tile`; the most stages of
+the loops that share it), iteration k using copy k % S, and insert-barriers
+issues each iteration's loads S - 1 iterations ahead; where those copies would
+not fit the block's shared memory, it runs as a plain loop instead. A kernel with a producer warpgroup
 (`producer = 1`) rotates nothing: its consumers' one-thread blocks are not
 thread 0's. Other `pipelined` loops run as plain loops (one asking for a
 producer warpgroup, `producer = 1`, is an error); where one asked for 2 or more
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import map_body, tiles_named
+from ..ir.exprs import tiles_named
 from . import plan_smem
 from .hoist_loads import first_blocker, is_load
 
@@ -67,7 +67,7 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
                 where = f"{s.span}: " if s.span is not None else ""
                 notes.append(f"{where}this pipelined loop (stages = {s.stages}) runs as a plain loop: {why}")
                 return s
-            copies.update({t: s.stages for t in tiles})
+            copies.update({t: max(s.stages, copies.get(t, 1)) for t in tiles})     # loops may share a tile
             return replace(s, rotate=True)
         if s.producer:
             reread = [t for t in _sources(k, s.body) if t in k.rereads]
@@ -101,14 +101,11 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     """(the tiles a rotating pipeline gives S copies, "") or ([], why not): those of
     the TMA loads that start `loop`'s body (S >= 2), where nothing after them loads
     a tile, runs a gemm or nests a pipelined loop, no other statement of the kernel
-    uses them, no tile lies over their memory, and the kernel writes the tensors
+    uses them except in loops that load them first (`_use_apart`), no tile lies
+    over their memory, and the kernel writes the tensors
     they load from only as in place, tile by tile after reading each (not in
     mark-in-place's `rereads`)."""
-    loads = []
-    for s in loop.body:
-        if not is_load(k, s):
-            break
-        loads.append(s.dst.name)
+    loads = _leading_loads(k, loop.body)
     rest = loop.body[len(loads):]
     tiles = list(dict.fromkeys(loads))
     if not loads:
@@ -132,10 +129,13 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
                        "they load)"
         if isinstance(x, ir.For) and x.stages is not None:
             return [], f"it holds another pipelined loop{at}"
-    elsewhere = tiles_named(map_body(k.body, lambda s: [] if s == loop else s))
     for t in tiles:
-        if t in elsewhere:
-            return [], f"tile '{t}', which it loads, is used outside the loop as well"
+        use = _use_apart(k, loop, t)
+        if use is not None:
+            at = f" (line {use.span.line})" if use.span is not None else ""
+            return [], f"tile '{t}', which it loads, is used outside the loop as well{at}, where it could read " \
+                       "what the loop leaves in it (elsewhere it may be used only in loops whose bodies start by " \
+                       "loading it)"
         if any(b.alias == t or (b.name == t and b.alias) for b in k.buffers):
             return [], f"tile '{t}', which it loads, shares its memory with another tile"
     # loads issued S - 1 iterations early must not read what an iteration before them writes
@@ -166,11 +166,42 @@ def _sources(k: ir.Kernel, body) -> list:
 def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
     """The tiles loaded when `body` is one or more TMA loads followed by one or
     more gemms that read only loaded tiles; else none."""
+    tiles = _leading_loads(k, body)
+    rest = body[len(tiles):]
+    ok = tiles and rest and all(isinstance(g, ir.Gemm) and {g.a, g.b} <= set(tiles) for g in rest)
+    return list(dict.fromkeys(tiles)) if ok else []
+
+
+def _leading_loads(k: ir.Kernel, body) -> list:
+    """The tiles of the TMA loads that start `body`, in order (a tile loaded twice twice)."""
     tiles = []
     for s in body:
         if not is_load(k, s):
             break
         tiles.append(s.dst.name)
-    rest = body[len(tiles):]
-    ok = tiles and rest and all(isinstance(g, ir.Gemm) and {g.a, g.b} <= set(tiles) for g in rest)
-    return list(dict.fromkeys(tiles)) if ok else []
+    return tiles
+
+
+def _use_apart(k: ir.Kernel, loop: ir.For, t: str):
+    """The first statement outside `loop` that uses tile t, other than in the body
+    of a loop apart from `loop` (neither holds the other) and without gemms whose
+    body starts with loads that include one into t: such a loop's every
+    iteration overwrites the whole tile before anything reads it, so it never
+    sees which copy of t `loop`'s last iteration used, nor `loop` what it left
+    there. None if no statement does."""
+    def first(body):
+        for s in body:
+            if s == loop:
+                continue
+            if isinstance(s, ir.For) and t in _leading_loads(k, s.body) and \
+                    not any(x == loop or isinstance(x, ir.Gemm) for x in ir.walk_stmts(s.body)):
+                continue
+            nested = ir.STMT_BLOCK_FIELDS.get(type(s), ())
+            if t in tiles_named([replace(s, **{f: () for f in nested})]):
+                return s
+            for f in nested:
+                found = first(getattr(s, f))
+                if found is not None:
+                    return found
+        return None
+    return first(k.body)
