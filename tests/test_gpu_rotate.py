@@ -10,7 +10,8 @@ import pytest
 import tilec
 from guard import guarded
 from test_hoist_loads import operands, run, source
-from test_rotate import RMW, ksum, ksum_reference, nested, shared_tile, shared_tile_reference, tails_reference, twice
+from test_rotate import (COUNTED, RMW, SCALED, counted_reference, ksum, ksum_reference, nested, scaled_operands,
+                         scaled_reference, shared_tile, shared_tile_reference, tails_reference, twice)
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -140,3 +141,44 @@ def test_a_hoisted_body_on_the_gpu(names, stages, trips):
         got = run(source(names, f"pipelined(K, stages = {stages})"), a, b, backend="gpu")
     for w, g in zip(want, got):
         assert np.array_equal(w.view(np.uint32), g.view(np.uint32)), names
+
+
+@pytest.mark.parametrize("bm, stages", [(64, 2), (128, 3), (64, 4), (128, 4)])
+@pytest.mark.parametrize("shape", [(128, 128, 384), (200, 136, 304), (72, 8, 720), (1000, 520, 2000)])
+def test_a_rotating_gemm_body_on_the_gpu(bm, stages, shape):
+    """A block-scaled fp8 gemm: each K block's gemm, then threads scale and add its
+    partial sums, while the next blocks' loads are in flight."""
+    import torch
+    m, n, kdim = shape
+    ops = scaled_operands(m, n, kdim, seed=kdim)
+    c = guarded((m, n), "f16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        k = tilec.compile(SCALED, BM=bm, STAGES=stages)
+        k(*[torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn) if x.dtype.itemsize == 1
+            else torch.from_numpy(x).cuda() for x in ops], c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert "tl_a_stage1" in k.cuda_source
+    want = scaled_reference(*ops)
+    np.testing.assert_allclose(c.view.cpu().numpy().astype(np.float64), want, rtol=3e-3,
+                               atol=3e-3 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (100, 72, 320), (300, 200, 1000)])
+def test_a_rotating_gemm_body_reads_its_operand_on_the_gpu(shape):
+    import torch
+    m, n, kdim = shape
+    rng = np.random.default_rng(kdim)
+    a = rng.standard_normal((m, kdim)).astype(np.float16)
+    b = rng.standard_normal((kdim, n)).astype(np.float16)
+    c, r = guarded((m, n), "f32"), guarded((m,), "f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(COUNTED)(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), c.view, r.view)
+    torch.cuda.synchronize()
+    c.check()
+    r.check()
+    want_c, want_r = counted_reference(a, b)
+    np.testing.assert_allclose(c.view.cpu().numpy(), want_c, rtol=1e-3, atol=1e-3 * np.abs(want_c).max())
+    assert np.array_equal(r.view.cpu().numpy(), want_r)

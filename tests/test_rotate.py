@@ -584,3 +584,151 @@ def test_a_parity_from_the_inner_trip_holds_only_outside_other_loops():
     k = after(nested(3), "insert-barriers")
     with pytest.raises(BarrierBug, match="parity"):
         check_barriers.run(replace(k, body=_parity_of_the_trip(k.body)), Options())
+
+
+# ---------------------------------------------------------------- a gemm in a rotating body
+
+# C = sum over K blocks k of (A_k @ B_k^T) * SA[k, i] * SB[k, j]: each K block's gemm
+# into `part`, then threads add it to `acc` with a per-row and a per-column scale (a
+# block-scaled fp8 gemm: no ring, as the body does more than gemms; it rotates)
+SCALED = """
+kernel scaled(A: f8e4m3[M, K], B: f8e4m3[N, K], SA: f32[KB, M], SB: f32[KB, N], C: f16[M, N]) {
+    const BM = 128, BN = 128, BK = 128, STAGES = 3;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 128 * BM / 64;
+    shared a: f8e4m3[BM, BK];
+    shared b: f8e4m3[BN, BK];
+    shared sa: f32[BM];
+    shared sb: f32[BN];
+    local part: f32[BM, BN];
+    local acc: f32[BM, BN];
+    fill(acc, 0.0);
+    for k in pipelined(cdiv(K, BK), stages = STAGES) {
+        copy(A[by * BM, k * BK], a);
+        copy(B[bx * BN, k * BK], b);
+        copy(SA[k, by * BM], sa);
+        copy(SB[k, bx * BN], sb);
+        fill(part, 0.0);
+        gemm(a, b, part, transpose_b = true);
+        parallel (i, j) in (BM, BN) {
+            acc[i, j] = acc[i, j] + part[i, j] * (sa[i] * sb[j]);
+        }
+    }
+    copy(acc, C[by * BM, bx * BN]);
+}
+"""
+
+
+def scaled_operands(m, n, kdim, seed=0):
+    import ml_dtypes
+    rng = np.random.default_rng(seed)
+    kb = -(-kdim // 128)
+    return (rng.standard_normal((m, kdim)).astype(ml_dtypes.float8_e4m3fn),
+            rng.standard_normal((n, kdim)).astype(ml_dtypes.float8_e4m3fn),
+            rng.uniform(0.5, 2, (kb, m)).astype(np.float32), rng.uniform(0.5, 2, (kb, n)).astype(np.float32))
+
+
+def scaled_reference(a, b, sa, sb):
+    """In float64: each K block's product, scaled by its row's and column's scales."""
+    out = np.zeros((a.shape[0], b.shape[0]))
+    for k in range(sa.shape[0]):
+        s = slice(k * 128, (k + 1) * 128)
+        out += (a[:, s].astype(np.float64) @ b[:, s].astype(np.float64).T) * sa[k][:, None] * sb[k][None, :]
+    return out
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_a_gemm_and_more_in_the_body_rotates(bm, stages):
+    """Loads, a gemm and a `parallel`: no ring (the body does more than gemms), but
+    its loads run ahead over `stages` copies of every loaded tile, swizzled gemm
+    operands included; no warning."""
+    src = SCALED
+    assert plain_loop_warnings(src, BM=bm, STAGES=stages) == []
+    k = lower(src, dict(BM=bm, STAGES=stages)).kernel
+    loop = next(s for s in lower(src, dict(BM=bm, STAGES=stages)).stages["plan-pipeline"].body
+                if isinstance(s, ir.For))
+    assert loop.rotate and not loop.ring
+    copies = {b.name: b for b in k.buffers if b.name.startswith("tl_") and "_stage" in b.name}
+    assert set(copies) == {f"tl_{t}_stage{j}" for t in ("a", "b", "sa", "sb") for j in range(1, stages)}
+    assert all(copies[f"tl_a_stage{j}"].layout == k.buffer("a").layout for j in range(1, stages))
+
+
+@pytest.mark.parametrize("bm, stages", [(64, 2), (128, 3), (64, 4), (128, 1)])
+@pytest.mark.parametrize("shape", [(128, 128, 384), (200, 136, 304), (64, 128, 128), (72, 8, 720)])
+def test_a_rotating_gemm_body_in_the_interpreter(bm, stages, shape):
+    m, n, kdim = shape
+    a, b, sa, sb = scaled_operands(m, n, kdim, seed=kdim)
+    c = guarded((m, n), np.float16, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(SCALED, backend="interpret", BM=bm, STAGES=stages)(a, b, sa, sb, c.view)
+    c.check()
+    want = scaled_reference(a, b, sa, sb)
+    np.testing.assert_allclose(c.view.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+# a rotating body whose threads never touch the accumulator: only the next refill
+# of the operands can race the wgmma
+COUNTED = """
+kernel counted(A: f16[M, K], B: f16[K, N], C: f32[M, N], R: f32[M]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 64));
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    shared rows: f32[64];
+    local acc: f32[64, 64];
+    fill(acc, 0.0);
+    fill(rows, 0.0);
+    for k in pipelined(cdiv(K, 64), stages = 2) {
+        copy(A[by * 64, k * 64], a);
+        copy(B[k * 64, bx * 64], b);
+        gemm(a, b, acc);
+        parallel (i) in (64) {
+            rows[i] = rows[i] + f32(a[i, 0]);
+        }
+    }
+    copy(acc, C[by * 64, bx * 64]);
+    copy(rows, R[by * 64]);
+}
+"""
+
+
+@pytest.mark.parametrize("src, broken", [
+    (SCALED, "threads use 'part' while a wgmma may still write it"),
+    (COUNTED, "TMA load overwrites 'a' while a wgmma may still read it"),
+], ids=["accumulator read", "operand refilled"])
+def test_check_barriers_catches_a_gemm_left_in_flight(src, broken):
+    """Without the wgmma.wait_group after the gemm, threads would read the
+    accumulator while the tensor cores write it, or TMA refill an operand they
+    still read."""
+    k = after(src, "insert-barriers")
+    check_barriers.run(k, Options())
+    with pytest.raises(BarrierBug, match=broken):
+        check_barriers.run(replace(k, body=_without(k.body, lambda s: isinstance(s, ir.WgmmaWait))), Options())
+
+
+def counted_reference(a, b):
+    """C = A @ B in float64, R[i] = A[i, 0] + A[i, 64] + ... in f32, in order."""
+    rows = np.zeros(a.shape[0], np.float32)
+    for k in range(0, a.shape[1], 64):
+        rows = rows + a[:, k].astype(np.float32)
+    return a.astype(np.float64) @ b.astype(np.float64), rows
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (100, 72, 320), (128, 200, 200)])
+def test_a_rotating_gemm_body_reads_its_operand(shape):
+    """The body's threads read elements of a swizzled operand the gemm also reads."""
+    m, n, kdim = shape
+    rng = np.random.default_rng(kdim)
+    a = rng.standard_normal((m, kdim)).astype(np.float16)
+    b = rng.standard_normal((kdim, n)).astype(np.float16)
+    c, r = guarded((m, n), np.float32, like="numpy"), guarded((m,), np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(COUNTED, backend="interpret")(a, b, c.view, r.view)
+    c.check()
+    r.check()
+    want_c, want_r = counted_reference(a, b)
+    np.testing.assert_allclose(c.view, want_c, rtol=1e-3, atol=1e-3 * np.abs(want_c).max())
+    assert np.array_equal(r.view, want_r)

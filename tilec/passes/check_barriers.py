@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.printer import expr as show
-from ..ir.effects import shared_accesses
+from ..ir.effects import deep
 
 _C_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
           "/": lambda a, b: int(a / b) if b else None, "%": lambda a, b: a - int(a / b) * b if b else None,
@@ -183,7 +183,7 @@ class _State:
     groups: list = field(default_factory=list)         # tiles read by each bulk group not waited for, in order
     uncommitted: set = field(default_factory=set)      # read by TMA stores not in a bulk group yet
     env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
-    wgmma: list = field(default_factory=list)          # tiles read by each wgmma group still in flight
+    wgmma: list = field(default_factory=list)          # each wgmma group in flight: the tiles it reads, its acc
     released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
 
     def __deepcopy__(self, memo):
@@ -347,7 +347,8 @@ class _Checker:
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
         self.dropped = False        # paths past MAX_PATHS were left unexplored
-        self._accesses = {}         # id(statement) -> (statement, reads, writes)
+        self._accesses = {}         # id(statement) -> (statement, reads, writes, local tiles touched)
+        self.local = {b.name for b in k.buffers if b.scope == "local"}
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
         self.period = math.lcm(2, *(2 * n for n in rings))
@@ -667,7 +668,7 @@ class _Checker:
                 self.wait(s, st, c)
         elif isinstance(s, ir.Gemm):
             self.thread_access(s, st, classes)
-            st.wgmma.append({self.tile(st, t, s.stage) for t in (s.a, s.b)})
+            st.wgmma.append({self.tile(st, t, s.stage) for t in (s.a, s.b)} | {s.acc})
         elif isinstance(s, ir.FlipPhase):
             for c in classes:
                 st.phase[(s.barrier, c)] ^= 1
@@ -733,6 +734,9 @@ class _Checker:
                   s.span)
         if t in _storing(st):
             _fail(f"TMA load overwrites '{t}' while a TMA store may still be reading it (no wait_group.read)",
+                  s.span)
+        if any(t in group for group in st.wgmma):
+            _fail(f"TMA load overwrites '{t}' while a wgmma may still read it (no wgmma.wait_group after the gemm)",
                   s.span)
         if t in st.touched:
             _fail(f"TMA load overwrites '{t}', which threads used, without a block barrier (or, from {PRODUCER}, "
@@ -809,8 +813,15 @@ class _Checker:
         """shared_accesses(s), once per statement (every path steps through it again)."""
         hit = self._accesses.get(id(s))
         if hit is None:
-            hit = self._accesses[id(s)] = (s, *shared_accesses(self.k, s))    # s: its id stays its own
+            e = deep(self.k, s)
+            hit = self._accesses[id(s)] = (s, e.reads & self.shared, e.writes & self.shared,
+                                           (e.reads | e.writes) & self.local)    # s: its id stays its own
         return hit[1], hit[2]
+
+    def local_accesses(self, s) -> set:
+        """The local tiles `s` and what it nests read or write."""
+        self.accesses(s)
+        return self._accesses[id(s)][3]
 
     def thread_access(self, s, st, classes):
         reads, writes = self.accesses(s)
@@ -824,6 +835,11 @@ class _Checker:
         for t in writes:
             if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
+        if not isinstance(s, ir.Gemm):     # (a gemm adds to the accumulator of the wgmmas before it, in order)
+            for t in sorted(self.local_accesses(s)):
+                if any(t in group for group in st.wgmma):
+                    _fail(f"threads use '{t}' while a wgmma may still write it (no wgmma.wait_group after the "
+                          "gemm)", s.span)
         if isinstance(s, ir.Gemm):
             for t in reads & st.written:
                 _fail(f"gemm reads '{t}', which threads wrote, without fence.proxy.async and a block barrier "

@@ -11,9 +11,9 @@ TMA loads and loads nothing after them is marked `rotate`, at any depth of
 loops: each tile it loads gets S copies (`ir.stage_tile`; the most stages of
 the loops that share it), iteration k using copy k % S, and insert-barriers
 issues each iteration's loads S - 1 iterations ahead; where those copies would
-not fit the block's shared memory, it runs as a plain loop instead. A kernel with a producer warpgroup
-(`producer = 1`) rotates nothing: its consumers' one-thread blocks are not
-thread 0's. Other `pipelined` loops run as plain loops (one asking for a
+not fit the block's shared memory, it runs as a plain loop instead. A kernel
+with a producer warpgroup (`producer = 1`) rotates nothing: its consumers'
+one-thread blocks are not thread 0's. Other `pipelined` loops run as plain loops (one asking for a
 producer warpgroup, `producer = 1`, is an error); where one asked for 2 or more
 stages, the kernel's `pipeline_notes` say which and why (tilec.PipelineWarning
 at every compile). The thread-copy variant has no TMA loads, so no rings."""
@@ -100,7 +100,8 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
 def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     """(the tiles a rotating pipeline gives S copies, "") or ([], why not): those of
     the TMA loads that start `loop`'s body (S >= 2), where nothing after them loads
-    a tile, runs a gemm or nests a pipelined loop, no other statement of the kernel
+    a tile or nests a pipelined loop (a gemm may: insert-barriers waits for it in
+    full, so its operands' copies are free again by the next refill), no other statement of the kernel
     uses them except in loops that load them first (`_use_apart`), no tile lies
     over their memory, and the kernel writes the tensors
     they load from only as in place, tile by tile after reading each (not in
@@ -124,9 +125,6 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
                 return [], _stays(k, x, rest)
             return [], f"a load into tile '{x.dst.name}'{at} sits in a nested block (only the loads that start " \
                        "the body can run ahead)"
-        if isinstance(x, ir.Gemm):
-            return [], f"it holds a gemm{at} but is no gemm ring (TMA loads, then only gemms reading the tiles " \
-                       "they load)"
         if isinstance(x, ir.For) and x.stages is not None:
             return [], f"it holds another pipelined loop{at}"
     for t in tiles:
