@@ -732,3 +732,28 @@ def test_a_rotating_gemm_body_reads_its_operand(shape):
     want_c, want_r = counted_reference(a, b)
     np.testing.assert_allclose(c.view, want_c, rtol=1e-3, atol=1e-3 * np.abs(want_c).max())
     assert np.array_equal(r.view, want_r)
+
+
+@pytest.mark.parametrize("fill, folded", [("0.0", True), ("0", True), ("-0.0", False), ("1.0", False)])
+def test_a_zero_fill_just_before_a_gemm_folds_into_it(fill, folded):
+    """`fill(part, 0); gemm(a, b, part)` is one gemm whose first K step's wgmmas
+    ignore part (scale-d 0): no thread zeroes its registers. Another value, or
+    -0.0 (whose sum with a -0.0 product stays -0.0), stays a fill."""
+    src = SCALED.replace("fill(part, 0.0);", f"fill(part, {fill});")
+    k = lower(src, dict(BM=64, STAGES=2)).stages["plan-gemm"]
+    loop = next(s for s in k.body if isinstance(s, ir.For))
+    gemm = next(s for s in loop.body if isinstance(s, ir.Gemm))
+    assert gemm.zero == folded
+    assert any(isinstance(s, ir.Fill) and s.buffer == "part" for s in loop.body) != folded
+    cuda = tilec.compile(src, arch="sm_90a", BM=64, STAGES=2).cuda_source
+    # per copy of the unrolled body: the first of its 4 K steps (k32 each) zeroes, the other 3 add
+    assert cuda.count("wgmma_m64n128k32_f8e4m3_bk_zero(part") == (2 if folded else 0)
+    assert cuda.count("wgmma_m64n128k32_f8e4m3_bk(part") == (6 if folded else 8)
+
+
+def test_a_fill_apart_from_the_gemm_stays():
+    src = SCALED.replace("        fill(part, 0.0);\n", "").replace(
+        "        copy(SA[k, by * BM], sa);\n", "        copy(SA[k, by * BM], sa);\n        fill(part, 0.0);\n"
+        "        parallel (i) in (BM) {\n            sa[i] = sa[i] * 2.0;\n        }\n")
+    k = lower(src, dict(BM=64, STAGES=2)).stages["plan-gemm"]
+    assert not any(isinstance(s, ir.Gemm) and s.zero for s in ir.walk_stmts(k.body))

@@ -407,8 +407,10 @@ class _Printer:
         nw = n // s.wg_cols
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
-        self.mma_shapes.add((nw, dt, ta, not tb))
+        self.mma_shapes.add((nw, dt, ta, not tb, False))
         fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if ta else ''}{'bk' if tb else 'bn'}"
+        if s.zero:      # the first K step's wgmmas write acc without reading it
+            self.mma_shapes.add((nw, dt, ta, not tb, True))
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
@@ -435,7 +437,8 @@ class _Printer:
                     chunk, within = divmod(k0, wa)
                     a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
                     a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, 16, {8 * sa}, {sa})"
-                out.append(f"{ind}{fn}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
+                first = "_zero" if s.zero and kk == 0 else ""
+                out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
         return out
 
@@ -1147,9 +1150,9 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("fastdiv")
     if pr is not None and pr.mma_shapes:
         add("wgmma_common")
-        for n, dt, a_m_major, b_n_major in sorted(pr.mma_shapes):
+        for n, dt, a_m_major, b_n_major, zero in sorted(pr.mma_shapes):
             ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
-            add("wgmma_mma", n, dt, a_m_major, b_n_major, ptx, 32 // ir.DTYPES[dt].size)
+            add("wgmma_mma", n, dt, a_m_major, b_n_major, ptx, 32 // ir.DTYPES[dt].size, zero)
     for swizzle in sorted(pr.swizzles if pr is not None else ()):
         add("swizzled", swizzle)
     if pr is not None and pr.pair_stores:

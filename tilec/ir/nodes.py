@@ -306,7 +306,9 @@ class Gemm(Stmt):
     warpgroups, `wg_cols` of them side by side over N, each own `m_tiles` m64
     row tiles of N / wg_cols columns. `swapped`: M is not a multiple of 64, so
     wgmma computes acc^T += b^T @ a^T (b on its 64-row side, a's M as its N);
-    then `warpgroups`, `wg_cols` and `m_tiles` describe that product."""
+    then `warpgroups`, `wg_cols` and `m_tiles` describe that product. `zero`:
+    acc = a @ b, its old value ignored (plan-gemm folds a `fill(acc, 0)` just
+    before the gemm into it: the first wgmma of each row tile does not read acc)."""
     a: str
     b: str
     acc: str
@@ -316,6 +318,7 @@ class Gemm(Stmt):
     transpose_a: bool = False
     wg_cols: int = 1
     swapped: bool = False
+    zero: bool = False
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
     span: Optional[Span] = SPAN
 

@@ -77,7 +77,7 @@ def stmt(s, ind: str) -> list:
         wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
         wg += f" as {s.acc}^T = {s.b}^T @ {s.a}^T" if s.swapped else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
-        return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{L}"]
+        return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{f', {s.acc} = product' if s.zero else ''}{L}"]
     if isinstance(s, ir.Reduce):
         return [f"{ind}reduce {s.src} -> {s.dst}, axis {s.axis}, op {s.op}{L}"]
     if isinstance(s, ir.Assign):

@@ -18,6 +18,7 @@ padding. `acc`'s fragments then hold acc^T (`transposed`), which codegen maps
 back to acc's elements."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..arch import get as get_arch
@@ -104,7 +105,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         _check_registers(fragments, threads, k.producer_warpgroup, s)
         return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap)
 
-    body = map_body(k.body, plan)
+    body = _fold_zero_fills(map_body(k.body, plan))
     if not layouts:
         _check_reduces(k)
         return k
@@ -118,6 +119,23 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     _check_uses(k)
     _check_reduces(k)
     return k
+
+
+def _fold_zero_fills(body) -> tuple:
+    """`fill(acc, 0); gemm(a, b, acc)` as one gemm with `zero` (acc = a @ b): its
+    first wgmmas ignore acc instead of threads zeroing its registers first."""
+    out = []
+    for s in body:
+        nested = {f: _fold_zero_fills(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        s = replace(s, **nested) if nested else s
+        before = out[-1] if out else None
+        if isinstance(s, ir.Gemm) and isinstance(before, ir.Fill) and before.buffer == s.acc and \
+                isinstance(before.value, (ir.Int, ir.Float)) and before.value.value == 0 and \
+                math.copysign(1.0, before.value.value) > 0:     # (-0.0 + a product of -0.0 is -0.0)
+            out[-1] = replace(s, zero=True)
+        else:
+            out.append(s)
+    return tuple(out)
 
 
 def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
