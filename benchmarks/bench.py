@@ -596,6 +596,31 @@ def bench_gemm_f8(rows):
                      "TFLOP", ratio, chosen(k)))
 
 
+def bench_gemm_f8_blockscaled(rows):
+    """Block-scaled e4m3 gemm (examples/gemm_f8_blockscaled.tile as shipped, autotuned
+    on the first call of each shape): scales per row of A and of B for each 128-deep K
+    block, against torch._scaled_mm with the same blockwise scales (cuBLASLt's 1x128
+    recipe on both operands, f16 output); both keep the sums in f32 between K blocks."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/gemm_f8_blockscaled.tile"))
+    for m, n, kdim in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 7168, 2048)):
+        kb = -(-kdim // 128)
+        a = (torch.randn(m, kdim, device="cuda") * 2).to(torch.float8_e4m3fn)
+        bt = (torch.randn(n, kdim, device="cuda") * 2).to(torch.float8_e4m3fn)
+        sa = torch.rand(kb, m, device="cuda") + 0.5
+        sb = torch.rand(kb, n, device="cuda") + 0.5
+        c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        k(a, bt, sa, sb, c)
+        peer = lambda: torch._scaled_mm(a, bt.t(), sa.t(), sb, out_dtype=torch.float16)  # noqa: E731
+        want = peer().float()
+        err = ((c.float() - want).norm() / want.norm()).item()
+        assert err < 2e-3, f"gemm_f8_blockscaled {m}x{n}x{kdim}: relative error {err}"
+        t_tilec, t_torch, ratio = compare(lambda: k(a, bt, sa, sb, c), peer)
+        flops = 2 * m * n * kdim
+        rows.append((f"gemm_f8 blockscaled {m}x{n}x{kdim}", "torch._scaled_mm", flops / t_tilec / 1e12,
+                     flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
+
+
 def bench_conv2d(rows):
     """conv2d.tile as shipped (its own tiles, autotuned where the file says so),
     f16 NHWC, N = CONV_N, against F.conv2d on channels-last tensors (cuDNN, with
@@ -745,7 +770,8 @@ def bench_compile(rows):
 
 
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_im2col,
-           bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8, bench_conv2d,
+           bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8,
+           bench_gemm_f8_blockscaled, bench_conv2d,
            bench_host)
 
 

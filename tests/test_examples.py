@@ -29,7 +29,8 @@ SUPPORTED = sorted(p.stem for p in EXAMPLES.glob("*.tile"))
 
 
 def test_the_examples_are_there():
-    assert {"copy2d", "scale", "gemm", "conv2d", "im2col", "gemm_128x256", "gemm_f8"} <= set(SUPPORTED)
+    assert {"copy2d", "scale", "gemm", "conv2d", "im2col", "gemm_128x256", "gemm_f8", "gemm_f8_blockscaled"} <= \
+        set(SUPPORTED)
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
@@ -38,6 +39,16 @@ def test_example_compiles(name):
     assert k.name == name
     assert_compiles(k)
     assert "cp.async.bulk.tensor" in k.cuda_source
+
+
+def test_the_blockscaled_gemm_rotates_with_its_gemm_inside():
+    """gemm_f8_blockscaled's K loop scales each block's product: no ring, a rotating
+    pipeline (copies of every loaded tile) whose gemm starts each block from zero."""
+    k = tilec.compile(str(EXAMPLES / "gemm_f8_blockscaled.tile"), arch="sm_90a")
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in k.ptx
+    assert "tl_a_stage2" in k.cuda_source and "tl_empty" not in k.cuda_source
+    assert "wgmma_m64n128k32_f8e4m3_bk_zero(part" in k.cuda_source
+    assert k.pipeline_notes == ()
 
 
 @pytest.mark.parametrize("name", ["gemm", "conv2d", "gemm_128x256", "gemm_f8"])

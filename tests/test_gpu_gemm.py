@@ -148,6 +148,33 @@ def test_f8_gemm(dt, mnk, bm):
     check(c, a, bt.t())
 
 
+@pytest.mark.parametrize("mnk", [(128, 256, 128), (1000, 1000, 1024), (4096, 4096, 4096), (200, 72, 384)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("consts", [{}, dict(BM=128, BN=64, STAGES=4), dict(BM=192, STAGES=2)],
+                         ids=["tuned", "bm128-bn64-s4", "bm192-s2"])
+def test_f8_blockscaled_gemm(mnk, consts):
+    """examples/gemm_f8_blockscaled.tile (tuned, and fixed configs) against torch._scaled_mm
+    with the same blockwise scales (1x128 on A's and B's rows) and against float64."""
+    import torch
+    m, n, k = mnk
+    kb = -(-k // 128)
+    kern = tilec.compile(ROOT / "examples/gemm_f8_blockscaled.tile", fallback=False, **consts)
+    a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    bt = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    sa = torch.rand(kb, m, device="cuda") + 0.5
+    sb = torch.rand(kb, n, device="cuda") + 0.5
+    c = guarded((m, n), "f16", fill=float("nan"))
+    kern(a, bt, sa, sb, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    want = sum((a[:, j * 128:(j + 1) * 128].double() @ bt[:, j * 128:(j + 1) * 128].double().t())
+               * sa[j].double()[:, None] * sb[j].double()[None, :] for j in range(kb))
+    scale = want.abs().max().item()
+    assert (c.view.double() - want).abs().max().item() <= 2e-3 * scale
+    peer = torch._scaled_mm(a, bt.t(), sa.t(), sb, out_dtype=torch.float16)
+    assert (c.view.double() - peer.double()).abs().max().item() <= 2e-3 * scale
+
+
 EPILOGUE = """
 kernel gemm_epilogue(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
     const BM = 16, BN = 128, BK = 64, STAGES = 4, PRODUCER = 1, PERSISTENT = 1, STREAM_K = 1;
