@@ -153,8 +153,9 @@ def test_f8_gemm(dt, mnk, bm):
 @pytest.mark.parametrize("consts", [{}, dict(BM=128, BN=64, STAGES=4), dict(BM=192, STAGES=2)],
                          ids=["tuned", "bm128-bn64-s4", "bm192-s2"])
 def test_f8_blockscaled_gemm(mnk, consts):
-    """examples/gemm_f8_blockscaled.tile (tuned, and fixed configs) against torch._scaled_mm
-    with the same blockwise scales (1x128 on A's and B's rows) and against float64."""
+    """examples/gemm_f8_blockscaled.tile (tuned, and fixed configs) against float64, and
+    against torch._scaled_mm with the same blockwise scales (1x128 on A's and B's rows)
+    where it takes the shape (multiples of 16)."""
     import torch
     m, n, k = mnk
     kb = -(-k // 128)
@@ -171,8 +172,9 @@ def test_f8_blockscaled_gemm(mnk, consts):
                * sa[j].double()[:, None] * sb[j].double()[None, :] for j in range(kb))
     scale = want.abs().max().item()
     assert (c.view.double() - want).abs().max().item() <= 2e-3 * scale
-    peer = torch._scaled_mm(a, bt.t(), sa.t(), sb, out_dtype=torch.float16)
-    assert (c.view.double() - peer.double()).abs().max().item() <= 2e-3 * scale
+    if m % 16 == n % 16 == k % 16 == 0:     # (torch._scaled_mm takes no other shapes)
+        peer = torch._scaled_mm(a, bt.t(), sa.t(), sb, out_dtype=torch.float16)
+        assert (c.view.double() - peer.double()).abs().max().item() <= 2e-3 * scale
 
 
 EPILOGUE = """
