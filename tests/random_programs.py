@@ -1009,6 +1009,7 @@ class Gemm:
     init: tuple          # ("zero",) | ("fill", text) | ("index", a, b, c, m): exact values, multiples of 0.5
     epilogue: list       # statements of a parallel over (BM, BN)
     out: bool            # the epilogue writes `local out: ct[BM, BN]`, stored instead of acc
+    blocks: bool = False  # each K step's gemm into `part` (from 0), which threads add to acc: a rotating body
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1059,13 +1060,18 @@ class Gemm:
                 f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
+                + ("    local part: f32[BM, BN];\n" if self.blocks else "")
                 + self.init_text()
                 + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
                 + (", producer = 1" if self.producer else "") + ") {\n"
                 f"        copy({a_region}, a);\n"
                 f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
-                f"        gemm(a, b, acc{flags});\n"
-                f"    }}\n"
+                + (f"        fill(part, 0);\n"
+                   f"        gemm(a, b, part{flags});\n"
+                   f"        parallel (i, j) in (BM, BN) {{\n"
+                   f"            acc[i, j] = acc[i, j] + part[i, j];\n"
+                   f"        }}\n" if self.blocks else f"        gemm(a, b, acc{flags});\n")
+                + "    }\n"
                 + epilogue
                 + f"    copy({'out' if self.out else 'acc'}, {C}[by * BM, bx * BN]);\n}}\n")
 
@@ -1189,6 +1195,9 @@ def _schedule(draw, bm, bn, bk, threads, ct):
         init = ("zero",)
     regs = min(255, 65536 // (threads + 128 * producer))      # a thread's registers, as plan-gemm counts them
     out = 2 * bm * bn // threads + 26 <= regs and draw(st.integers(0, 3)) == 0   # a local beside acc
+    # K steps into `part`, added to acc by threads (a rotating body: no producer, no stream-K)
+    blocks = not producer and not stream_k and (2 + out) * bm * bn // threads + 26 <= regs and \
+        draw(st.integers(0, 2)) == 0
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
@@ -1200,7 +1209,7 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out), list(tiles.values())
+                init=init, epilogue=epilogue, out=out, blocks=blocks), list(tiles.values())
 
 
 def _scalars(draw):
