@@ -10,8 +10,9 @@ import pytest
 import tilec
 from guard import guarded
 from test_hoist_loads import operands, run, source
-from test_rotate import (COUNTED, RMW, SCALED, counted_reference, ksum, ksum_reference, nested, scaled_operands,
-                         scaled_reference, shared_tile, shared_tile_reference, tails_reference, twice)
+from test_rotate import (COUNTED, RMW, SCALED, counted_operands, counted_reference, ksum, ksum_reference, nested,
+                         scaled_operands, scaled_reference, shared_tile, shared_tile_reference, tails_reference,
+                         twice)
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -169,9 +170,7 @@ def test_a_rotating_gemm_body_on_the_gpu(bm, stages, shape):
 def test_a_rotating_gemm_body_reads_its_operand_on_the_gpu(shape):
     import torch
     m, n, kdim = shape
-    rng = np.random.default_rng(kdim)
-    a = rng.standard_normal((m, kdim)).astype(np.float16)
-    b = rng.standard_normal((kdim, n)).astype(np.float16)
+    a, b = counted_operands(m, n, kdim)
     c, r = guarded((m, n), "f32"), guarded((m,), "f32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)

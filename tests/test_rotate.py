@@ -708,6 +708,11 @@ def test_check_barriers_catches_a_gemm_left_in_flight(src, broken):
         check_barriers.run(replace(k, body=_without(k.body, lambda s: isinstance(s, ir.WgmmaWait))), Options())
 
 
+def counted_operands(m, n, kdim):
+    rng = np.random.default_rng(kdim)
+    return rng.standard_normal((m, kdim)).astype(np.float16), rng.standard_normal((kdim, n)).astype(np.float16)
+
+
 def counted_reference(a, b):
     """C = A @ B in float64, R[i] = A[i, 0] + A[i, 64] + ... in f32, in order."""
     rows = np.zeros(a.shape[0], np.float32)
@@ -720,9 +725,7 @@ def counted_reference(a, b):
 def test_a_rotating_gemm_body_reads_its_operand(shape):
     """The body's threads read elements of a swizzled operand the gemm also reads."""
     m, n, kdim = shape
-    rng = np.random.default_rng(kdim)
-    a = rng.standard_normal((m, kdim)).astype(np.float16)
-    b = rng.standard_normal((kdim, n)).astype(np.float16)
+    a, b = counted_operands(m, n, kdim)
     c, r = guarded((m, n), np.float32, like="numpy"), guarded((m,), np.float32, like="numpy")
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)
