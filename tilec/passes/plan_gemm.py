@@ -185,16 +185,14 @@ def _check_reduces(k):
 
 
 def _check_uses(k):
-    """Swizzled operand tiles are written by TMA loads only (copies from a global
-    tensor or an im2col view) and are not copied out."""
+    """Swizzled operand tiles are not copied out (TMA loads, thread copies into
+    them, fills and element assignments write them through their swizzle, and
+    `parallel` bodies read their elements through it)."""
     swizzled = {b.name for b in k.buffers if b.swizzle}
     for s in ir.walk_stmts(k.body):
-        e = effects.of(k, s)
-        loaded = isinstance(s, ir.Copy) and k.space(s.src.name) in ("global", "view")
-        copied_out = {s.src.name} if isinstance(s, ir.Copy) else set()
-        for n in sorted(((set() if loaded else e.writes) | copied_out) & swizzled):
-            raise SemanticError(f"'{n}' is a gemm operand (swizzled for wgmma): fill it with a TMA "
-                                "copy from a global tensor, and read it with gemm only", s.span)
+        if isinstance(s, ir.Copy) and s.src.name in swizzled:
+            raise SemanticError(f"'{s.src.name}' is a gemm operand (swizzled for wgmma): it cannot be copied "
+                                "out; read its elements in a parallel body instead", s.span)
 
 
 # Registers a thread needs beside its accumulator fragments to issue a wgmma

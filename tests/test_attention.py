@@ -1,0 +1,95 @@
+"""tests/attention.tile, a flash-attention forward: two gemms in a rotating K/V loop,
+the scores reduced in the accumulator's fragments and written back as f16 into a
+shared gemm operand by the threads (wgmma's swizzled layout, a proxy fence and a
+block barrier before the second gemm reads it). The interpreter against float64 over
+tile shapes, stages and ragged lengths; the GPU against float64 and torch's
+scaled_dot_product_attention; check-barriers catching the fence left out."""
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.compiler import lower
+from tilec.ir import nodes as ir
+from tilec.passes import Options, check_barriers
+from tilec.passes.check_barriers import BarrierBug
+
+from conftest import ROOT
+from guard import guarded
+from test_rotate import _without
+
+SRC = ROOT / "tests" / "attention.tile"
+CONFIGS = [dict(BM=64, BN=64, STAGES=2), dict(BM=128, BN=64, STAGES=3), dict(BM=64, BN=128, STAGES=3),
+           dict(BM=128, BN=128, STAGES=2)]
+
+
+def operands(h, lq, s, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((h, n, 64)).astype(np.float16) for n in (lq, s, s))
+
+
+def reference(q, k, v, scale):
+    """softmax(q k^T * scale) v per head, in float64."""
+    sc = np.einsum("hld,hsd->hls", q.astype(np.float64), k.astype(np.float64)) * scale
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    return np.einsum("hls,hsd->hld", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+def test_it_rotates_and_writes_the_operand_through_its_swizzle():
+    k = tilec.compile(SRC, arch="sm_90a", BM=64, BN=64, STAGES=2)
+    assert k.pipeline_notes == () and k.compile_log == ""
+    assert "tl_k_stage1" in k.cuda_source and "tl_v_stage1" in k.cuda_source
+    assert "&p[tl_sw128(" in k.cuda_source             # copy(s, p): f16 pairs at swizzled addresses
+    assert "wgmma_m64n64k16_f16_bk_zero(s" in k.cuda_source     # fill(s, 0) folded into the first gemm
+
+
+@pytest.mark.parametrize("consts", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("h, lq, s", [(1, 64, 64), (2, 100, 200), (1, 130, 70), (2, 64, 1)])
+def test_attention_in_the_interpreter(consts, h, lq, s):
+    q, k, v = operands(h, lq, s, seed=lq + s)
+    o = guarded((h, lq, 64), np.float16, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(SRC, backend="interpret", **consts)(q, k, v, o.view, 0.125)
+    o.check()
+    np.testing.assert_allclose(o.view.astype(np.float64), reference(q, k, v, 0.125), atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("drop, broken", [
+    (lambda s: isinstance(s, ir.ProxyFence), "gemm reads 'p', which threads wrote, without fence.proxy.async"),
+    (lambda s: isinstance(s, ir.WgmmaWait), "while a wgmma may still write it"),
+], ids=["fence", "wgmma wait"])
+def test_check_barriers_catches_a_broken_attention(drop, broken):
+    k = lower(SRC.read_text(), dict(BM=64, BN=64, STAGES=2)).stages["insert-barriers"]
+    check_barriers.run(k, Options())
+    with pytest.raises(BarrierBug, match=broken):
+        check_barriers.run(replace(k, body=_without(k.body, drop)), Options())
+
+
+def test_a_gemm_operand_is_not_copied_out():
+    src = SRC.read_text().replace("    copy(o, O[bh, by * BM, 0]);", "    copy(o, O[bh, by * BM, 0]);\n"
+                                  "    copy(p, O[bh, by * BM, 0]);")
+    with pytest.raises(tilec.TilecError, match="'p' is a gemm operand \\(swizzled for wgmma\\): it cannot be "
+                                               "copied out; read its elements in a parallel body instead"):
+        lower(src, dict(BM=64, BN=64, STAGES=2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("consts", CONFIGS + [{}], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "tuned")
+@pytest.mark.parametrize("h, lq, s", [(1, 64, 64), (2, 100, 200), (3, 130, 70), (4, 1000, 1030), (2, 64, 1)])
+def test_attention_on_the_gpu(consts, h, lq, s):
+    import torch
+    q, k, v = operands(h, lq, s, seed=lq + s)
+    o = guarded((h, lq, 64), "f16", fill=float("nan"))
+    args = [torch.from_numpy(x).cuda() for x in (q, k, v)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        tilec.compile(SRC, fallback=False, **consts)(*args, o.view, 0.125)
+    torch.cuda.synchronize()
+    o.check()
+    got = o.view.cpu().numpy().astype(np.float64)
+    np.testing.assert_allclose(got, reference(q, k, v, 0.125), atol=3e-3, rtol=3e-3)
+    peer = torch.nn.functional.scaled_dot_product_attention(*[x[None] for x in args], scale=0.125)[0]
+    np.testing.assert_allclose(got, peer.cpu().numpy().astype(np.float64), atol=3e-3, rtol=3e-3)
