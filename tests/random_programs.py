@@ -1538,10 +1538,12 @@ def tile_program(draw):
             ahead = Ctx({t.name: t for t in tiles}, {"acc": False}, r, ints + ["k"], floats)
             loop_body.insert(0, Par(tshape, [Assign("acc", Bin("+", Elem("acc", (("own",),) * r),
                                                                  value_for(draw, ahead, dR, 1)))]))
-        loop = For("k", "K", stages, loop_body)
+        loops = [For("k", "K", stages, loop_body)]
+        if draw(st.integers(0, 3)) == 0:    # a second pass over the same tiles: the loops share their copies
+            loops.append(For("k", "K", draw(st.sampled_from([None, 1, 2, 3])), loop_body))
         # inside another loop (a rotating one keeps its copies' phases from trip to trip)
         outer = draw(st.sampled_from([None, None, None, "2", "3", "n"]))
-        stmts += [Fill("acc", Lit("0", False)), loop if outer is None else For("z", outer, None, [loop])]
+        stmts += [Fill("acc", Lit("0", False))] + (loops if outer is None else [For("z", outer, None, loops)])
         if acc_shared and dR != dY:
             tile("o", "shared", dY)
             stmts += [CopyTT("acc", "o"), Store("o", "Y", soff)]
