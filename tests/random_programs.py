@@ -1010,6 +1010,7 @@ class Gemm:
     epilogue: list       # statements of a parallel over (BM, BN)
     out: bool            # the epilogue writes `local out: ct[BM, BN]`, stored instead of acc
     blocks: bool = False  # each K step's gemm into `part` (from 0), which threads add to acc: a rotating body
+    staged: bool = False  # A's tile loads into `a_in` and threads copy it into the operand `a` (its swizzle)
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1057,15 +1058,19 @@ class Gemm:
                 f"    {grid};\n"
                 f"    threads {self.threads};\n"
                 f"    shared a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
-                f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
+                + (f"    shared a_in: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n" if self.staged else "")
+                + f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
                 + self.init_text()
                 + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
                 + (", producer = 1" if self.producer else "") + ") {\n"
-                f"        copy({a_region}, a);\n"
+                + f"        copy({a_region}, {'a_in' if self.staged else 'a'});\n"
                 f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
+                + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
+                   f"            a[r, c] = a_in[r, c];\n"
+                   f"        }}\n" if self.staged else "")
                 + (f"        fill(part, 0);\n"
                    f"        gemm(a, b, part{flags});\n"
                    f"        parallel (i, j) in (BM, BN) {{\n"
@@ -1198,6 +1203,8 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     # K steps into `part`, added to acc by threads (a rotating body: no producer, no stream-K)
     blocks = not producer and not stream_k and (2 + out) * bm * bn // threads + 26 <= regs and \
         draw(st.integers(0, 2)) == 0
+    # A's operand written by the threads from a plain tile (a rotating body too)
+    staged = not producer and not stream_k and draw(st.integers(0, 3)) == 0
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
@@ -1209,7 +1216,7 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out, blocks=blocks), list(tiles.values())
+                init=init, epilogue=epilogue, out=out, blocks=blocks, staged=staged), list(tiles.values())
 
 
 def _scalars(draw):
