@@ -13,10 +13,11 @@ the loops that share it), iteration k using copy k % S, and insert-barriers
 issues each iteration's loads S - 1 iterations ahead; where those copies would
 not fit the block's shared memory, it runs as a plain loop instead. A kernel
 with a producer warpgroup (`producer = 1`) rotates nothing: its consumers'
-one-thread blocks are not thread 0's. Other `pipelined` loops run as plain loops (one asking for a
-producer warpgroup, `producer = 1`, is an error); where one asked for 2 or more
-stages, the kernel's `pipeline_notes` say which and why (tilec.PipelineWarning
-at every compile). The thread-copy variant has no TMA loads, so no rings."""
+one-thread blocks are not thread 0's. Other `pipelined` loops run as plain
+loops (one asking for a producer warpgroup, `producer = 1`, is an error);
+where one asked for 2 or more stages, the kernel's `pipeline_notes` say which
+and why (tilec.PipelineWarning at every compile). The thread-copy variant has
+no TMA loads, so no rings."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -101,11 +102,11 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     """(the tiles a rotating pipeline gives S copies, "") or ([], why not): those of
     the TMA loads that start `loop`'s body (S >= 2), where nothing after them loads
     a tile or nests a pipelined loop (a gemm may: insert-barriers waits for it in
-    full, so its operands' copies are free again by the next refill), no other statement of the kernel
-    uses them except in loops that load them first (`_use_apart`), no tile lies
-    over their memory, and the kernel writes the tensors
-    they load from only as in place, tile by tile after reading each (not in
-    mark-in-place's `rereads`)."""
+    full, so its operands' copies are free again by the next refill), no other
+    statement of the kernel uses them except in loops that load them first
+    (`_use_apart`), no tile lies over their memory, and the kernel writes the
+    tensors they load from only as in place, tile by tile after reading each (not
+    in mark-in-place's `rereads`)."""
     loads = _leading_loads(k, loop.body)
     rest = loop.body[len(loads):]
     tiles = list(dict.fromkeys(loads))
@@ -171,7 +172,7 @@ def _loaded_tiles_then_gemms(k: ir.Kernel, body) -> list:
 
 
 def _leading_loads(k: ir.Kernel, body) -> list:
-    """The tiles of the TMA loads that start `body`, in order (a tile loaded twice twice)."""
+    """The tiles of the TMA loads that start `body`, in order (a tile loaded twice appears twice)."""
     tiles = []
     for s in body:
         if not is_load(k, s):
