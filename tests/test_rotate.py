@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from tilec.compiler import lower
@@ -760,3 +761,70 @@ def test_a_fill_apart_from_the_gemm_stays():
         "        parallel (i) in (BM) {\n            sa[i] = sa[i] * 2.0;\n        }\n")
     k = lower(src, dict(BM=64, STAGES=2)).stages["plan-gemm"]
     assert not any(isinstance(s, ir.Gemm) and s.zero for s in ir.walk_stmts(k.body))
+
+
+# ---------------------------------------------------------------- a tile shared between loops, at random
+
+SHARED_PIECES = {
+    # a loop that loads `a` first, forward or backward over A, its stages drawn
+    "loop": "    for k in {loop} {{\n        copy(A[{k}, by * 8, bx * 32], a);\n"
+            "        parallel (i, j) in (8, 32) {{\n            acc[i, j] = acc[i, j] * 0.5 + a[i, j];\n        }}\n"
+            "    }}\n",
+    # the same loop inside another one
+    "nested": "    for z in range(2) {{\n        for k in {loop} {{\n            copy(A[{k}, by * 8, bx * 32], a);\n"
+              "            parallel (i, j) in (8, 32) {{\n                acc[i, j] = acc[i, j] - a[i, j];\n"
+              "            }}\n        }}\n    }}\n",
+    # a loop that loads `a` first and holds a loop loading it, then reads what that one left
+    "holds": "    for z in range(2) {{\n        copy(A[0, by * 8, bx * 32], a);\n        for k in {loop} {{\n"
+             "            copy(A[{k}, by * 8, bx * 32], a);\n            parallel (i, j) in (8, 32) {{\n"
+             "                acc[i, j] = acc[i, j] + a[i, j];\n            }}\n        }}\n"
+             "        parallel (i, j) in (8, 32) {{\n            acc[i, j] = acc[i, j] * 3.0 + a[i, j];\n"
+             "        }}\n    }}\n",
+    # a loop that reads `a` before loading it (what the statement before left in it)
+    "reads first": "    for k in {loop} {{\n        parallel (i, j) in (8, 32) {{\n"
+                   "            acc[i, j] = acc[i, j] + a[i, j] * 0.25;\n        }}\n"
+                   "        copy(A[{k}, by * 8, bx * 32], a);\n    }}\n",
+    # statements outside every loop that read or write `a`
+    "read": "    parallel (i, j) in (8, 32) {{\n        acc[i, j] = acc[i, j] * 2.0 + a[i, j];\n    }}\n",
+    "write": "    parallel (i, j) in (8, 32) {{\n        a[i, j] = acc[i, j] * 0.125 + 1.0;\n    }}\n",
+}
+
+
+def shared_pieces_source(pieces):
+    """A kernel of `pieces` ((name, loop text, forward) each) on one shared tile a,
+    which starts as A[0] (loaded by a loop, which may share it); Y gets acc."""
+    body = "".join(SHARED_PIECES[name].format(loop=loop, k="k" if forward else "K - 1 - k")
+                   for name, loop, forward in pieces)
+    return ("kernel pieces(A: f32[K, M, N], Y: f32[M, N]) {\n    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));\n"
+            "    threads 128;\n    shared a: f32[8, 32];\n    local acc: f32[8, 32];\n    fill(acc, 0.0);\n"
+            "    for z in range(1) {\n        copy(A[0, by * 8, bx * 32], a);\n    }\n" + body + "    copy(acc, Y[by * 8, bx * 32]);\n}\n")
+
+
+@st.composite
+def shared_pieces(draw):
+    names = draw(st.lists(st.sampled_from(sorted(SHARED_PIECES)), min_size=1, max_size=5))
+    return [(n, draw(st.sampled_from(["range(K)", "pipelined(K, stages = 1)", "pipelined(K, stages = 2)",
+                                      "pipelined(K, stages = 3)"])), draw(st.booleans())) for n in names]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(shared_pieces(), st.integers(0, 5), st.integers(0, 2**32 - 1))
+def test_loops_sharing_a_tile_compute_what_plain_loops_do(pieces, trips, seed):
+    """Whatever mix of loops loading `a`, loops reading it first and statements
+    reading or writing it outside loops, the pipelined program (loops rotating
+    where plan-pipeline allows) computes bit for bit what the same program with
+    every loop a `range` computes: a rotation allowed wrongly would leave a later
+    reader a copy other than the last one loaded."""
+    src = shared_pieces_source(pieces)
+    plain = shared_pieces_source([(n, "range(K)", fwd) for n, _, fwd in pieces])
+    a = np.random.default_rng(seed).integers(-8, 9, (trips, 20, 72)).astype(np.float32)
+    outs = []
+    for text in (plain, src):
+        y = guarded((20, 72), np.float32, like="numpy")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tilec.PipelineWarning)
+            warnings.simplefilter("error" if trips else "ignore", tilec.TmaFallbackWarning)
+            tilec.compile(text, backend="interpret")(a, y.view)
+        y.check()
+        outs.append(y.view.copy())
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), src
