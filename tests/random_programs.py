@@ -128,7 +128,12 @@ def fma(a, b, c, t):
         for n in range(res.size):
             x, y, z = float(flat_a[n]), float(flat_b[n]), float(flat_c[n])
             if math.isfinite(x * y) and math.isfinite(z) and math.isfinite(res[n]):
-                res[n] = float(Fraction(x) * Fraction(y) + Fraction(z))     # correctly rounded
+                exact = Fraction(x) * Fraction(y) + Fraction(z)
+                res[n] = float(exact)                   # correctly rounded
+                if exact == 0:      # (a Fraction has no -0): -0.0 only for a zero product and z both -0.0
+                    product_sign = math.copysign(1.0, x) * math.copysign(1.0, y)
+                    negative = (x == 0 or y == 0) and product_sign < 0 and z == 0 and math.copysign(1.0, z) < 0
+                    res[n] = -0.0 if negative else 0.0
         return res.reshape(out.shape)
 
 
