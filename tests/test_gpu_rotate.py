@@ -13,6 +13,7 @@ from test_hoist_loads import operands, run, source
 from test_rotate import (COUNTED, RMW, SCALED, counted_operands, counted_reference, ksum, ksum_reference, nested,
                          scaled_operands, scaled_reference, shared_tile, shared_tile_reference, tails_reference,
                          twice)
+from test_random_programs import _torch
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -156,8 +157,7 @@ def test_a_rotating_gemm_body_on_the_gpu(bm, stages, shape):
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)
         k = tilec.compile(SCALED, BM=bm, STAGES=stages)
-        k(*[torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn) if x.dtype.itemsize == 1
-            else torch.from_numpy(x).cuda() for x in ops], c.view)
+        k(*[_torch(x, "f8e4m3" if x.dtype.itemsize == 1 else "f32").cuda() for x in ops], c.view)
     torch.cuda.synchronize()
     c.check()
     assert "tl_a_stage1" in k.cuda_source

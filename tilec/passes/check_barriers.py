@@ -809,19 +809,23 @@ class _Checker:
             st.unwaited.pop(t, None)
             st.visible.setdefault(t, set()).add(c)
 
-    def accesses(self, s):
-        """shared_accesses(s), once per statement (every path steps through it again)."""
+    def _touches(self, s) -> tuple:
+        """(shared tiles read, shared tiles written, local tiles used) by `s` and what
+        it nests, once per statement (every path steps through it again)."""
         hit = self._accesses.get(id(s))
         if hit is None:
             e = deep(self.k, s)
             hit = self._accesses[id(s)] = (s, e.reads & self.shared, e.writes & self.shared,
                                            (e.reads | e.writes) & self.local)    # s: its id stays its own
-        return hit[1], hit[2]
+        return hit[1:]
+
+    def accesses(self, s):
+        """The shared tiles `s` and what it nests read and write (effects.shared_accesses)."""
+        return self._touches(s)[:2]
 
     def local_accesses(self, s) -> set:
         """The local tiles `s` and what it nests read or write."""
-        self.accesses(s)
-        return self._accesses[id(s)][3]
+        return self._touches(s)[2]
 
     def thread_access(self, s, st, classes):
         reads, writes = self.accesses(s)
