@@ -71,6 +71,7 @@ class _Printer:
         self.uses_stream_k = False
         self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
+        self.row_slot = None        # in a thread loop, the register of a 'rows' tile that holds row i
 
     # ---------------------------------------------------------- expressions
     def cast(self, e: ir.Cast, double: bool) -> str:
@@ -150,6 +151,8 @@ class _Printer:
     def element(self, b: ir.Buffer, indices) -> str:
         if b.scope == "local":
             # only ever inside a thread loop over the whole tile (check-types)
+            if b.layout == "rows":
+                return f"{b.name}[{self.row_slot}]"
             return f"{b.name}[tl_r]" if b.layout == "wgmma" else f"{b.name}[tl_slot]"
         # an index that multiplies a stride binds tighter than `*`: a[1 - i, j] is a[(1 - i) * 16 + j]
         idx = [self.expr(i, 6 if d < len(indices) - 1 else 5) for d, i in enumerate(indices)]
@@ -173,6 +176,11 @@ class _Printer:
         if offset:
             parts.append(str(offset))
         return " + ".join(parts) if len(parts) > 1 else name
+
+    def rows_of(self, s):
+        """The first 'rows' tile a parallel over (M) uses, if any: it walks that tile's rows."""
+        e = effects.deep(self.k, s)
+        return next((b for b in self.k.buffers if b.name in e.reads | e.writes and b.layout == "rows"), None)
 
     def fragment_of(self, s):
         """The wgmma accumulator a thread-level statement walks, if any: then it
@@ -206,6 +214,25 @@ class _Printer:
         out.append(f"{ind}}}")
         return out
 
+    def rows_loop(self, b: ir.Buffer, names, body, ind) -> list:
+        """A thread's rows of a 'rows' tile (the accumulator rows its fragments hold):
+        register tl_q holds row (warpgroup) * M / warpgroups + (tl_q / 2) * 64 + (warp) * 16
+        + lane / 4 + (tl_q % 2) * 8, on each of the 4 lanes of the quad."""
+        slots = ir.row_slots(b, self.threads)
+        tile = " + (tl_q / 2) * 64" if slots > 2 else ""
+        row = f"(threadIdx.x / 128) * {slots * 32}{tile} + (threadIdx.x % 128) / 32 * 16 + " \
+              "(threadIdx.x % 32) / 4 + (tl_q % 2) * 8"
+        out = [f"{ind}#pragma unroll", f"{ind}for (int tl_q = 0; tl_q < {slots}; ++tl_q) {{"]
+        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, [row]), body)]
+        return out + [ind + line for line in body] + [f"{ind}}}"]
+
+    @staticmethod
+    def fragment_row_slot(acc: ir.Buffer, threads: int) -> str:
+        """The register of a 'rows' tile that holds the row of accumulator register tl_r
+        (its m64 tile's pair of rows, then row l / 4 or l / 4 + 8)."""
+        mt, nw = ir.fragment_tiles(acc, threads)
+        return f"tl_r / {nw // 2} * 2 + (tl_r % 4) / 2" if mt > 1 else "(tl_r % 4) / 2"
+
     def fence_fragments(self, ind, bufs=None) -> list:
         """Pin accumulator registers at this point (an empty asm reading and writing
         each one): without it NVVM may sink a fill into a branch or hoist a read
@@ -222,6 +249,15 @@ class _Printer:
         return " + ".join(terms)
 
     # ---------------------------------------------------------- statements
+    def block_at(self, body, row_slot) -> list:
+        """A parallel's body (indented 2) in a loop where `row_slot` is the register of a
+        'rows' tile that holds row i."""
+        outer, self.row_slot = self.row_slot, row_slot
+        try:
+            return self.block(body, "  ")
+        finally:
+            self.row_slot = outer
+
     def block(self, body, ind="") -> list:
         out = []
         for s in body:
@@ -310,10 +346,13 @@ class _Printer:
             return out + [f"{ind}}}"]
         if isinstance(s, ir.Parallel):
             shape = tuple(x.value for x in s.extents)
-            acc = self.fragment_of(s)
+            acc, rows = self.fragment_of(s), self.rows_of(s)
             if acc is not None:
-                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, self.block(s.body, "  "), ind) + \
+                body = self.block_at(s.body, self.fragment_row_slot(acc, self.threads))
+                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, body, ind) + \
                     self.fence_fragments(ind, [acc])
+            if rows is not None:        # each row on the 4 lanes of its quad; lane 0 writes shared tiles
+                return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q"), ind)
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
         if isinstance(s, ir.Gemm):
             return self.comment(s, ind) + self.gemm(s, ind)
@@ -325,11 +364,14 @@ class _Printer:
                 value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
             else:
                 value = self.expr(v, 0, double)
-            return [f"{ind}{self.element(b, s.indices)} = {value};"]
+            one = "if (threadIdx.x % 4 == 0) " if self.row_slot == "tl_q" and b.scope == "shared" else ""
+            return [f"{ind}{one}{self.element(b, s.indices)} = {value};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)
             names = [f"tl_i{d}" for d in range(len(b.shape))]
             value = self.expr(s.value, 0, b.dtype.name == "f64")
+            if b.layout == "rows":
+                return self.comment(s, ind) + self.rows_loop(b, names, [f"  {b.name}[tl_q] = {value};"], ind)
             line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
             if b.layout == "wgmma":
                 return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind) + \
@@ -600,7 +642,7 @@ class _Printer:
         body = list(values)
         if spread.lanes > 1 and per_warp > 1:
             body += ["#pragma unroll", f"for (int tl_h = {per_warp // 2}; tl_h > 0; tl_h /= 2) {{",
-                     f"  tl_acc = {combine(self.shuffled_down(t, f'tl_h * {stride}' if stride > 1 else 'tl_h'))};",
+                     f"  tl_acc = {combine(self.shuffled(t, f'tl_h * {stride}' if stride > 1 else 'tl_h'))};",
                      "}"]
         slots = ir.reduce_slots(self.k, s)
         warps = f"reinterpret_cast<{t}*>({ir.REDUCE_WARPS})"
@@ -609,6 +651,9 @@ class _Printer:
                 target = f"{acc.name}[{loop[0] if loop else 0}]" if acc.scope == "local" else \
                     f"{acc.name}[{res}]"
                 body.append(f"{target} = {result};")
+            elif acc.layout == "rows":      # the quad's first lane's value to all 4, each writes its register
+                body += [f"tl_acc = {self.shuffled(t, 'threadIdx.x & 28', '__shfl_sync')};",
+                         f"{acc.name}[{loop[0]}] = {result};"]
             else:                           # one group: its first lane writes the shared result
                 body += [f"if ({lane} % {per_warp} == 0) {{", f"  {acc.name}[{res}] = {result};", "}"]
         elif per_warp == 1:                 # every lane is its warp's only one
@@ -638,13 +683,13 @@ class _Printer:
             out += self.thread_loop(acc.shape, ["tl_i0"], gather, ind)
         return out
 
-    def shuffled_down(self, t, delta, width=None) -> str:
-        """__shfl_down_sync of tl_acc by `delta` lanes, within segments of `width`
-        lanes (None: the whole warp), in a type the shuffle takes (8-, 16-bit
-        integers through int)."""
+    def shuffled(self, t, lane, how="__shfl_down_sync", width=None) -> str:
+        """tl_acc from another lane (`how`: __shfl_down_sync by `lane` lanes, or
+        __shfl_sync from lane `lane`), within segments of `width` lanes (None: the
+        whole warp), in a type the shuffle takes (8-, 16-bit integers through int)."""
         shuffled = t if t in ("float", "double", "int", "unsigned", "long long", "unsigned long long") else "int"
         moved = "tl_acc" if shuffled == t else f"static_cast<{shuffled}>(tl_acc)"
-        pulled = f"__shfl_down_sync(0xffffffffu, {moved}, {delta}{'' if width is None else f', {width}'})"
+        pulled = f"{how}(0xffffffffu, {moved}, {lane}{'' if width is None else f', {width}'})"
         return pulled if shuffled == t else f"static_cast<{t}>({pulled})"
 
     def reduce_in_lanes(self, s, acc, n, lanes, t, at, combine, result, ind) -> list:
@@ -660,7 +705,7 @@ class _Printer:
         what = "row" if s.axis == 1 else "column"
         width = min(lanes, 32)
         warps = lanes // width
-        pulled = self.shuffled_down(t, "tl_h", width)
+        pulled = self.shuffled(t, "tl_h", width=width)
         spare = self.threads // lanes > acc.elements      # threads past the last result, in the shuffles only
         first = f"tl_acc = {at(ir.Var('tl_lane'))};"
         rest = [f"for (int tl_k = tl_lane + {lanes}; tl_k < {n}; tl_k += {lanes}) {{",
@@ -1218,6 +1263,9 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
             regs = b.elements // pr.threads
             prologue.append(f"{ctype(b.dtype)} {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
                             f"accumulator fragments{' of its transpose' if b.transposed else ''}")
+        elif b.layout == "rows":
+            prologue.append(f"{ctype(b.dtype)} {b.name}[{ir.row_slots(b, pr.threads)}];  // local {b.name}: "
+                            f"{b.dtype.name}[{shape}] in the accumulator rows this thread's fragments hold")
         else:
             slots = -(-b.elements // pr.threads)
             prologue.append(f"{ctype(b.dtype)} {b.name}[{slots}];  // local {b.name}: {b.dtype.name}[{shape}],"

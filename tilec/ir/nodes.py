@@ -153,7 +153,9 @@ class Buffer:
     size, what wgmma descriptors read), 'wgmma' (local, a gemm accumulator:
     wgmma's m64nNk16 fragment layout; `wg_cols` warpgroups split its columns),
     'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
-    K tile of an im2col view that spans several filter taps, one TMA load each)."""
+    K tile of an im2col view that spans several filter taps, one TMA load each),
+    'rows' (local, 1-D: an accumulator's rows, element i on the 4 lanes of the
+    quad whose fragments hold row i, the same value on each: row_slots)."""
     name: str
     scope: str
     dtype: DType
@@ -675,6 +677,12 @@ def fragment_tiles(acc: "Buffer", threads: int) -> tuple:
     return m // (64 * rows), n // acc.wg_cols
 
 
+def row_slots(b: "Buffer", threads: int) -> int:
+    """Registers a thread holds of a 'rows' tile of M elements: 2 rows (l / 4 and l / 4
+    + 8 of its warp's 16) per m64 tile of its warpgroup's M / warpgroups rows."""
+    return 2 * b.shape[0] // (64 * (threads // 128))
+
+
 def fragment_element(acc: "Buffer", threads: int, t: int, r: int) -> tuple:
     """The element (i, j) of a 'wgmma' tile that register r of thread t holds (codegen's
     fragment_index): warpgroup g owns fragment rows (g / wg_cols) * 64 * m_tiles..
@@ -744,7 +752,7 @@ def reduce_slots(k: "Kernel", s: Reduce) -> int:
     spread, acc = reduce_spread(k, s), k.buffer(s.dst)
     if not spread.local:
         return k.threads.value // 32 if spread.groups > 1 else 0
-    if spread.lanes == 1 or (spread.groups == 1 and acc.scope == "shared"):
+    if spread.lanes == 1 or (spread.groups == 1 and (acc.scope == "shared" or acc.layout == "rows")):
         return 0
     return acc.elements * spread.groups
 

@@ -313,6 +313,11 @@ def _check_element(k, sub: ir.Subscript, lanes, write=False):
         # parallel loop's own index reaches it without moving data between threads.
         ok = (lanes is not None and tuple(lanes.values()) == b.shape and
               all(isinstance(i, ir.Var) and i.name == v for i, v in zip(sub.indices, lanes)))
+        # A 1-D tile read at the row index of a parallel over [M, N]: where the parallel walks a
+        # gemm accumulator, the tile lives in its rows (plan-gemm places it there or says why not).
+        ok = ok or (not write and lanes is not None and len(lanes) == 2 and len(b.shape) == 1 and
+                    isinstance(sub.indices[0], ir.Var) and sub.indices[0].name == next(iter(lanes)) and
+                    b.shape[0] == next(iter(lanes.values())))
         if not ok:
             own = f"{b.name}[{', '.join(lanes)}]" if lanes is not None and len(lanes) == len(b.shape) else \
                 f"{b.name}[{', '.join('i%d' % d for d in range(len(b.shape)))}]"

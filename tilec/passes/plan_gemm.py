@@ -25,7 +25,7 @@ from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import effects, im2col
 from ..ir import nodes as ir
-from ..ir.exprs import map_body
+from ..ir.exprs import map_body, walk_expr
 
 NAME = "plan-gemm"
 
@@ -107,6 +107,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
     body = _fold_zero_fills(map_body(k.body, plan))
     if not layouts:
+        _place_rows(k)
         _check_reduces(k)
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
@@ -116,6 +117,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if spread:
         _check_registers({**fragments, **spread}, threads, k.producer_warpgroup, next(
             s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)))
+    k = _place_rows(k)
     _check_uses(k)
     _check_reduces(k)
     return k
@@ -163,6 +165,113 @@ def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
                     bufs[n] = replace(bufs[n], layout="wgmma", wg_cols=acc.wg_cols, transposed=acc.transposed)
                     changed = True
     return replace(k, buffers=tuple(bufs[b.name] for b in k.buffers))
+
+
+def _place_rows(k: ir.Kernel) -> ir.Kernel:
+    """A 1-D local tile of M elements that lives in an accumulator's rows (layout
+    'rows': element i on the 4 lanes of the quad that holds fragment row i, the
+    same value on each) where a `parallel` over an [M, N] accumulator reads it at
+    [i] (it must), or where a reduce of such an accumulator's rows writes it (it may:
+    a shuffle instead of shared memory and two block barriers). 1-D tiles that a
+    `parallel` over (M) uses together share a layout. Their other uses must work on
+    such a tile: fills, reduces of an accumulator's rows, `parallel` bodies (each row
+    runs on the 4 lanes of its quad, so such a body may write a shared tile, from
+    one lane, only where it reads none it writes). A tile that must live in rows
+    and has another use is an error at that use; so is one whose accumulator keeps
+    its rows elsewhere (split over N, holding acc^T, beside a producer warpgroup)."""
+    bufs = {b.name: b for b in k.buffers}
+    ones = [n for n, b in bufs.items() if b.scope == "local" and len(b.shape) == 1]
+    if not ones:
+        return k
+    group = {n: n for n in ones}
+
+    def root(n):
+        while group[n] != n:
+            n = group[n]
+        return n
+
+    needs, refusals = {}, {}      # tile -> (span, why it lives in rows); -> (span, why it cannot)
+    prefers = set()               # tiles reduced into from an accumulator's rows: there, where nothing refuses
+
+    def accumulator_rows(acc, length):
+        """Why an accumulator's rows cannot hold a tile of `length` (None: they can)."""
+        if acc.layout != "wgmma":
+            return f"'{acc.name}' is no gemm accumulator, so the rows of its elements are spread at e % threads"
+        if acc.transposed:
+            return f"the fragments of '{acc.name}' hold its transpose (a swapped gemm of {acc.shape[0]} rows)"
+        if acc.wg_cols > 1:
+            return (f"{acc.wg_cols} warpgroups split the columns of '{acc.name}', so each of its rows lies in "
+                    f"{acc.wg_cols} of them (give each warpgroup rows of its own: threads {acc.shape[0] // 64 * 128} "
+                    f"or fewer for {acc.shape[0]} rows)")
+        if k.producer_warpgroup:
+            return "the block has a producer warpgroup"
+        if acc.shape[0] != length:
+            return f"'{acc.name}' has {acc.shape[0]} rows"
+        return None
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ir.Parallel):
+                parallel(s)
+            elif isinstance(s, ir.Reduce) and s.dst in group:
+                src = bufs[s.src]
+                why = accumulator_rows(src, bufs[s.dst].shape[0]) if s.axis == 1 else \
+                    f"it reduces the columns of '{src.name}'"
+                if why:
+                    refusals.setdefault(s.dst, (s.span, why))
+                else:
+                    prefers.add(s.dst)
+            elif not isinstance(s, ir.Fill):
+                for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
+                    visit(getattr(s, f))
+                if not ir.STMT_BLOCK_FIELDS.get(type(s)):
+                    e = effects.of(k, s)
+                    for n in (e.reads | e.writes) & group.keys():
+                        refusals.setdefault(n, (s.span, f"a {type(s).__name__.lower()} cannot move it"))
+
+    def parallel(s):
+        e = effects.deep(k, s)
+        used = sorted((e.reads | e.writes) & group.keys())
+        if len(s.extents) == 1:
+            for n in used[1:]:
+                group[root(n)] = root(used[0])
+            clash = sorted(n for n in e.writes & e.reads if bufs[n].scope == "shared")
+            for n in used if clash else ():
+                refusals.setdefault(n, (s.span, f"a parallel over it runs each row on the 4 lanes of a quad, so it "
+                                                f"cannot both read and write the shared tile '{clash[0]}'"))
+            return
+        acc = next((bufs[n] for n in sorted(e.reads | e.writes) if n in bufs and bufs[n].layout == "wgmma"), None)
+        for n in used:
+            span = next((x.span for ex in e.exprs for x in walk_expr(ex) if isinstance(x, ir.Subscript) and
+                         x.name == n), s.span)
+            why = accumulator_rows(acc, bufs[n].shape[0]) if acc is not None else \
+                "the parallel walks no gemm accumulator whose rows it could be kept in"
+            needs.setdefault(n, (span, f"line {span.line} reads {n}[i] beside " +
+                                 (f"'{acc.name}'" if acc is not None else "a tile of [M, N]"), n))
+            if why:
+                refusals.setdefault(n, (span, why))
+
+    visit(k.body)
+    placed = set()
+    for n in ones:
+        members = [m for m in ones if root(m) == root(n)]
+        need = next((needs[m] for m in members if m in needs), None)
+        order = ([need[2]] if need else []) + members       # the needing tile's own refusal first
+        refusal = next((refusals[m] + (m,) for m in order if m in refusals), None)
+        if need is None and (refusal is not None or not prefers.intersection(members)):
+            continue
+        if refusal is not None:
+            span, why, m = refusal
+            beside = "" if m == need[2] else f", as '{need[2]}' must, which a parallel over them uses with it"
+            raise SemanticError(f"local tile '{m}' must live in an accumulator's rows{beside} ({need[1]}), but "
+                                f"here {why}", span,
+                                note="a 1-D local tile read at [i] in a parallel over a gemm accumulator, or "
+                                     "reduced into from its rows, lives on the 4 lanes of each quad that holds "
+                                     "its row (language.md §12); use a shared tile where it must go elsewhere")
+        placed.add(n)
+    if not placed:
+        return k
+    return replace(k, buffers=tuple(replace(b, layout="rows") if b.name in placed else b for b in k.buffers))
 
 
 def _check_reduces(k):

@@ -782,6 +782,9 @@ class _Blocks:
         if ln.shape == tuple(b.shape) and len(indices) == len(ln.vars) and (b.scope == "local" or b.layout == "row") \
                 and all(type(i) is ir.Var and i.name == v for i, v in zip(indices, ln.vars)):
             return self.tile(b)
+        if b.layout == "rows" and len(ln.shape) == 2 and len(indices) == 1 and type(indices[0]) is ir.Var \
+                and indices[0].name == ln.vars[0] and ln.shape[0] == b.shape[0]:
+            return np.broadcast_to(self.tile(b)[:, None], ln.shape)     # read at [i] beside an accumulator
         if b.scope == "local":
             raise InterpretError(f"local tile '{b.name}' accessed away from the parallel's own indices", None)
         return None
