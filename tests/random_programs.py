@@ -1016,6 +1016,9 @@ class Gemm:
     out: bool            # the epilogue writes `local out: ct[BM, BN]`, stored instead of acc
     blocks: bool = False  # each K step's gemm into `part` (from 0), which threads add to acc: a rotating body
     staged: bool = False  # A's tile loads into `a_in` and threads copy it into the operand `a` (its swizzle)
+    rows: str = ""       # after the K loop: acc's rows reduced (this op) into `local rv: f32[BM]`, which lives
+                         # in acc's rows, and subtracted from them (rv[i] read beside acc)
+    rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1068,6 +1071,7 @@ class Gemm:
                 f"    local acc: f32[BM, BN];\n"
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
+                + ("    local rv: f32[BM];\n" if self.rows else "")
                 + self.init_text()
                 + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
                 + (", producer = 1" if self.producer else "") + ") {\n"
@@ -1082,6 +1086,11 @@ class Gemm:
                    f"            acc[i, j] = acc[i, j] + part[i, j];\n"
                    f"        }}\n" if self.blocks else f"        gemm(a, b, acc{flags});\n")
                 + "    }\n"
+                + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
+                + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
+                   if self.rows and self.rows_step else "")
+                + ("    parallel (i, j) in (BM, BN) {\n        acc[i, j] = acc[i, j] - rv[i];\n    }\n"
+                   if self.rows else "")
                 + epilogue
                 + f"    copy({'out' if self.out else 'acc'}, {C}[by * BM, bx * BN]);\n}}\n")
 
@@ -1133,6 +1142,12 @@ class Gemm:
             init = np.zeros((nb, BM, BN))
         tiles = self.tiles()
         state = {"acc": (init + blocks).astype(F32), "acc@mag": None}
+        if self.rows:       # exact: acc holds multiples of 0.5 far below 2^23, and no -0.0
+            acc = state["acc"].astype(F64)
+            rv = {"max": acc.max(axis=2), "min": acc.min(axis=2), "sum": acc.sum(axis=2)}[self.rows]
+            if self.rows_step:
+                rv = rv * 0.5 + (np.arange(BM) % 3)
+            state["acc"] = (acc - rv[:, :, None]).astype(F32)
         if self.out:
             state["out"] = np.full((nb, BM, BN), np.nan).astype(NP[self.ct])
             state["out@mag"] = None
@@ -1210,6 +1225,12 @@ def _schedule(draw, bm, bn, bk, threads, ct):
         draw(st.integers(0, 2)) == 0
     # A's operand written by the threads from a plain tile (a rotating body too)
     staged = not producer and not stream_k and draw(st.integers(0, 3)) == 0
+    # acc's rows reduced into a local tile that lives in them: where one quad holds each row
+    # (no producer, warpgroups all over M, no acc^T), not with stream-K's partial tiles
+    wg = threads // 128
+    rows = not producer and not stream_k and bm % (64 * wg) == 0 and draw(st.integers(0, 2)) == 0
+    rows = draw(st.sampled_from(["max", "min", "sum"])) if rows else ""
+    rows_step = bool(rows) and draw(st.booleans())
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
@@ -1221,7 +1242,8 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out, blocks=blocks, staged=staged), list(tiles.values())
+                init=init, epilogue=epilogue, out=out, blocks=blocks, staged=staged, rows=rows,
+                rows_step=rows_step), list(tiles.values())
 
 
 def _scalars(draw):
