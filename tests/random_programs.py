@@ -1225,10 +1225,9 @@ def _schedule(draw, bm, bn, bk, threads, ct):
         draw(st.integers(0, 2)) == 0
     # A's operand written by the threads from a plain tile (a rotating body too)
     staged = not producer and not stream_k and draw(st.integers(0, 3)) == 0
-    # acc's rows reduced into a local tile that lives in them: where one quad holds each row
-    # (no producer, warpgroups all over M, no acc^T), not with stream-K's partial tiles
-    wg = threads // 128
-    rows = not producer and not stream_k and bm % (64 * wg) == 0 and draw(st.integers(0, 2)) == 0
+    # acc's rows reduced into a local tile that lives in them: where quads hold the rows (no
+    # producer, no acc^T: M a multiple of 64), not with stream-K's partial tiles
+    rows = not producer and not stream_k and bm % 64 == 0 and draw(st.integers(0, 2)) == 0
     rows = draw(st.sampled_from(["max", "min", "sum"])) if rows else ""
     rows_step = bool(rows) and draw(st.booleans())
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}

@@ -51,8 +51,9 @@ SRC = """kernel row_stats(A: f16[M, K], B: f16[K, N], C: f32[M, N], R: f32[NB, M
 }
 """
 # (BM, WG): one warpgroup, one m64 tile; one warpgroup, two m64 tiles (4 rows a
-# thread); two warpgroups over M; three; two warpgroups of two m64 tiles each
-CONFIGS = [(64, 1), (128, 1), (128, 2), (192, 3), (256, 2)]
+# thread); two warpgroups over M; three; two warpgroups of two m64 tiles each; two
+# warpgroups side by side over N (each row in both); two over M by two over N
+CONFIGS = [(64, 1), (128, 1), (128, 2), (192, 3), (256, 2), (64, 2), (128, 4)]
 SHAPES = [(64, 64, 64), (200, 104, 96), (132, 200, 64)]     # strides TMA takes: no fallback
 
 
@@ -134,15 +135,14 @@ def edited(old, new, consts=None):
      "<string>:21:5: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
      "beside 'acc'), but here a parallel over it runs each row on the 4 lanes of a quad, so it cannot both "
      "read and write the shared tile 'r'"),
-    (edited("    const BM = 128, BN = 64, BK = 64, WG = 2;", "    const BM = 64, BN = 64, BK = 64, WG = 2;"),
+    (edited("    const BM = 128, BN = 64, BK = 64, WG = 2;", "    const BM = 32, BN = 64, BK = 64, WG = 1;"),
      "<string>:26:33: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
-     "beside 'acc'), but here 2 warpgroups split the columns of 'acc', so each of its rows lies in 2 of them "
-     "(give each warpgroup rows of its own: threads 128 or fewer for 64 rows)"),
+     "beside 'acc'), but here the fragments of 'acc' hold its transpose (a swapped gemm of 32 rows)"),
     (edited("        acc[i, j] = acc[i, j] * scale[i];", "        acc[i, j] = acc[i, j] * scale[i];\n"
             "    }\n    parallel (i, j) in (BM, BN) {\n        a[i, j] = f16(scale[i]);"),
      "<string>:29:23: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
      "beside 'acc'), but here the parallel walks no gemm accumulator whose rows it could be kept in"),
-], ids=["copied", "shared read and written", "split over N", "beside a shared tile"])
+], ids=["copied", "shared read and written", "acc transposed", "beside a shared tile"])
 def test_what_cannot_live_in_rows_is_an_error_at_its_use(make, message):
     with pytest.raises(tilec.TilecError) as e:
         make()

@@ -72,6 +72,7 @@ class _Printer:
         self.cast_to = set()        # dtypes of casts in expressions (f16(x) needs f16_t in a kernel of f32 tensors)
         self.block_sync = "__syncthreads();"    # inside a Specialized block's consumers: their named barrier
         self.row_slot = None        # in a thread loop, the register of a 'rows' tile that holds row i
+        self.rows_writer = ""       # in a loop over a 'rows' tile's rows: the threads that write shared tiles
 
     # ---------------------------------------------------------- expressions
     def cast(self, e: ir.Cast, double: bool) -> str:
@@ -216,11 +217,12 @@ class _Printer:
 
     def rows_loop(self, b: ir.Buffer, names, body, ind) -> list:
         """A thread's rows of a 'rows' tile (the accumulator rows its fragments hold):
-        register tl_q holds row (warpgroup) * M / warpgroups + (tl_q / 2) * 64 + (warp) * 16
-        + lane / 4 + (tl_q % 2) * 8, on each of the 4 lanes of the quad."""
+        register tl_q holds row (its row of warpgroups) * M / (warpgroups / wg_cols) + (tl_q
+        / 2) * 64 + (warp) * 16 + lane / 4 + (tl_q % 2) * 8, on each of the 4 lanes of the
+        quad (in each of the wg_cols warpgroups over N)."""
         slots = ir.row_slots(b, self.threads)
         tile = " + (tl_q / 2) * 64" if slots > 2 else ""
-        row = f"(threadIdx.x / 128) * {slots * 32}{tile} + (threadIdx.x % 128) / 32 * 16 + " \
+        row = f"({_warpgroup_row(b.wg_cols)}) * {slots * 32}{tile} + (threadIdx.x % 128) / 32 * 16 + " \
               "(threadIdx.x % 32) / 4 + (tl_q % 2) * 8"
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_q = 0; tl_q < {slots}; ++tl_q) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, [row]), body)]
@@ -352,6 +354,8 @@ class _Printer:
                 return self.comment(s, ind) + self.fragment_loop(acc, s.vars, body, ind) + \
                     self.fence_fragments(ind, [acc])
             if rows is not None:        # each row on the 4 lanes of its quad; lane 0 writes shared tiles
+                self.rows_writer = "threadIdx.x % 4 == 0" + \
+                    (f" && {_warpgroup_col(rows.wg_cols)} == 0" if rows.wg_cols > 1 else "")
                 return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q"), ind)
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
         if isinstance(s, ir.Gemm):
@@ -364,7 +368,7 @@ class _Printer:
                 value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
             else:
                 value = self.expr(v, 0, double)
-            one = "if (threadIdx.x % 4 == 0) " if self.row_slot == "tl_q" and b.scope == "shared" else ""
+            one = f"if ({self.rows_writer}) " if self.row_slot == "tl_q" and b.scope == "shared" else ""
             return [f"{ind}{one}{self.element(b, s.indices)} = {value};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)
@@ -678,9 +682,12 @@ class _Printer:
             if groups > 1:
                 gather += ["  #pragma unroll", f"  for (int tl_w = 1; tl_w < {groups}; ++tl_w) {{",
                            f"    tl_acc = {combine(f'{warps}[tl_i0 * {groups} + tl_w]')};", "  }"]
-            gather.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
             out.append(f"{ind}{self.block_sync}  // every warp's value in its slot")
-            out += self.thread_loop(acc.shape, ["tl_i0"], gather, ind)
+            if acc.layout == "rows":        # each thread combines its own rows' slots
+                out += self.rows_loop(acc, ["tl_i0"], gather + [f"  {acc.name}[tl_q] = {result};"], ind)
+            else:
+                gather.append(f"  {self.element(acc, [ir.Var('tl_i0')])} = {result};")
+                out += self.thread_loop(acc.shape, ["tl_i0"], gather, ind)
         return out
 
     def shuffled(self, t, lane, how="__shfl_down_sync", width=None) -> str:

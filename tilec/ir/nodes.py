@@ -155,7 +155,8 @@ class Buffer:
     'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
     K tile of an im2col view that spans several filter taps, one TMA load each),
     'rows' (local, 1-D: an accumulator's rows, element i on the 4 lanes of the
-    quad whose fragments hold row i, the same value on each: row_slots)."""
+    quad whose fragments hold row i, in each of the `wg_cols` warpgroups over N, the
+    same value on each: row_slots)."""
     name: str
     scope: str
     dtype: DType
@@ -165,7 +166,7 @@ class Buffer:
     stages: int = 1         # copies in a pipelined loop's ring (shared)
     chunk: int = 0          # 'cols': elements per column chunk
     alias: str = ""         # placed over this tile's memory (used only after its last use)
-    wg_cols: int = 1        # 'wgmma': warpgroups side by side over the columns
+    wg_cols: int = 1        # 'wgmma', 'rows': warpgroups side by side over the columns
     transposed: bool = False  # 'wgmma': the fragments hold acc^T (a gemm with its operands swapped)
     span: Optional[Span] = SPAN
 
@@ -679,8 +680,8 @@ def fragment_tiles(acc: "Buffer", threads: int) -> tuple:
 
 def row_slots(b: "Buffer", threads: int) -> int:
     """Registers a thread holds of a 'rows' tile of M elements: 2 rows (l / 4 and l / 4
-    + 8 of its warp's 16) per m64 tile of its warpgroup's M / warpgroups rows."""
-    return 2 * b.shape[0] // (64 * (threads // 128))
+    + 8 of its warp's 16) per m64 tile of its warpgroup's M / (warpgroups / wg_cols) rows."""
+    return 2 * b.shape[0] // (64 * (threads // 128 // b.wg_cols))
 
 
 def fragment_element(acc: "Buffer", threads: int, t: int, r: int) -> tuple:

@@ -176,9 +176,10 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
     `parallel` over (M) uses together share a layout. Their other uses must work on
     such a tile: fills, reduces of an accumulator's rows, `parallel` bodies (each row
     runs on the 4 lanes of its quad, so such a body may write a shared tile, from
-    one lane, only where it reads none it writes). A tile that must live in rows
-    and has another use is an error at that use; so is one whose accumulator keeps
-    its rows elsewhere (split over N, holding acc^T, beside a producer warpgroup)."""
+    one lane, only where it reads none it writes). With warpgroups side by side over N
+    (`wg_cols`), each of them holds the rows of its row of warpgroups. A tile that must
+    live in rows and has another use is an error at that use; so is one whose
+    accumulator keeps its rows elsewhere (holding acc^T, beside a producer warpgroup)."""
     bufs = {b.name: b for b in k.buffers}
     ones = [n for n, b in bufs.items() if b.scope == "local" and len(b.shape) == 1]
     if not ones:
@@ -192,6 +193,7 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
 
     needs, refusals = {}, {}      # tile -> (span, why it lives in rows); -> (span, why it cannot)
     prefers = set()               # tiles reduced into from an accumulator's rows: there, where nothing refuses
+    split = {}                    # rows M -> the warpgroups side by side over N of an accumulator of M rows
 
     def accumulator_rows(acc, length):
         """Why an accumulator's rows cannot hold a tile of `length` (None: they can)."""
@@ -199,14 +201,11 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
             return f"'{acc.name}' is no gemm accumulator, so the rows of its elements are spread at e % threads"
         if acc.transposed:
             return f"the fragments of '{acc.name}' hold its transpose (a swapped gemm of {acc.shape[0]} rows)"
-        if acc.wg_cols > 1:
-            return (f"{acc.wg_cols} warpgroups split the columns of '{acc.name}', so each of its rows lies in "
-                    f"{acc.wg_cols} of them (give each warpgroup rows of its own: threads {acc.shape[0] // 64 * 128} "
-                    f"or fewer for {acc.shape[0]} rows)")
         if k.producer_warpgroup:
             return "the block has a producer warpgroup"
         if acc.shape[0] != length:
             return f"'{acc.name}' has {acc.shape[0]} rows"
+        split[length] = acc.wg_cols       # accumulators of M rows: one split over N (plan-gemm's _split)
         return None
 
     def visit(body):
@@ -271,7 +270,8 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
         placed.add(n)
     if not placed:
         return k
-    return replace(k, buffers=tuple(replace(b, layout="rows") if b.name in placed else b for b in k.buffers))
+    return replace(k, buffers=tuple(replace(b, layout="rows", wg_cols=split[b.shape[0]]) if b.name in placed else b
+                                    for b in k.buffers))
 
 
 def _check_reduces(k):
