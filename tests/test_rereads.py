@@ -101,3 +101,34 @@ def test_a_producer_ring_that_loads_what_the_kernel_writes_is_refused():
     src = src.replace("stages = STAGES)", "stages = STAGES, producer = 1)")
     with pytest.raises(tilec.SemanticError, match="producer = 1: the ring loads A, which the kernel also writes"):
         lower(src)
+
+
+BRANCHES = """kernel twice(X: f32[M, N], Y: f32[M, N], flag: i32) {
+    grid (by) = (cdiv(M, 8));
+    threads 128;
+    shared t: f32[8, N0];
+    if flag > 0 {
+        copy(X[by * 8, 0], t);
+        copy(t, Y[by * 8, 0]);
+    } else {
+        copy(X[by * 8, 0], t);
+        parallel (i, j) in (8, N0) {
+            t[i, j] = t[i, j] * 2.0;
+        }
+        copy(t, Y[by * 8, 0]);
+    }
+AFTER}
+""".replace("N0", "64")
+
+
+@pytest.mark.parametrize("after, why", [
+    ("", None),
+    ("    copy(X[by * 8, 0], t);\n    copy(t, Y[by * 8, 0]);\n",
+     "it writes Y (line 7) before it reads X (line 15), so it would read elements it already overwrote"),
+], ids=["branches apart", "a read after the if"])
+def test_a_write_in_one_branch_and_a_read_in_the_other_are_never_both_run(after, why):
+    """mark-in-place orders each read of X before each write of Y, but for the two
+    branches of one `if`: Y may be X (tests/softmax.tile's one-tile and two-pass
+    paths); a read after the `if` still follows a write."""
+    k = lower(BRANCHES.replace("AFTER", after)).stages["mark-in-place"]
+    assert dict(k.in_place)[("Y", "X")] == why

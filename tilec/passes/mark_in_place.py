@@ -12,7 +12,8 @@ strides), and the kernel reads R only where it then writes W. That holds when
   variable counted by its loop's depth (so a `for k` that reads and a later
   `for j` that writes the same tiles agree);
 - each read comes before each write in the program (a pipelined loop may then
-  load the next tile early: that tile is another one, not yet written);
+  load the next tile early: that tile is another one, not yet written), but
+  for a read and a write in the two branches of one `if`, which never both run;
 - every loop around both a read and a write steps the tile by a whole tile: in
   some dim the start is `c * var + ...` with |c| at least the tile's extent
   there (make-persistent's tile loop visits each tile once), so no step reads
@@ -53,10 +54,16 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
 
 class _Access:
-    """One statement that reads or writes a tensor: where in the program, and the loops around it."""
+    """One statement that reads or writes a tensor: where in the program, the loops
+    around it, and the branches of `if`s it sits in ((id of the If, 0 or 1), ...)."""
 
-    def __init__(self, s, order, loops, lets):
-        self.s, self.order, self.loops, self.lets = s, order, loops, lets
+    def __init__(self, s, order, loops, lets, branches=()):
+        self.s, self.order, self.loops, self.lets, self.branches = s, order, loops, lets, branches
+
+    def apart(self, other) -> bool:
+        """In the two branches of one `if`: never both in one run of the block."""
+        mine = dict(self.branches)
+        return any(i in mine and mine[i] != b for i, b in other.branches)
 
     @property
     def line(self):
@@ -68,7 +75,7 @@ def _accesses(k: ir.Kernel) -> dict:
     out, order = {}, [0]
     views = {v.name: v.tensor for v in k.views}
 
-    def walk(body, loops, lets):
+    def walk(body, loops, lets, branches):
         lets = dict(lets)
         for s in body:
             order[0] += 1
@@ -77,14 +84,14 @@ def _accesses(k: ir.Kernel) -> dict:
                 for name in names:
                     name = views.get(name, name)
                     if isinstance(k.param(name), ir.TensorParam):
-                        out.setdefault(name, ([], []))[i].append(_Access(s, order[0], loops, lets))
+                        out.setdefault(name, ([], []))[i].append(_Access(s, order[0], loops, lets, branches))
             if isinstance(s, ir.Let):
                 lets[s.name] = s.value
             inner = loops + ((s.var, s.span.line if s.span else '?'),) if isinstance(s, ir.For) else loops
-            for f in ir.STMT_BLOCK_FIELDS.get(type(s), ()):
-                walk(getattr(s, f), inner, lets)
+            for which, f in enumerate(ir.STMT_BLOCK_FIELDS.get(type(s), ())):
+                walk(getattr(s, f), inner, lets, branches + ((id(s), which),) if isinstance(s, ir.If) else branches)
 
-    walk(k.body, (), {})
+    walk(k.body, (), {}, ())
     return out
 
 
@@ -154,9 +161,9 @@ def _why_not(k: ir.Kernel, w: str, r: str, accesses: dict):
         else:
             what = f"it reads {r} (line {reads[0].line}) and writes {w} (line {writes[0].line}) in different tiles"
         return what + f", so a block may overwrite elements of {r} that another block, or a later step, still reads"
-    last_read = max(reads, key=lambda a: a.order)
-    first_write = min(writes, key=lambda a: a.order)
-    if first_write.order < last_read.order:
+    early = [(b, a) for b in writes for a in reads if b.order < a.order and not a.apart(b)]
+    if early:
+        first_write, last_read = min(early, key=lambda p: (p[0].order, -p[1].order))
         return (f"it writes {w} (line {first_write.line}) before it reads {r} (line {last_read.line}), so it "
                 "would read elements it already overwrote")
     around_writes = {loop for a in writes for loop in a.loops}
