@@ -350,7 +350,7 @@ kernel outer(A: f32[K, M, N], Y: f32[M, N]) {
     }
     copy(acc, Y[by * 8, bx * 32]);
 }
-""", 9, "10:9"),
+""", 17, "10:9"),
 ], ids=["read before its load", "loop inside a loop that loads it"])
 def test_a_tile_read_where_a_rotation_left_it_runs_plain(src, line, loop):
     said = [m for m in plain_loop_warnings(src) if f":{loop}: " in m]
@@ -828,3 +828,65 @@ def test_loops_sharing_a_tile_compute_what_plain_loops_do(pieces, trips, seed):
         y.check()
         outs.append(y.view.copy())
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), src
+
+
+def straight(stages, after):
+    return f"""kernel straight(A: f32[K, M, N], B: f32[M, N], Y: f32[M, N]) {{
+    grid (bx, by) = (cdiv(N, 32), cdiv(M, 8));
+    threads 128;
+    shared a: f32[8, 32];
+    local acc: f32[8, 32];
+    copy(B[by * 8, bx * 32], a);
+    parallel (i, j) in (8, 32) {{
+        acc[i, j] = a[i, j] * 2.0;
+    }}
+    for k in pipelined(K, stages = {stages}) {{
+        copy(A[k, by * 8, bx * 32], a);
+        parallel (i, j) in (8, 32) {{
+            acc[i, j] = acc[i, j] * 0.5 + a[i, j];
+        }}
+    }}
+{after}    copy(acc, Y[by * 8, bx * 32]);
+}}
+"""
+
+
+RELOAD = """    copy(B[by * 8, bx * 32], a);
+    parallel (i, j) in (8, 32) {
+        acc[i, j] = acc[i, j] + a[i, j];
+    }
+"""
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("after", ["", RELOAD], ids=["nothing after", "a reload after"])
+@pytest.mark.parametrize("trips", [0, 1, 2, 5])
+def test_a_tile_loaded_before_it_is_read_outside_loops_still_rotates(stages, after, trips):
+    """Statements outside the loop that load the tile and then read it (before the
+    loop, or after it in a block of their own) read the load, not what the rotation
+    left: the loop rotates, and the interpreter computes what numpy does."""
+    src = straight(stages, after)
+    assert plain_loop_warnings(src) == []
+    assert f"tl_a_stage{stages - 1}" in buffers(src)
+    rng = np.random.default_rng(trips)
+    a = rng.standard_normal((trips, 20, 72)).astype(np.float32)
+    b = rng.standard_normal((20, 72)).astype(np.float32)
+    y = guarded((20, 72), np.float32, like="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.TmaFallbackWarning)    # (72 f32 columns: TMA takes them)
+        tilec.compile(src, backend="interpret")(a, b, y.view)
+    y.check()
+    want = b * np.float32(2)
+    for k in range(trips):
+        want = want * np.float32(0.5) + a[k]
+    if after:
+        want = want + b
+    assert np.array_equal(y.view, want)
+
+
+def test_a_read_after_the_loop_without_a_reload_still_stops_it():
+    src = straight(2, "    parallel (i, j) in (8, 32) {\n        acc[i, j] = acc[i, j] + a[i, j];\n    }\n")
+    assert plain_loop_warnings(src) == [
+        "<string>:10:5: this pipelined loop (stages = 2) runs as a plain loop: tile 'a', which it loads, is used "
+        "outside the loop as well (line 17), where it could read what the loop leaves in it (elsewhere it may be "
+        "used only in loops whose bodies start by loading it)"]

@@ -187,13 +187,24 @@ def _use_apart(k: ir.Kernel, loop: ir.For, t: str):
     body starts with loads that include one into t: such a loop's every
     iteration overwrites the whole tile before anything reads it, so it never
     sees which copy of t `loop`'s last iteration used, nor `loop` what it left
-    there. None if no statement does."""
+    there; and other than a TMA load into t and the statements after it in its
+    block, up to the first that holds a loop or a gemm: they read the load, not
+    what a loop left. None if no statement does."""
     def first(body):
+        fresh = False       # a load into t came earlier in this block, and no loop since
         for s in body:
             if s == loop:
+                fresh = False
                 continue
             if isinstance(s, ir.For) and t in _leading_loads(k, s.body) and \
                     not any(x == loop or isinstance(x, ir.Gemm) for x in ir.walk_stmts(s.body)):
+                fresh = False
+                continue
+            inner = list(ir.walk_stmts((s,)))
+            if any(isinstance(x, (ir.For, ir.Gemm)) for x in inner):
+                fresh = False
+            elif is_load(k, s) and s.dst.name == t or fresh:
+                fresh = True
                 continue
             nested = ir.STMT_BLOCK_FIELDS.get(type(s), ())
             if t in tiles_named([replace(s, **{f: () for f in nested})]):
