@@ -104,3 +104,26 @@ def test_a_local_beside_the_accumulator_takes_its_layout(bm, ot):
     np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=2e-3 if ot == "f16" else 1e-5,
                                atol=0.1 if ot == "f16" else 1e-3)
     c.check()
+
+
+@pytest.mark.parametrize("value", ["acc[i, j]", "f16(acc[i, j])", "bf16(acc[i, j])"])
+@pytest.mark.parametrize("bm", [16, 128], ids=["swapped", "bm128"])
+def test_an_accumulator_narrowed_as_it_is_keeps_the_wgmmas_async(value, bm):
+    """`out[i, j] = acc[i, j]` into a 16-bit tile: a conversion reading an accumulator
+    register itself makes ptxas serialize every wgmma of the kernel (C7514; found by
+    test_every_program_compiles_to_a_cubin in CI), so codegen multiplies by 1 first
+    (exact) and the log stays empty; the interpreter's values are the plain rounding."""
+    ot = "bf16" if value.startswith("bf16") else "f16"
+    src = BESIDE.format(bm=bm, ot=ot).replace("acc[i, j] * 2.0 + (by * BM + i) - (bx * BN + j) * 0.5", value)
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == "", k.compile_log
+    assert "__fmul_rn(acc[tl_r], 1.0f)" in k.cuda_source
+    m, n, kk = 40, 200, 136
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, kk)).astype(np.float16)
+    b = rng.standard_normal((kk, n)).astype(np.float16)
+    c = guarded((m, n), ot, like="numpy")
+    tilec.compile(src, backend="interpret")(a, b, c.view)
+    c.check()
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=1e-2 if ot == "bf16" else 2e-3, atol=1e-2)

@@ -364,7 +364,13 @@ class _Printer:
             b = self.k.buffer(s.buffer)
             double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
             v = s.value
-            if isinstance(v, ir.Cast) and v.dtype == b.dtype and (v.dtype.name in _WRAPPED or not v.dtype.is_float):
+            inner = v.value if isinstance(v, ir.Cast) and v.dtype == b.dtype else v
+            if b.dtype.name in _WRAPPED and isinstance(inner, ir.Subscript) and \
+                    self.k.buffer(inner.name).layout == "wgmma" and self.k.buffer(inner.name).dtype.name == "f32":
+                # out = acc, narrowed: ptxas serializes every wgmma of the kernel (C7514) where a conversion
+                # reads an accumulator register itself; an exact multiply by 1 in between keeps them async
+                value = convert(b.dtype, f"__fmul_rn({self.expr(inner)}, 1.0f)")
+            elif isinstance(v, ir.Cast) and v.dtype == b.dtype and (v.dtype.name in _WRAPPED or not v.dtype.is_float):
                 value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
             else:
                 value = self.expr(v, 0, double)
