@@ -94,16 +94,24 @@ def test_a_local_beside_the_accumulator_takes_its_layout(bm, ot):
     assert k.compile_log == "", k.compile_log
     layout = "layout wgmma transposed" if bm == 16 else "layout wgmma"
     assert f"  local out: {ot}[{bm}, 128] {layout}\n" in k.ir("plan-gemm"), k.ir("plan-gemm")
+    a, b, c = interpret_beside(src, ot, seed=2)
+    m, n = c.shape
+    want = 2 * (a.astype(np.float32) @ b.astype(np.float32)) + np.arange(m)[:, None] - 0.5 * np.arange(n)[None, :]
+    np.testing.assert_allclose(c.astype(np.float32), want, rtol=2e-3 if ot == "f16" else 1e-5,
+                               atol=0.1 if ot == "f16" else 1e-3)
+
+
+def interpret_beside(src, ot, seed):
+    """A BESIDE program in the interpreter on a 40 x 200 x 136 product of random f16
+    operands: (a, b, the output), its guard checked."""
     m, n, kk = 40, 200, 136
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, kk)).astype(np.float16)
     b = rng.standard_normal((kk, n)).astype(np.float16)
     c = guarded((m, n), ot, like="numpy")
     tilec.compile(src, backend="interpret")(a, b, c.view)
-    want = 2 * (a.astype(np.float32) @ b.astype(np.float32)) + np.arange(m)[:, None] - 0.5 * np.arange(n)[None, :]
-    np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=2e-3 if ot == "f16" else 1e-5,
-                               atol=0.1 if ot == "f16" else 1e-3)
     c.check()
+    return a, b, c.view
 
 
 @pytest.mark.parametrize("value", ["acc[i, j]", "f16(acc[i, j])", "bf16(acc[i, j])"])
@@ -118,12 +126,6 @@ def test_an_accumulator_narrowed_as_it_is_keeps_the_wgmmas_async(value, bm):
     k = tilec.compile(src, arch="sm_90a")
     assert k.compile_log == "", k.compile_log
     assert "__fmul_rn(acc[tl_r], 1.0f)" in k.cuda_source
-    m, n, kk = 40, 200, 136
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((m, kk)).astype(np.float16)
-    b = rng.standard_normal((kk, n)).astype(np.float16)
-    c = guarded((m, n), ot, like="numpy")
-    tilec.compile(src, backend="interpret")(a, b, c.view)
-    c.check()
+    a, b, c = interpret_beside(src, ot, seed=3)
     want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
-    np.testing.assert_allclose(c.view.astype(np.float32), want, rtol=1e-2 if ot == "bf16" else 2e-3, atol=1e-2)
+    np.testing.assert_allclose(c.astype(np.float32), want, rtol=1e-2 if ot == "bf16" else 2e-3, atol=1e-2)
