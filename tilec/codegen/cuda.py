@@ -199,7 +199,7 @@ class _Printer:
         Rows and columns of the product wgmma computes: of acc^T if `transposed`."""
         mt, nw = ir.fragment_tiles(acc, self.threads)
         tile = f" + (tl_r / {nw // 2}) * 64" if mt > 1 else ""
-        row = f"{_fragment_row(acc, self.threads, tile)} + (tl_r % 4) / 2 * 8"
+        row = f"{_fragment_row(acc.wg_cols, mt, tile)} + (tl_r % 4) / 2 * 8"
         col = f"{_fragment_col(acc, self.threads)}(tl_r % {nw // 2}) / 4 * 8 + {_FRAGMENT_COL}"
         return mt, mt * nw // 2, row, col
 
@@ -222,8 +222,7 @@ class _Printer:
         quad (in each of the wg_cols warpgroups over N)."""
         slots = ir.row_slots(b, self.threads)
         tile = " + (tl_q / 2) * 64" if slots > 2 else ""
-        row = f"({_warpgroup_row(b.wg_cols)}) * {slots * 32}{tile} + (threadIdx.x % 128) / 32 * 16 + " \
-              "(threadIdx.x % 32) / 4 + (tl_q % 2) * 8"
+        row = f"{_fragment_row(b.wg_cols, slots // 2, tile)} + (tl_q % 2) * 8"
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_q = 0; tl_q < {slots}; ++tl_q) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, [row]), body)]
         return out + [ind + line for line in body] + [f"{ind}}}"]
@@ -251,14 +250,16 @@ class _Printer:
         return " + ".join(terms)
 
     # ---------------------------------------------------------- statements
-    def block_at(self, body, row_slot) -> list:
+    def block_at(self, body, row_slot, writer="") -> list:
         """A parallel's body (indented 2) in a loop where `row_slot` is the register of a
-        'rows' tile that holds row i."""
-        outer, self.row_slot = self.row_slot, row_slot
+        'rows' tile that holds row i; `writer`: in a loop over a 'rows' tile's rows, which
+        of the lanes holding a row write shared tiles."""
+        outer = self.row_slot, self.rows_writer
+        self.row_slot, self.rows_writer = row_slot, writer
         try:
             return self.block(body, "  ")
         finally:
-            self.row_slot = outer
+            self.row_slot, self.rows_writer = outer
 
     def block(self, body, ind="") -> list:
         out = []
@@ -354,9 +355,9 @@ class _Printer:
                 return self.comment(s, ind) + self.fragment_loop(acc, s.vars, body, ind) + \
                     self.fence_fragments(ind, [acc])
             if rows is not None:        # each row on the 4 lanes of its quad; lane 0 writes shared tiles
-                self.rows_writer = "threadIdx.x % 4 == 0" + \
+                writer = "threadIdx.x % 4 == 0" + \
                     (f" && {_warpgroup_col(rows.wg_cols)} == 0" if rows.wg_cols > 1 else "")
-                return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q"), ind)
+                return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q", writer), ind)
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
         if isinstance(s, ir.Gemm):
             return self.comment(s, ind) + self.gemm(s, ind)
@@ -374,7 +375,7 @@ class _Printer:
                 value = self.cast(v, double)        # s = f16(x): as it reads; o = i8(x): converted once
             else:
                 value = self.expr(v, 0, double)
-            one = f"if ({self.rows_writer}) " if self.row_slot == "tl_q" and b.scope == "shared" else ""
+            one = f"if ({self.rows_writer}) " if self.rows_writer and b.scope == "shared" else ""
             return [f"{ind}{one}{self.element(b, s.indices)} = {value};"]
         if isinstance(s, ir.Fill):
             b = self.k.buffer(s.buffer)
@@ -617,7 +618,7 @@ class _Printer:
         threads = self.threads
         mt, nw = ir.fragment_tiles(src, threads)
         half = nw // 2                          # registers a thread has per m64 tile
-        row0 = _fragment_row(src, threads)
+        row0 = _fragment_row(src.wg_cols, ir.fragment_tiles(src, threads)[0])
         col0 = _fragment_col(src, threads)
         if spread.local == "wgmma rows":        # results: this thread's 2 * mt fragment rows
             loop = ("tl_x", 2 * mt)
@@ -979,7 +980,7 @@ class _Printer:
         row_ok = (f"static_cast<unsigned long long>(tl_y) < static_cast<unsigned long long>(tl_{t.name}_dim{lead})")
         i = ind
         out = [f"{i}{{",
-               f"{i}  const int tl_row = {_fragment_row(acc, self.threads)};",
+               f"{i}  const int tl_row = {_fragment_row(acc.wg_cols, ir.fragment_tiles(acc, self.threads)[0])};",
                f"{i}  const int tl_col = {_fragment_col(acc, self.threads)}{_FRAGMENT_COL};"]
         if outer:
             out += [f"{i}  if ({' && '.join(outer)}) {{"]
@@ -1114,12 +1115,12 @@ def _non_negative(e) -> bool:
     return False
 
 
-def _fragment_row(acc: ir.Buffer, threads: int, tile="") -> str:
-    """The first accumulator row a thread holds in wgmma's m64nNk16 fragments:
-    warpgroup g owns rows (g / wg_cols) * 64 * m_tiles.. (`tile`: + 64 per m64
-    tile), warp w 16 of them, lane l row l / 4 (and row + 8)."""
-    mt, _ = ir.fragment_tiles(acc, threads)
-    return f"({_warpgroup_row(acc.wg_cols)}) * {64 * mt}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
+def _fragment_row(wg_cols: int, m_tiles: int, tile="") -> str:
+    """The first accumulator row a thread holds in wgmma's m64nNk16 fragments (and
+    so the first row of a 'rows' tile beside them): warpgroup g owns rows (g /
+    wg_cols) * 64 * m_tiles.. (`tile`: + 64 per m64 tile), warp w 16 of them, lane l
+    row l / 4 (and row + 8)."""
+    return f"({_warpgroup_row(wg_cols)}) * {64 * m_tiles}{tile} + (threadIdx.x % 128) / 32 * 16 + (threadIdx.x % 32) / 4"
 
 
 def _fragment_col(acc: ir.Buffer, threads: int) -> str:
