@@ -1,9 +1,11 @@
 """tests/attention.tile, a flash-attention forward: two gemms in a rotating K/V loop,
 the scores reduced in the accumulator's fragments and written back as f16 into a
 shared gemm operand by the threads (wgmma's swizzled layout, a proxy fence and a
-block barrier before the second gemm reads it). The interpreter against float64 over
-tile shapes, stages and ragged lengths; the GPU against float64 and torch's
-scaled_dot_product_attention; check-barriers catching the fence left out."""
+block barrier before the second gemm reads it), and tests/attention_overlap.tile,
+two blocks of keys a trip, each gemm running under the threads' work on the other
+block. The interpreter against float64 over tile shapes, stages and ragged lengths;
+the GPU against float64 and torch's scaled_dot_product_attention, and the two
+programs bit for bit; check-barriers catching the fence left out."""
 import warnings
 from dataclasses import replace
 
@@ -21,6 +23,8 @@ from guard import guarded
 from test_rotate import _without
 
 SRC = ROOT / "tests" / "attention.tile"
+OVERLAP = ROOT / "tests" / "attention_overlap.tile"
+PROGRAMS = [SRC, OVERLAP]
 CONFIGS = [dict(BM=64, BN=64, STAGES=2), dict(BM=128, BN=64, STAGES=3), dict(BM=64, BN=128, STAGES=3),
            dict(BM=128, BN=128, STAGES=2)]
 
@@ -45,14 +49,27 @@ def test_it_rotates_and_writes_the_operand_through_its_swizzle():
     assert "wgmma_m64n64k16_f16_bk_zero(s" in k.cuda_source     # fill(s, 0) folded into the first gemm
 
 
+def test_the_overlapping_form_waits_for_each_gemm_where_its_result_is_first_used():
+    from tilec.ir.printer import kernel as show
+    for consts in CONFIGS:
+        k = tilec.compile(OVERLAP, arch="sm_90a", **consts)
+        assert k.compile_log == ""          # no wgmma serialized (C7514 / C7515)
+    text = [x.strip() for x in show(lower(OVERLAP.read_text(), CONFIGS[0]).kernel).splitlines()]
+    qk = text.index(next(x for x in text if x.startswith("gemm q, k1, s1")))
+    assert text[qk + 1] == "wgmma.wait_group 1  (s0 done)"         # S1 goes on under S0's softmax
+    pv = text.index(next(x for x in text if x.startswith("gemm p0, v0, o")))
+    assert text[pv + 1] == "wgmma.wait_group 1  (s1 done)"         # O += P0 v0 goes on under S1's
+
+
+@pytest.mark.parametrize("src", PROGRAMS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("consts", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 @pytest.mark.parametrize("h, lq, s", [(1, 64, 64), (2, 100, 200), (1, 130, 70), (2, 64, 1)])
-def test_attention_in_the_interpreter(consts, h, lq, s):
+def test_attention_in_the_interpreter(src, consts, h, lq, s):
     q, k, v = operands(h, lq, s, seed=lq + s)
     o = guarded((h, lq, 64), np.float16, like="numpy")
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)
-        tilec.compile(SRC, backend="interpret", **consts)(q, k, v, o.view, 0.125)
+        tilec.compile(src, backend="interpret", **consts)(q, k, v, o.view, 0.125)
     o.check()
     np.testing.assert_allclose(o.view.astype(np.float64), reference(q, k, v, 0.125), atol=3e-3, rtol=3e-3)
 
@@ -82,13 +99,18 @@ def test_a_gemm_operand_is_not_copied_out():
 def test_attention_on_the_gpu(consts, h, lq, s):
     import torch
     q, k, v = operands(h, lq, s, seed=lq + s)
-    o = guarded((h, lq, 64), "f16", fill=float("nan"))
+    o, o2 = (guarded((h, lq, 64), "f16", fill=float("nan")) for _ in range(2))
     args = [torch.from_numpy(x).cuda() for x in (q, k, v)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)
-        tilec.compile(SRC, fallback=False, **consts)(*args, o.view, 0.125)
+        one = tilec.compile(SRC, fallback=False, **consts)
+        one(*args, o.view, 0.125)
+        # the same per-block arithmetic with the gemms overlapped, on the same tiles
+        tilec.compile(OVERLAP, fallback=False, **(consts or one.best_config))(*args, o2.view, 0.125)
     torch.cuda.synchronize()
     o.check()
+    o2.check()
+    assert torch.equal(o.view, o2.view)
     got = o.view.cpu().numpy().astype(np.float64)
     np.testing.assert_allclose(got, reference(q, k, v, 0.125), atol=3e-3, rtol=3e-3)
     peer = torch.nn.functional.scaled_dot_product_attention(*[x[None] for x in args], scale=0.125)[0]

@@ -195,20 +195,25 @@ def test_tilec_check_runs_the_checker():
     assert "check-barriers" in PASS_NAMES
 
 
-def test_store_waits_leave_later_groups_in_flight():
-    """insert-barriers' record of the tiles TMA stores still read: a wait for
-    one tile leaves the groups committed after its last store in flight; where
-    paths that stored in other orders meet, a wait waits for everything."""
-    from tilec.passes.insert_barriers import _Stores
-    s = _Stores().add("x").add("y").add("x").add("z")          # groups: x y x z -> x's last is second to last
-    wait, left = s.wait({"x"})
-    assert (wait.pending, left.tiles) == (1, ("z",))
-    wait, left = s.wait({"y", "z"})
-    assert (wait.pending, left.tiles) == (0, ())
-    assert _Stores(("x", "y")).join(_Stores(("y",))) == _Stores(("x", "y"))   # a suffix: the same count holds
-    assert _Stores(("y",)).join(_Stores()) == _Stores(("y",))
-    mixed = _Stores(("x", "y")).join(_Stores(("y", "x")))
-    assert not mixed.ordered and mixed.wait({"y"})[0].pending == 0
+def test_waits_leave_later_groups_in_flight():
+    """insert-barriers' record of asynchronous groups not waited for (the tiles TMA
+    stores still read; a gemm's accumulator and operands): a wait for some names
+    leaves the groups issued after their last group in flight; where paths that
+    issued them in other orders meet, a wait waits for everything."""
+    from tilec.passes.insert_barriers import _InFlight
+    x, y, z = frozenset("x"), frozenset("y"), frozenset("z")
+    s = _InFlight().add("x").add("y").add("x").add("z")         # groups: x y x z -> x's last is second to last
+    pending, done, left = s.wait({"x"})
+    assert (pending, done, left.groups) == (1, (y, x), (z,))
+    pending, done, left = s.wait({"y", "z"})
+    assert (pending, left.groups) == (0, ())
+    acc = _InFlight().add({"acc", "a", "b"}).add({"part", "a1", "b1"})
+    assert acc.wait({"a"})[:2] == (1, (frozenset({"acc", "a", "b"}),))     # an operand: the later gemm goes on
+    assert not acc.touching({"c"}) and acc.names() == {"acc", "a", "b", "part", "a1", "b1"}
+    assert _InFlight((x, y)).join(_InFlight((y,))) == _InFlight((x, y))   # a suffix: the same count holds
+    assert _InFlight((y,)).join(_InFlight()) == _InFlight((y,))
+    mixed = _InFlight((x, y)).join(_InFlight((y, x)))
+    assert not mixed.ordered and mixed.wait({"y"})[0] == 0
 
 
 GEMM_FIXED_K = (ROOT / "examples/gemm.tile").read_text().replace(

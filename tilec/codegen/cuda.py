@@ -313,7 +313,7 @@ class _Printer:
         if isinstance(s, ir.MbarrierArrive):
             return [f"{ind}if (threadIdx.x % 128 == 0) mbarrier_arrive({self.bar(s.barrier, s.index)});"]
         if isinstance(s, ir.WgmmaWait):
-            fence = self.fence_fragments(ind) if s.pending == 0 else []
+            fence = self.fence_fragments(ind, None if s.pending == 0 else [self.k.buffer(a) for a in s.accs])
             return [f"{ind}wgmma_wait_group<{s.pending}>();"] + fence
         if isinstance(s, ir.FlipPhase):
             return [f"{ind}tl_phase_{s.barrier} ^= 1;"]

@@ -509,8 +509,10 @@ class MbarrierArrive(Stmt):
 
 @dataclass(frozen=True)
 class WgmmaWait(Stmt):
-    """wgmma.wait_group: at most `pending` committed wgmma groups still in flight."""
+    """wgmma.wait_group: at most `pending` committed wgmma groups still in flight;
+    `accs`: the accumulators of the groups it retires (where some stay in flight)."""
     pending: int
+    accs: tuple = ()
     span: Optional[Span] = SPAN
 
 

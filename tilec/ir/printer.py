@@ -143,7 +143,7 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.MbarrierArrive):
         return [f"{ind}mbarrier.arrive {_bar(s.barrier, s.index)} (one thread per warpgroup){L}"]
     if isinstance(s, ir.WgmmaWait):
-        return [f"{ind}wgmma.wait_group {s.pending}"]
+        return [f"{ind}wgmma.wait_group {s.pending}" + (f"  ({', '.join(s.accs)} done)" if s.pending else "")]
     if isinstance(s, ir.FlipPhase):
         return [f"{ind}phase({s.barrier}) ^= 1"]
     if isinstance(s, ir.RingAdvance):

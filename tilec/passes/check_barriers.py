@@ -185,6 +185,7 @@ class _State:
     env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
     wgmma: list = field(default_factory=list)          # each wgmma group in flight: the tiles it reads, its acc
     released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
+    wgmma_read: set = field(default_factory=set)       # operands of wgmmas issued since the last block barrier
 
     def __deepcopy__(self, memo):
         """copy.deepcopy by hand (a path's fork copies the state; the generic copy was a
@@ -193,7 +194,7 @@ class _State:
         return _State({n: b.clone() for n, b in self.bars.items()}, dict(self.phase), dict(self.unwaited),
                       {t: set(c) for t, c in self.visible.items()}, set(self.touched), set(self.written),
                       set(self.fenced), [set(g) for g in self.groups], set(self.uncommitted), dict(self.env),
-                      [set(w) for w in self.wgmma], dict(self.released))
+                      [set(w) for w in self.wgmma], dict(self.released), set(self.wgmma_read))
 
 
 def _fingerprint(st) -> tuple:
@@ -207,7 +208,7 @@ def _fingerprint(st) -> tuple:
             tuple((t, frozenset(c)) for t, c in st.visible.items()),
             frozenset(st.touched), frozenset(st.written), frozenset(st.fenced),
             tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted), tuple(st.env.items()),
-            tuple(frozenset(w) for w in st.wgmma), tuple(st.released.items()))
+            tuple(frozenset(w) for w in st.wgmma), tuple(st.released.items()), frozenset(st.wgmma_read))
 
 
 def _distinct(states) -> list:
@@ -349,6 +350,7 @@ class _Checker:
         self.dropped = False        # paths past MAX_PATHS were left unexplored
         self._accesses = {}         # id(statement) -> (statement, reads, writes, local tiles touched)
         self.local = {b.name for b in k.buffers if b.scope == "local"}
+        self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
         self.period = math.lcm(2, *(2 * n for n in rings))
@@ -669,6 +671,7 @@ class _Checker:
         elif isinstance(s, ir.Gemm):
             self.thread_access(s, st, classes)
             st.wgmma.append({self.tile(st, t, s.stage) for t in (s.a, s.b)} | {s.acc})
+            st.wgmma_read |= {self.tile(st, t, s.stage) for t in (s.a, s.b)}
         elif isinstance(s, ir.FlipPhase):
             for c in classes:
                 st.phase[(s.barrier, c)] ^= 1
@@ -682,7 +685,11 @@ class _Checker:
                       "program, and the consumers' block barriers are theirs alone", s.span)
             if classes != (T0, REST):
                 _fail("a block barrier inside a one-thread block deadlocks", s.span)
-            st.touched = {t for t in st.touched if t.partition("@")[0] in self.refilled}
+            # a tile a wgmma in flight reads stays used: only a block barrier after every
+            # warpgroup's wait for that wgmma lets threads or TMA overwrite it
+            st.touched = {t for t in st.touched if t.partition("@")[0] in self.refilled or
+                          any(t in group for group in st.wgmma)}
+            st.wgmma_read = {t for t in st.wgmma_read if any(t in group for group in st.wgmma)}
             st.written -= st.fenced
             st.fenced.clear()
             for t, seen in st.visible.items():
@@ -703,7 +710,7 @@ class _Checker:
             st.uncommitted = set()
         elif isinstance(s, ir.BulkWait):
             st.groups = st.groups[len(st.groups) - s.pending:] if s.pending else []
-        elif self.accesses(s) != (set(), set()):
+        elif self.accesses(s) != (set(), set()) or self.local_accesses(s):
             self.thread_access(s, st, classes)      # threads touching tiles (copies, fill, parallel, tails, ...)
 
     def bar_name(self, st, name, index, s):
@@ -839,6 +846,15 @@ class _Checker:
         for t in writes:
             if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
+        under = {self.alias[t.partition("@")[0]] for t in writes if t.partition("@")[0] in self.alias}
+        for group in st.wgmma:
+            for t in sorted(g for g in group if g in writes or g.partition("@")[0] in under):
+                _fail(f"threads overwrite '{t}' while a wgmma may still read it (no wgmma.wait_group after the "
+                      "gemm)", s.span)
+        for t in sorted(t for t in st.wgmma_read if t in writes or t.partition("@")[0] in under):
+            # wgmma.wait_group waits for the warpgroup's own wgmmas: another's may still read it
+            _fail(f"threads overwrite '{t}', which a wgmma read, without a block barrier after every warpgroup's "
+                  "wgmma.wait_group", s.span)
         if not isinstance(s, ir.Gemm):     # (a gemm adds to the accumulator of the wgmmas before it, in order)
             for t in sorted(self.local_accesses(s)):
                 if any(t in group for group in st.wgmma):
@@ -870,6 +886,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if _storing(st):
             span = next((s.span for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaStore)), None)
             _fail("the kernel can exit while a TMA store still reads shared memory (no wait_group)", span)
+        if st.wgmma:
+            span = next((s.span for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)), None)
+            _fail("the kernel can exit while a wgmma is in flight (no wgmma.wait_group)", span)
     if ch.dropped:      # said as a tilec.CheckIncompleteWarning by compiler.lower and on disk-cache hits
         where = f"{k.span}: " if k.span is not None else ""
         k = replace(k, check_notes=k.check_notes + (

@@ -37,34 +37,42 @@ WGMMA_GROUPS_IN_FLIGHT = 1
 
 
 @dataclass(frozen=True)
-class _Stores:
-    """The tiles TMA stores may still be reading: each once, in the order of its
-    last bulk group, so a wait for some of them leaves the later groups in
-    flight (wait_group.read N). Where paths that stored in different orders
-    meet, only which tiles is known (`ordered` off), and a wait waits for all."""
-    tiles: tuple = ()
+class _InFlight:
+    """Asynchronous groups not waited for yet, each named by what it uses (a frozenset:
+    the tile a TMA store reads; a gemm's accumulator and operand tiles), each once, in
+    the order of its last issue, so a wait for some of them leaves the later groups in
+    flight (wait_group N). Forgetting an earlier issue of the same group is safe: the
+    wait that retires the later one retires it too. Where paths that issued them in
+    different orders meet, only which is known (`ordered` off), and a wait waits for
+    all."""
+    groups: tuple = ()
     ordered: bool = True
 
     def __bool__(self):
-        return bool(self.tiles)
+        return bool(self.groups)
 
-    def reading(self, tiles) -> bool:
-        return any(t in tiles for t in self.tiles)
+    def touching(self, names) -> bool:
+        return any(g & names for g in self.groups)
 
-    def add(self, t) -> "_Stores":
-        return _Stores(tuple(x for x in self.tiles if x != t) + (t,), self.ordered)
+    def names(self) -> set:
+        return set().union(*self.groups)
 
-    def wait(self, tiles):
-        """(the wait for the stores reading `tiles`, what is left in flight)."""
-        last = max(i for i, t in enumerate(self.tiles) if t in tiles)
-        left = _Stores(self.tiles[last + 1:]) if self.ordered else _Stores()
-        return ir.BulkWait(read=True, pending=len(left.tiles)), left
+    def add(self, names) -> "_InFlight":
+        g = frozenset(names)
+        return _InFlight(tuple(x for x in self.groups if x != g) + (g,), self.ordered)
 
-    def join(self, other) -> "_Stores":
+    def wait(self, names):
+        """(how many groups may stay in flight so that those using `names` are done,
+        the groups that wait retires, what is left in flight)."""
+        last = max(i for i, g in enumerate(self.groups) if g & names)
+        left = _InFlight(self.groups[last + 1:]) if self.ordered else _InFlight()
+        return len(left.groups), self.groups[:last + 1] if self.ordered else self.groups, left
+
+    def join(self, other) -> "_InFlight":
         for a, b in ((self, other), (other, self)):
-            if a.ordered and b.ordered and a.tiles[len(a.tiles) - len(b.tiles):] == b.tiles:
+            if a.ordered and b.ordered and a.groups[len(a.groups) - len(b.groups):] == b.groups:
                 return a        # b's groups are a's last ones: a wait computed on a is right on b
-        return _Stores(tuple(sorted(set(self.tiles) | set(other.tiles))), False)
+        return _InFlight(tuple(sorted(set(self.groups) | set(other.groups), key=sorted)), False)
 
 
 @dataclass
@@ -73,7 +81,8 @@ class _State:
     thread_read: set = field(default_factory=set)     # tiles read by threads since the last block barrier
     thread_written: set = field(default_factory=set)  # ... written by threads since the last block barrier
     unfenced: set = field(default_factory=set)        # written by threads since the last proxy fence
-    storing: _Stores = _Stores()                      # read by a TMA store not yet waited for
+    storing: _InFlight = _InFlight()                  # read by a TMA store not yet waited for
+    wgmma: _InFlight = _InFlight()                    # a gemm's accumulator and operands, its wgmmas in flight
     one_thread_seen: set = field(default_factory=set)  # waited by thread 0 only: others need a barrier
     observed: set = field(default_factory=set)        # its load's phase was waited on by every thread
     # Kernel.rereads tensors: TMA-stored, the stores not known complete; written by threads since
@@ -84,13 +93,13 @@ class _State:
 
     def copy(self):
         return _State(dict(self.pending), set(self.thread_read), set(self.thread_written),
-                      set(self.unfenced), self.storing, set(self.one_thread_seen), set(self.observed),
+                      set(self.unfenced), self.storing, self.wgmma, set(self.one_thread_seen), set(self.observed),
                       set(self.stored_global), set(self.written_global), set(self.unfenced_global))
 
     def join(self, other):
         assert not self.pending and not other.pending
         return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
-                      self.unfenced | other.unfenced, self.storing.join(other.storing),
+                      self.unfenced | other.unfenced, self.storing.join(other.storing), self.wgmma.join(other.wgmma),
                       self.one_thread_seen | other.one_thread_seen, self.observed | other.observed,
                       self.stored_global | other.stored_global, self.written_global | other.written_global,
                       self.unfenced_global | other.unfenced_global)
@@ -118,6 +127,7 @@ class _Inserter:
         self.barriers = []
         self.bar_tiles = {}
         self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
+        self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"}
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
         name = f"{prefix}{len(self.barriers)}"
@@ -153,7 +163,9 @@ class _Inserter:
             st.unfenced.clear()
         out.append(ir.SyncThreads(span=span))
         st.written_global.clear()
-        st.thread_read.clear()
+        # a tile a wgmma in flight reads stays read: the barrier that lets threads or TMA
+        # overwrite it comes after every warpgroup's wait for that wgmma
+        st.thread_read &= st.wgmma.names()
         st.thread_written.clear()
         st.one_thread_seen.clear()
         st.observed.clear()
@@ -186,12 +198,15 @@ class _Inserter:
                 st.unfenced_global |= self.reread({s.tensor})
             elif isinstance(s, ir.For) and s.ring:
                 self.flush(st, out, s.span)
+                if st.wgmma:        # a ring counts its own groups in flight
+                    self.wait_wgmma(st, st.wgmma.names(), out, s.span)
                 self.pipeline(s, st, out, in_loop)
             elif isinstance(s, ir.For) and s.rotate:
                 self.flush(st, out, s.span)
                 self.rotate(s, st, out)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
+                self.wgmma_used_in(s, st, out)
                 entry = self.back_edge_state(s.body, st)
                 body_out = self.block(s.body, entry.copy(), True)
                 exit_state = self._last_state
@@ -200,6 +215,7 @@ class _Inserter:
                 self._assign(st, new)
             elif isinstance(s, ir.If):
                 self.flush(st, out, s.span)
+                self.wgmma_used_in(s, st, out)
                 then = self.block(s.then, st.copy(), in_loop)
                 then_state = self._last_state
                 orelse = self.block(s.orelse, st.copy(), in_loop)
@@ -217,6 +233,7 @@ class _Inserter:
     def _assign(st, new):
         st.pending, st.thread_read, st.thread_written = new.pending, new.thread_read, new.thread_written
         st.unfenced, st.storing, st.one_thread_seen = new.unfenced, new.storing, new.one_thread_seen
+        st.wgmma = new.wgmma
         st.observed, st.stored_global, st.written_global = new.observed, new.stored_global, new.written_global
         st.unfenced_global = new.unfenced_global
 
@@ -431,16 +448,42 @@ class _Inserter:
         tile), are waited for, and threads that used any of it since the last
         block barrier meet at one (after a proxy fence if they wrote it)."""
         mem = set(tiles) | {b.name for b in self.k.buffers if b.alias in tiles}
-        if st.storing.reading(mem):
+        if st.storing.touching(mem):
             self.wait_stores(st, mem, out)
+        if st.wgmma.touching(mem):
+            self.wait_wgmma(st, mem, out, span)
         if mem & (st.thread_read | st.thread_written | st.unfenced | st.observed):
             self.sync(st, out, fence=bool(mem & st.unfenced), span=span)
 
     @staticmethod
     def wait_stores(st, tiles, out):
         """Thread 0 waits until the TMA stores reading `tiles` have read them."""
-        wait, st.storing = st.storing.wait(tiles)
-        out.append(ir.OneThread((wait,)))
+        pending, _, st.storing = st.storing.wait(tiles)
+        out.append(ir.OneThread((ir.BulkWait(read=True, pending=pending),)))
+
+    def wgmma_used_in(self, s, st, out):
+        """Before `s` (a statement, or a loop or `if` as a whole: ptxas serializes every
+        wgmma of a kernel that waits for one inside a branch or loop and reads its
+        accumulator after it, C7514): the wgmmas in flight whose accumulators it uses
+        (a warpgroup's registers; a gemm adds to its accumulator after the wgmmas before
+        it, in order) or whose operands it overwrites (the tiles under a staging tile
+        too) are waited for."""
+        if not st.wgmma:
+            return
+        e = deep(self.k, s)
+        shared = {b.name for b in self.k.buffers if b.scope == "shared"}
+        writes = e.writes & shared
+        under = {self.k.buffer(t).alias for t in writes if self.k.buffer(t).alias}
+        used = (e.reads | e.writes) & self.accumulators - ({s.acc} if isinstance(s, ir.Gemm) else set())
+        if st.wgmma.touching(used | writes | under):
+            self.wait_wgmma(st, used | writes | under, out, s.span)
+
+    def wait_wgmma(self, st, names, out, span):
+        """Every warpgroup waits until its wgmmas using `names` (accumulators, operand
+        tiles) have retired; a gemm's group is waited for no earlier (a later gemm, or
+        the threads' work on other tiles, overlaps it)."""
+        pending, done, st.wgmma = st.wgmma.wait(names)
+        out.append(ir.WgmmaWait(pending, tuple(sorted(self.accumulators.intersection(*done))), span=span))
 
     def store(self, run, st, out):
         """TMA stores of one tile (its boxes), committed as one bulk group."""
@@ -451,7 +494,7 @@ class _Inserter:
         if t in st.unfenced:
             self.sync(st, out, fence=True, span=span)
         out.append(ir.OneThread((*run, ir.BulkCommit())))
-        st.storing = st.storing.add(t)
+        st.storing = st.storing.add({t})
         st.stored_global |= self.reread({run[0].tensor})
 
     def before_global_access(self, reads, writes, st, out, span, tma):
@@ -469,7 +512,7 @@ class _Inserter:
         if touched & st.stored_global:
             out.append(ir.OneThread((ir.BulkWait(read=False),)))
             st.stored_global.clear()
-            st.storing = _Stores()      # complete: their reads of shared memory too
+            st.storing = _InFlight()    # complete: their reads of shared memory too
             need_sync |= not tma
         if tma and touched & st.unfenced_global:
             out.append(ir.ProxyFence(span=span, space="global"))
@@ -497,13 +540,14 @@ class _Inserter:
         for t in sorted(under):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
-        if st.storing.reading(under):
+        if st.storing.touching(under):
             self.wait_stores(st, under, out)
+        self.wgmma_used_in(s, st, out)
         for t in sorted(touched):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
         need_sync = bool(touched & st.one_thread_seen)
-        if st.storing.reading(writes):
+        if st.storing.touching(writes):
             self.wait_stores(st, writes, out)
             need_sync = True
         if reads & st.thread_written or writes & (st.thread_written | st.thread_read):
@@ -517,8 +561,8 @@ class _Inserter:
         if need_sync:
             self.sync(st, out, fence=fence, span=s.span)
         out.append(s)
-        if isinstance(s, ir.Gemm):
-            out.append(ir.WgmmaWait(0, span=s.span))
+        if isinstance(s, ir.Gemm):      # waited for where something first needs it done
+            st.wgmma = st.wgmma.add({s.acc, s.a, s.b})
         st.thread_read |= reads
         st.thread_written |= writes
         st.unfenced |= writes
@@ -611,6 +655,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     ins = _Inserter(k, opts.expect_tx_skew)
     st = _State()
     body = list(ins.block(k.body, st, False))
+    if st.wgmma:
+        ins.wait_wgmma(st, st.wgmma.names(), body, k.span)      # none in flight as the block exits
     if st.storing:
         body.append(ir.OneThread((ir.BulkWait(read=True),)))    # all of them, before the block exits
     if ins.producer_loops:
