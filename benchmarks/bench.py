@@ -196,6 +196,44 @@ def bench_rowsum(rows):
                      nbytes / t_tilec / 1e9, nbytes / t_torch / 1e9, "GB/s", ratio))
 
 
+def bench_softmax(rows):
+    """tests/softmax.tile (one pass where a row fits a tile, else two; tuned on the first
+    call of each shape) against torch.softmax over the rows, f16 in and out; GB/s of X
+    read once and Y written once. A test program, not a shipped example."""
+    import torch
+    k = tilec.compile(str(ROOT / "tests/softmax.tile"))
+    for m, n in ((32768, 512), (8192, 1024), (4096, 1000), (4096, 4096), (2048, 32768)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.float16)
+        y = torch.empty_like(x)
+        k(x, y)                 # tunes
+        err = (y.float() - torch.softmax(x.float(), 1)).abs().max().item()
+        assert err < 1e-3, f"softmax {m}x{n}: error {err}"
+        t_tilec, t_torch, ratio = compare(lambda: k(x, y), lambda: torch.softmax(x, 1))
+        nbytes = 2 * x.numel() * 2
+        rows.append((f"softmax {m}x{n} f16", "torch.softmax", nbytes / t_tilec / 1e9, nbytes / t_torch / 1e9,
+                     "GB/s", ratio, chosen(k)))
+
+
+def bench_attention(rows):
+    """tests/attention_overlap.tile (flash-attention forward, heads of 64, two key blocks
+    a trip; tuned on the first call of each shape) against torch's
+    scaled_dot_product_attention on the same [H, L, 64] f16 tensors. A test program."""
+    import torch
+    k = tilec.compile(str(ROOT / "tests/attention_overlap.tile"))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for h, length in ((32, 1024), (16, 4096), (8, 8192)):
+        q, kk, v = (torch.randn(h, length, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.empty_like(q)
+        k(q, kk, v, o, 0.125)   # tunes
+        peer = lambda: sdpa(q[None], kk[None], v[None], scale=0.125)  # noqa: E731
+        err = (o.float() - peer()[0].float()).abs().max().item()
+        assert err < 2e-3, f"attention {h}x{length}: error {err}"
+        t_tilec, t_torch, ratio = compare(lambda: k(q, kk, v, o, 0.125), peer)
+        flops = 4 * h * length * length * 64
+        rows.append((f"attention {h} heads x {length}, d 64 f16", "torch SDPA", flops / t_tilec / 1e12,
+                     flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
+
+
 def bench_im2col(rows):
     """ResNet-50 layer: N=128, 56x56, C=64, 3x3, stride 1, pad 1 -> a [401408, 576] f16 matrix."""
     import torch
@@ -769,7 +807,8 @@ def bench_compile(rows):
                          "ms", None))
 
 
-BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_im2col,
+BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_softmax,
+           bench_attention, bench_im2col,
            bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8,
            bench_gemm_f8_blockscaled, bench_conv2d,
            bench_host)

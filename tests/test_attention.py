@@ -26,7 +26,7 @@ SRC = ROOT / "tests" / "attention.tile"
 OVERLAP = ROOT / "tests" / "attention_overlap.tile"
 PROGRAMS = [SRC, OVERLAP]
 CONFIGS = [dict(BM=64, BN=64, STAGES=2), dict(BM=128, BN=64, STAGES=3), dict(BM=64, BN=128, STAGES=3),
-           dict(BM=128, BN=128, STAGES=2)]
+           dict(BM=128, BN=128, STAGES=2), dict(BM=64, BN=128, STAGES=1)]
 
 
 def operands(h, lq, s, seed=0):
