@@ -215,23 +215,25 @@ def bench_softmax(rows):
 
 
 def bench_attention(rows):
-    """tests/attention_overlap.tile (flash-attention forward, heads of 64, two key blocks
-    a trip; tuned on the first call of each shape) against torch's
-    scaled_dot_product_attention on the same [H, L, 64] f16 tensors. A test program."""
+    """tests/attention.tile and tests/attention_overlap.tile (flash-attention forward,
+    heads of 64; one or two key blocks a trip; each tuned on the first call of each
+    shape) against torch's scaled_dot_product_attention on the same [H, L, 64] f16
+    tensors. Test programs, not shipped examples."""
     import torch
-    k = tilec.compile(str(ROOT / "tests/attention_overlap.tile"))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    for h, length in ((32, 1024), (16, 4096), (8, 8192)):
-        q, kk, v = (torch.randn(h, length, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-        o = torch.empty_like(q)
-        k(q, kk, v, o, 0.125)   # tunes
-        peer = lambda: sdpa(q[None], kk[None], v[None], scale=0.125)  # noqa: E731
-        err = (o.float() - peer()[0].float()).abs().max().item()
-        assert err < 2e-3, f"attention {h}x{length}: error {err}"
-        t_tilec, t_torch, ratio = compare(lambda: k(q, kk, v, o, 0.125), peer)
-        flops = 4 * h * length * length * 64
-        rows.append((f"attention {h} heads x {length}, d 64 f16", "torch SDPA", flops / t_tilec / 1e12,
-                     flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
+    for program in ("attention", "attention_overlap"):
+        k = tilec.compile(str(ROOT / f"tests/{program}.tile"))
+        for h, length in ((32, 1024), (16, 4096), (8, 8192)):
+            q, kk, v = (torch.randn(h, length, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+            o = torch.empty_like(q)
+            k(q, kk, v, o, 0.125)   # tunes
+            peer = lambda: sdpa(q[None], kk[None], v[None], scale=0.125)  # noqa: E731
+            err = (o.float() - peer()[0].float()).abs().max().item()
+            assert err < 2e-3, f"{program} {h}x{length}: error {err}"
+            t_tilec, t_torch, ratio = compare(lambda: k(q, kk, v, o, 0.125), peer)
+            flops = 4 * h * length * length * 64
+            rows.append((f"{program}.tile {h} heads x {length}, d 64 f16", "torch SDPA", flops / t_tilec / 1e12,
+                         flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
 
 
 def bench_im2col(rows):
