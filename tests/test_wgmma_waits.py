@@ -117,6 +117,21 @@ def test_the_cuda_pins_only_the_accumulator_that_wait_retires():
     assert cuda[at:].splitlines()[1].strip() == "wgmma_fence_operand(part);"
 
 
+def test_a_wait_that_retires_two_groups_pins_both_accumulators():
+    """gemm into part, then other, then third; a statement reading part and other waits
+    for both (wait_group 1: third goes on), and the CUDA pins both accumulators there."""
+    src = TWO.replace("    local part: f32[BM, BN];\n", "    local part: f32[BM, BN];\n    local third: f32[BM, BN];\n")
+    src = src.replace("        gemm(a, d, other);\n", "        gemm(a, d, other);\n        gemm(a, b, third);\n")
+    src = src.replace("part[i, j] * f32(k + 1);", "part[i, j] * f32(k + 1) + other[i, j];")
+    src = src.replace("    copy(other, E[by * BM, bx * BN]);", "    copy(third, E[by * BM, bx * BN]);")
+    text = lines(after(src))
+    at = text.index(next(x for x in text if x.startswith("gemm a, b, third")))
+    assert text[at + 1] == "wgmma.wait_group 1  (other, part done)"
+    cuda = tilec.compile(src, arch="sm_90a").cuda_source
+    after_wait = cuda[cuda.index("wgmma_wait_group<1>();"):].splitlines()[1:3]
+    assert [x.strip() for x in after_wait] == ["wgmma_fence_operand(other);", "wgmma_fence_operand(part);"]
+
+
 def test_threads_overwrite_an_operand_after_the_wait_and_a_block_barrier():
     text = lines(after(OVERWRITE))
     second = text.index("parallel (i, c) in (128, 64) {  // line 16")

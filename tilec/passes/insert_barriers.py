@@ -483,7 +483,7 @@ class _Inserter:
         tiles) have retired; a gemm's group is waited for no earlier (a later gemm, or
         the threads' work on other tiles, overlaps it)."""
         pending, done, st.wgmma = st.wgmma.wait(names)
-        out.append(ir.WgmmaWait(pending, tuple(sorted(self.accumulators.intersection(*done))), span=span))
+        out.append(ir.WgmmaWait(pending, tuple(sorted(self.accumulators & set().union(*done))), span=span))
 
     def store(self, run, st, out):
         """TMA stores of one tile (its boxes), committed as one bulk group."""
