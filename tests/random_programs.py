@@ -1015,6 +1015,8 @@ class Gemm:
     epilogue: list       # statements of a parallel over (BM, BN)
     out: bool            # the epilogue writes `local out: ct[BM, BN]`, stored instead of acc
     blocks: bool = False  # each K step's gemm into `part` (from 0), which threads add to acc: a rotating body
+    halves: bool = False  # ... and a second gemm into `part2`, both halved into acc: the first is waited for
+                          # while the second runs (wgmma.wait_group 1)
     staged: bool = False  # A's tile loads into `a_in` and threads copy it into the operand `a` (its swizzle)
     rows: str = ""       # after the K loop: acc's rows reduced (this op) into `local rv: f32[BM]`, which lives
                          # in acc's rows, and subtracted from them (rv[i] read beside acc)
@@ -1071,6 +1073,7 @@ class Gemm:
                 f"    local acc: f32[BM, BN];\n"
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
+                + ("    local part2: f32[BM, BN];\n" if self.halves else "")
                 + ("    local rv: f32[BM];\n" if self.rows else "")
                 + self.init_text()
                 + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
@@ -1081,6 +1084,16 @@ class Gemm:
                    f"            a[r, c] = a_in[r, c];\n"
                    f"        }}\n" if self.staged else "")
                 + (f"        fill(part, 0);\n"
+                   f"        gemm(a, b, part{flags});\n"
+                   f"        fill(part2, 0);\n"
+                   f"        gemm(a, b, part2{flags});\n"
+                   f"        parallel (i, j) in (BM, BN) {{\n"
+                   f"            acc[i, j] = acc[i, j] + part[i, j] * 0.5;\n"
+                   f"        }}\n"
+                   f"        parallel (i, j) in (BM, BN) {{\n"
+                   f"            acc[i, j] = acc[i, j] + part2[i, j] * 0.5;\n"
+                   f"        }}\n" if self.halves else
+                   f"        fill(part, 0);\n"
                    f"        gemm(a, b, part{flags});\n"
                    f"        parallel (i, j) in (BM, BN) {{\n"
                    f"            acc[i, j] = acc[i, j] + part[i, j];\n"
@@ -1223,6 +1236,8 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     # K steps into `part`, added to acc by threads (a rotating body: no producer, no stream-K)
     blocks = not producer and not stream_k and (2 + out) * bm * bn // threads + 26 <= regs and \
         draw(st.integers(0, 2)) == 0
+    # ... in two halves, two gemms in flight (exact: integer sums halved, multiples of 0.5)
+    halves = blocks and (3 + out) * bm * bn // threads + 26 <= regs and draw(st.booleans())
     # A's operand written by the threads from a plain tile (a rotating body too)
     staged = not producer and not stream_k and draw(st.integers(0, 3)) == 0
     # acc's rows reduced into a local tile that lives in them: where quads hold the rows (no
@@ -1241,7 +1256,7 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out, blocks=blocks, staged=staged, rows=rows,
+                init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, rows=rows,
                 rows_step=rows_step), list(tiles.values())
 
 
