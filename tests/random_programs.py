@@ -1083,21 +1083,7 @@ class Gemm:
                 + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
                    f"            a[r, c] = a_in[r, c];\n"
                    f"        }}\n" if self.staged else "")
-                + (f"        fill(part, 0);\n"
-                   f"        gemm(a, b, part{flags});\n"
-                   f"        fill(part2, 0);\n"
-                   f"        gemm(a, b, part2{flags});\n"
-                   f"        parallel (i, j) in (BM, BN) {{\n"
-                   f"            acc[i, j] = acc[i, j] + part[i, j] * 0.5;\n"
-                   f"        }}\n"
-                   f"        parallel (i, j) in (BM, BN) {{\n"
-                   f"            acc[i, j] = acc[i, j] + part2[i, j] * 0.5;\n"
-                   f"        }}\n" if self.halves else
-                   f"        fill(part, 0);\n"
-                   f"        gemm(a, b, part{flags});\n"
-                   f"        parallel (i, j) in (BM, BN) {{\n"
-                   f"            acc[i, j] = acc[i, j] + part[i, j];\n"
-                   f"        }}\n" if self.blocks else f"        gemm(a, b, acc{flags});\n")
+                + self.k_step(flags)
                 + "    }\n"
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
@@ -1106,6 +1092,15 @@ class Gemm:
                    if self.rows else "")
                 + epilogue
                 + f"    copy({'out' if self.out else 'acc'}, {C}[by * BM, bx * BN]);\n}}\n")
+
+    def k_step(self, flags) -> str:
+        """A K step's gemm: into acc, or into `part` (and `part2`: halves) that threads add to acc."""
+        if not self.blocks:
+            return f"        gemm(a, b, acc{flags});\n"
+        parts, half = (("part", "part2"), " * 0.5") if self.halves else (("part",), "")
+        return "".join(f"        fill({p}, 0);\n        gemm(a, b, {p}{flags});\n" for p in parts) + \
+            "".join(f"        parallel (i, j) in (BM, BN) {{\n            acc[i, j] = acc[i, j] + {p}[i, j]{half};\n"
+                    "        }\n" for p in parts)
 
     def inputs(self, prog, rng):
         out = {}

@@ -18,6 +18,7 @@ from tilec.passes import Options, check_barriers
 from tilec.passes.check_barriers import BarrierBug
 
 from guard import guarded
+from test_rotate import _without
 
 # C = sum over K blocks k of (k + 1) * A_k B_k, through `part`, while E = A D goes on
 # in `other`: the scaling of part waits for part's wgmmas only (wait_group 1)
@@ -191,40 +192,28 @@ def test_an_overwritten_operand_on_the_gpu(m, n):
     assert np.array_equal(c.view.cpu().numpy(), 5 * (a.astype(np.float64) @ b.astype(np.float64)))
 
 
-def _edit(body, edit):
-    """`body` with `edit` (a list of statements -> a list) applied to every block."""
+def _barrier_first(body):
+    """`body` with each wgmma.wait_group that a block barrier follows moved after it."""
     out = []
     for s in body:
-        nested = {f: _edit(getattr(s, f), edit) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
-        out.append(replace(s, **nested) if nested else s)
-    return tuple(edit(out))
+        nested = {f: _barrier_first(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+        s = replace(s, **nested) if nested else s
+        if isinstance(s, ir.SyncThreads) and out and isinstance(out[-1], ir.WgmmaWait):
+            out.insert(len(out) - 1, s)
+        else:
+            out.append(s)
+    return tuple(out)
 
 
-def _drop_waits(stmts):
-    return [s for s in stmts if not isinstance(s, ir.WgmmaWait)]
-
-
-def _drop_partial_waits(stmts):
-    return [s for s in stmts if not (isinstance(s, ir.WgmmaWait) and s.pending)]
-
-
-def _drop_full_waits(stmts):
-    return [s for s in stmts if not (isinstance(s, ir.WgmmaWait) and not s.pending)]
-
-
-def _barrier_first(stmts):
-    """Each wgmma.wait_group followed by a block barrier, the barrier moved before it."""
-    out = list(stmts)
-    for i in range(len(out) - 1):
-        if isinstance(out[i], ir.WgmmaWait) and isinstance(out[i + 1], ir.SyncThreads):
-            out[i], out[i + 1] = out[i + 1], out[i]
-    return out
+def _drop_waits(pending):
+    """`body` without the wgmma.wait_groups that leave `pending` (None: any) groups in flight."""
+    return lambda body: _without(body, lambda s: isinstance(s, ir.WgmmaWait) and pending in (None, s.pending))
 
 
 @pytest.mark.parametrize("src, edit, broken", [
-    (TWO, _drop_partial_waits, "threads use 'part' while a wgmma may still write it"),
-    (TWO, _drop_full_waits, "TMA load overwrites 'a' while a wgmma may still read it"),
-    (OVERWRITE, _drop_waits, "threads overwrite 'p' while a wgmma may still read it"),
+    (TWO, _drop_waits(1), "threads use 'part' while a wgmma may still write it"),
+    (TWO, _drop_waits(0), "TMA load overwrites 'a' while a wgmma may still read it"),
+    (OVERWRITE, _drop_waits(None), "threads overwrite 'p' while a wgmma may still read it"),
     (OVERWRITE, _barrier_first, "threads overwrite 'p', which a wgmma read, without a block barrier after every "
                                 "warpgroup's wgmma.wait_group"),
     (TWO, _barrier_first, "TMA load overwrites 'a', which threads used, without a block barrier"),
@@ -233,4 +222,4 @@ def test_check_barriers_catches_a_wait_left_out_or_after_the_barrier(src, edit, 
     k = after(src)
     check_barriers.run(k, Options())
     with pytest.raises(BarrierBug, match=broken):
-        check_barriers.run(replace(k, body=_edit(k.body, edit)), Options())
+        check_barriers.run(replace(k, body=edit(k.body)), Options())

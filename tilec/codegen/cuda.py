@@ -618,7 +618,7 @@ class _Printer:
         threads = self.threads
         mt, nw = ir.fragment_tiles(src, threads)
         half = nw // 2                          # registers a thread has per m64 tile
-        row0 = _fragment_row(src.wg_cols, ir.fragment_tiles(src, threads)[0])
+        row0 = _fragment_row(src.wg_cols, mt)
         col0 = _fragment_col(src, threads)
         if spread.local == "wgmma rows":        # results: this thread's 2 * mt fragment rows
             loop = ("tl_x", 2 * mt)

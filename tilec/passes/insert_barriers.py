@@ -461,6 +461,10 @@ class _Inserter:
         pending, _, st.storing = st.storing.wait(tiles)
         out.append(ir.OneThread((ir.BulkWait(read=True, pending=pending),)))
 
+    def under(self, tiles) -> set:
+        """The tiles whose memory `tiles` are placed over (the gemm epilogue's staging tile)."""
+        return {self.k.buffer(t).alias for t in tiles if self.k.buffer(t) and self.k.buffer(t).alias}
+
     def wgmma_used_in(self, s, st, out):
         """Before `s` (a statement, or a loop or `if` as a whole: ptxas serializes every
         wgmma of a kernel that waits for one inside a branch or loop and reads its
@@ -471,9 +475,8 @@ class _Inserter:
         if not st.wgmma:
             return
         e = deep(self.k, s)
-        shared = {b.name for b in self.k.buffers if b.scope == "shared"}
-        writes = e.writes & shared
-        under = {self.k.buffer(t).alias for t in writes if self.k.buffer(t).alias}
+        _, writes = shared_accesses(self.k, s)
+        under = self.under(writes)
         used = (e.reads | e.writes) & self.accumulators - ({s.acc} if isinstance(s, ir.Gemm) else set())
         if st.wgmma.touching(used | writes | under):
             self.wait_wgmma(st, used | writes | under, out, s.span)
@@ -536,7 +539,7 @@ class _Inserter:
         touched = reads | writes
         # a tile placed over another one's memory (the gemm epilogue's staging tile)
         # touches that memory too: its loads must have landed, its stores have read it
-        under = {self.k.buffer(t).alias for t in writes if self.k.buffer(t) and self.k.buffer(t).alias}
+        under = self.under(writes)
         for t in sorted(under):
             if t in st.pending:
                 self.wait(st, st.pending[t], out, span=s.span)
