@@ -5,6 +5,8 @@ the program (CUDA_LAUNCH_BLOCKING=1), other failures are logged and the hunt goe
 
     python tests/hunt_random_programs.py 11 500      (on the GPU machine, from the repo root)
     python tests/hunt_random_programs.py 11 500 gemm (gemm programs only; `conv`: convolutions)
+    python tests/hunt_random_programs.py 11 500 gemm halves (of 500 drawn, only those whose
+        template sets `halves`: a rare form, hunted on its own)
 
 Session 22's findings with it: tests/random_programs_findings.md."""
 import os
@@ -30,7 +32,14 @@ host.Call.launch = logged_launch
 count = [0, 0]
 
 
+ONLY = (sys.argv[4:] or [""])[0]   # a template flag: run only the programs that set it
+skipped = [0]
+
+
 def body(p):
+    if ONLY and not getattr(p.template, ONLY):
+        skipped[0] += 1
+        return
     count[0] += 1
     with open(LOG, "a") as f:
         f.write(f"=== #{count[0]}{t.describe(p)}\n")
@@ -50,4 +59,5 @@ def body(p):
 
 strategy = {"gemm": gemm_program, "conv": conv_program}.get((sys.argv[3:] or [""])[0], program)()
 hseed(int(sys.argv[1]))(settings(max_examples=int(sys.argv[2]), **t.SETTINGS)(given(strategy)(body)))()
-print(f"seed {sys.argv[1]}: ran {count[0]}, failed {count[1]}", flush=True)
+print(f"seed {sys.argv[1]}: ran {count[0]}, failed {count[1]}"
+      + (f" (skipped {skipped[0]} without {ONLY})" if ONLY else ""), flush=True)

@@ -414,6 +414,9 @@ class Ev:
         with np.errstate(all="ignore"):
             out = {"sqrt": np.sqrt, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2}[f](x) \
                 if f != "rsqrt" else (t.type(1) / np.sqrt(x)).astype(t)
+            flush = f == "exp2" and t == F32        # results below 2^-126 are 0 (language.md §13)
+            if flush:
+                out = np.where(out < 2.0 ** -126, F32.type(0), out).astype(F32)
             if args[0].mag is None:         # an exact argument: sqrt is exact too, the others within a few units
                 return Val(np.asarray(out, t), None if f == "sqrt" else np.abs(np.asarray(out, F64)))
             # an argument off by up to e = units * mag_x moves the result by about |f'(x)| * e
@@ -421,6 +424,8 @@ class Ev:
             ax, mx, ao = np.abs(x.astype(F64)), args[0].mag, np.abs(np.asarray(out, F64))
             mag = {"sqrt": ao + 0.5 * mx / np.sqrt(ax), "exp": ao * (1 + mx), "exp2": ao * (1 + mx),
                    "log": ao + mx / ax, "log2": ao + 1.5 * mx / ax, "rsqrt": ao * (1 + 0.5 * mx / ax)}[f]
+            if flush:   # an argument off by a unit near -126 may flush on one side only: 2^-126 apart
+                mag = mag + np.where(ao < 2.0 ** -125, 2.0 ** -126 / (16 * UNIT["f32"]), 0.0)
         return Val(np.asarray(out, t), mag)
 
 

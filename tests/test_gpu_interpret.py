@@ -233,6 +233,24 @@ def test_float_and_integer_element_math():
     assert_same_bits([(g.view.cpu(), c.view) for g, c in zip(g_out + [xg], c_out + [xc])])
 
 
+def test_exp2_flushes_alike():
+    """A float exp2 (ex2.approx.ftz) is 0 on the GPU exactly where the interpreter says
+    (results below 2^-126), within 2 units in the last place elsewhere (the hardware's
+    approximation); the f64 exp2 keeps its subnormals."""
+    import numpy as np
+    import torch
+    from test_interpret import EXP2_ARGS, EXP2_SRC
+    x = torch.from_numpy(np.tile(EXP2_ARGS, 6))           # two blocks, the second one ragged
+    (yg, yc), (zg, zc) = run_both(EXP2_SRC, [x], [(x.shape, torch.float32), (x.shape, torch.float64)])
+    assert torch.equal(yg == 0, yc == 0) and torch.equal(yg.isnan(), yc.isnan())
+    assert int((yc == 0).sum()) == 6 * 8
+    finite = (yc != 0) & yc.isfinite()
+    rel = ((yg[finite].double() - yc[finite].double()) / yc[finite].double()).abs()
+    assert float(rel.max()) <= 2 * 2.0 ** -23
+    assert torch.equal(yg.isinf(), yc.isinf())
+    assert zg[6].item() == zc[6].item() == 2.0 ** -140      # a subnormal float, kept as a double
+
+
 def test_thread_copies_with_conversions():
     src = """
     kernel conv(X: f16[M, N], Y: f32[M, N], Z: i32[M, N]) {

@@ -874,6 +874,41 @@ def test_float_functions_with_a_tolerance():
     y.check()
 
 
+EXP2_SRC = """
+kernel e(X: f32[N], Y: f32[N], Z: f64[N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared x: f32[128];
+    shared d: f64[128];
+    copy(X[bx * 128], x);
+    parallel (i) in (128) {
+        d[i] = exp2(f64(x[i]));
+        x[i] = exp2(x[i]);
+    }
+    copy(x, Y[bx * 128]);
+    copy(d, Z[bx * 128]);
+}"""
+# around the smallest normal float's exponent, -126, and the ends of the range
+EXP2_ARGS = np.array([-125.0, -125.5, -126.0, -126.001, -126.5, -127.0, -140.0, -149.0, -150.0, -1e30, -np.inf,
+                      np.nan, 0.0, 1e-40, -1e-40, 0.5, 1.0, 10.25, 127.0, 127.99, 128.0, np.inf], dtype=np.float32)
+
+
+def test_exp2_of_floats_flushes_results_below_2_to_the_minus_126():
+    """language.md §13: a float exp2 gives 0 where 2^x < 2^-126 (ex2.approx.ftz on the GPU);
+    with f64 involved it is a double's exp2 and keeps the subnormals."""
+    y, z = output(EXP2_ARGS.shape, np.float32), output(EXP2_ARGS.shape, np.float64)
+    interp(EXP2_SRC)(EXP2_ARGS.copy(), y.view, z.view)
+    y.check()
+    z.check()
+    want = np.exp2(EXP2_ARGS.astype(np.float64))
+    assert np.array_equal(np.asarray(z.view), want, equal_nan=True)
+    small = want < 2.0 ** -126
+    assert small.sum() == 8 and np.all(np.asarray(y.view)[small] == 0)     # -126.001 and below
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(np.asarray(y.view)[~small], np.exp2(EXP2_ARGS)[~small])   # numpy's f32 exp2
+    assert np.asarray(y.view)[2] == np.float32(2.0 ** -126)
+
+
 def test_thread_copies_convert_dtypes():
     """shared f16 -> local f32 -> global f64 / i32, shared -> shared: codegen's casts."""
     src = """

@@ -23,7 +23,7 @@ from .abi import WORKSPACE_FLAG_BYTES, kernel_params, stream_k_accumulators, wor
 _WRAPPED = {"f16": "f16_t", "bf16": "bf16_t", "f8e4m3": "f8e4m3_t", "f8e5m2": "f8e5m2_t"}
 _C_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
            "+": 5, "-": 5, "*": 6, "/": 6, "%": 6}
-_FLOAT_FN = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
+_FLOAT_FN = {"exp": "expf", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf"}
 _DOUBLE_FN = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt"}
 
 
@@ -63,6 +63,7 @@ class _Printer:
         self.last_commented = None
         self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
         self.uses_fastdiv = False
+        self.uses_exp2 = False      # tl_exp2: f32 exp2 without the subnormal range
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
         self.uses_vec16 = False     # 16-byte vector thread copies
@@ -116,6 +117,9 @@ class _Printer:
                 return f"tl_{e.func}({args})"
             if double:      # sqrt(alpha) of an f32 alpha would be CUDA's float overload
                 return f"{_DOUBLE_FN[e.func]}(double({args}))"
+            if e.func == "exp2":
+                self.uses_exp2 = True
+                return f"tl_exp2({args})"
             return f"{_FLOAT_FN[e.func]}({args})"
         if isinstance(e, ir.Cast):
             value = self.cast(e, double)
@@ -1205,6 +1209,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("math")
     if pr is not None and pr.uses_int_convert:
         add("int_convert")
+    if pr is not None and pr.uses_exp2:
+        add("exp2")
     if pr is not None and pr.uses_fastdiv:
         add("fastdiv")
     if pr is not None and pr.mma_shapes:

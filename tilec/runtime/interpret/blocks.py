@@ -928,9 +928,17 @@ class _Blocks:
         a = convert(args[0], t)
         if f == "rsqrt":
             return (t.type(1) / np.sqrt(a)).astype(t)
+        if f == "exp2" and not double:             # tl_exp2: results below 2^-126 flushed to 0
+            return flush_exp2(np.exp2(a))
         if f in _FLOAT_FN:
             return _FLOAT_FN[f](a)
         raise TypeError(f"cannot interpret a call of {f}")
+
+
+def flush_exp2(y):
+    """An f32 exp2's results as the GPU's tl_exp2 (ex2.approx.ftz) gives them: those below
+    2^-126, the smallest normal float, are 0."""
+    return np.where(y < F32.type(2.0 ** -126), F32.type(0), y).astype(F32)
 
 
 # the float calls numpy computes in the argument's type (rsqrt as 1 / sqrt, above)
