@@ -464,10 +464,11 @@ class _Printer:
         nw = n // s.wg_cols
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
-        self.mma_shapes.add((nw, dt, ta, not tb, False))
-        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{'am' if ta else ''}{'bk' if tb else 'bn'}"
+        a_from = "regs" if s.a_in_registers else "m" if ta else "k"    # registers, M- or K-major shared
+        self.mma_shapes.add((nw, dt, a_from, not tb, False))
+        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{dict(regs='ar', m='am').get(a_from, '')}{'bk' if tb else 'bn'}"
         if s.zero:      # the first K step's wgmmas write acc without reading it
-            self.mma_shapes.add((nw, dt, ta, not tb, True))
+            self.mma_shapes.add((nw, dt, a_from, not tb, True))
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
@@ -487,7 +488,9 @@ class _Printer:
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
                 b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {kdim * sb}, {8 * sb}, {sb})"
             for t in range(s.m_tiles):
-                if ta:              # [K, M]: chunks of wa M columns, K rows each
+                if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
+                    a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
+                elif ta:            # [K, M]: chunks of wa M columns, K rows each
                     a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
                     a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {kdim * sa}, {8 * sa}, {sa})"
                 else:               # [M, K]: chunks of wa K columns, M rows each
@@ -1215,9 +1218,9 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("fastdiv")
     if pr is not None and pr.mma_shapes:
         add("wgmma_common")
-        for n, dt, a_m_major, b_n_major, zero in sorted(pr.mma_shapes):
+        for n, dt, a_from, b_n_major, zero in sorted(pr.mma_shapes):
             ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
-            add("wgmma_mma", n, dt, a_m_major, b_n_major, ptx, 32 // ir.DTYPES[dt].size, zero)
+            add("wgmma_mma", n, dt, a_from, b_n_major, ptx, 32 // ir.DTYPES[dt].size, zero)
     for swizzle in sorted(pr.swizzles if pr is not None else ()):
         add("swizzled", swizzle)
     if pr is not None and pr.pair_stores:

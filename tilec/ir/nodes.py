@@ -311,7 +311,9 @@ class Gemm(Stmt):
     wgmma computes acc^T += b^T @ a^T (b on its 64-row side, a's M as its N);
     then `warpgroups`, `wg_cols` and `m_tiles` describe that product. `zero`:
     acc = a @ b, its old value ignored (plan-gemm folds a `fill(acc, 0)` just
-    before the gemm into it: the first wgmma of each row tile does not read acc)."""
+    before the gemm into it: the first wgmma of each row tile does not read acc).
+    `a_in_registers`: a is a local tile, wgmma's A from registers (its fragments
+    laid out as an [M, K] accumulator's are)."""
     a: str
     b: str
     acc: str
@@ -322,6 +324,7 @@ class Gemm(Stmt):
     wg_cols: int = 1
     swapped: bool = False
     zero: bool = False
+    a_in_registers: bool = False
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
     span: Optional[Span] = SPAN
 

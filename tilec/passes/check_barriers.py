@@ -350,6 +350,7 @@ class _Checker:
         self.dropped = False        # paths past MAX_PATHS were left unexplored
         self._accesses = {}         # id(statement) -> (statement, reads, writes, local tiles touched)
         self.local = {b.name for b in k.buffers if b.scope == "local"}
+        self.register_a = {s.a for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm) and s.a_in_registers}
         self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
@@ -823,7 +824,7 @@ class _Checker:
         if hit is None:
             e = deep(self.k, s)
             hit = self._accesses[id(s)] = (s, e.reads & self.shared, e.writes & self.shared,
-                                           (e.reads | e.writes) & self.local)    # s: its id stays its own
+                                           (e.reads | e.writes) & self.local, e.writes & self.local)  # s: its id stays its own
         return hit[1:]
 
     def accesses(self, s):
@@ -833,6 +834,9 @@ class _Checker:
     def local_accesses(self, s) -> set:
         """The local tiles `s` and what it nests read or write."""
         return self._touches(s)[2]
+
+    def local_writes(self, s) -> set:
+        return self._touches(s)[3]
 
     def thread_access(self, s, st, classes):
         reads, writes = self.accesses(s)
@@ -856,10 +860,14 @@ class _Checker:
             _fail(f"threads overwrite '{t}', which a wgmma read, without a block barrier after every warpgroup's "
                   "wgmma.wait_group", s.span)
         if not isinstance(s, ir.Gemm):     # (a gemm adds to the accumulator of the wgmmas before it, in order)
-            for t in sorted(self.local_accesses(s)):
+            for t in sorted(self.local_accesses(s) - self.register_a):
                 if any(t in group for group in st.wgmma):
                     _fail(f"threads use '{t}' while a wgmma may still write it (no wgmma.wait_group after the "
                           "gemm)", s.span)
+        for t in sorted(self.local_writes(s) & self.register_a):    # an A in registers: read by the wgmma
+            if any(t in group for group in st.wgmma):
+                _fail(f"threads overwrite '{t}' while a wgmma may still read it (no wgmma.wait_group after the "
+                      "gemm)", s.span)
         if isinstance(s, ir.Gemm):
             for t in reads & st.written:
                 _fail(f"gemm reads '{t}', which threads wrote, without fence.proxy.async and a block barrier "

@@ -127,7 +127,9 @@ class _Inserter:
         self.barriers = []
         self.bar_tiles = {}
         self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
-        self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"}
+        # local tiles the wgmmas use: accumulators (written) and register A operands (read)
+        self.register_a = {s.a for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm) and s.a_in_registers}
+        self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"} - self.register_a
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
         name = f"{prefix}{len(self.barriers)}"
@@ -471,13 +473,14 @@ class _Inserter:
         accumulator after it, C7514): the wgmmas in flight whose accumulators it uses
         (a warpgroup's registers; a gemm adds to its accumulator after the wgmmas before
         it, in order) or whose operands it overwrites (the tiles under a staging tile
-        too) are waited for."""
+        too, and an A in registers) are waited for."""
         if not st.wgmma:
             return
         e = deep(self.k, s)
         _, writes = shared_accesses(self.k, s)
         under = self.under(writes)
         used = (e.reads | e.writes) & self.accumulators - ({s.acc} if isinstance(s, ir.Gemm) else set())
+        used |= e.writes & self.register_a
         if st.wgmma.touching(used | writes | under):
             self.wait_wgmma(st, used | writes | under, out, s.span)
 

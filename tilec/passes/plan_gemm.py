@@ -46,8 +46,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                 f"{target.name} ({target.family}) has none: compile this kernel for sm_90a",
                                 s.span)
         a, b, acc = k.buffer(s.a), k.buffer(s.b), k.buffer(s.acc)
-        for t, want in ((a, "shared"), (b, "shared"), (acc, "local")):
-            if t.scope != want:
+        regs_a = a.scope == "local"          # a in registers: the fragments of an [M, K] tile laid out as acc's
+        for t, want in ((a, "shared or local"), (b, "shared"), (acc, "local")):
+            if t.scope not in want.split(" or "):
                 raise SemanticError(f"gemm: '{t.name}' must be a {want} tile", s.span)
         if len(a.shape) != 2 or len(b.shape) != 2 or len(acc.shape) != 2:
             raise SemanticError("gemm multiplies 2-D tiles", s.span)
@@ -79,11 +80,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if ka % kstep:
             raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
                                 f"of K: {kstep} {a.dtype.name} elements)", s.span)
+        if regs_a:
+            _check_register_a(a, acc, esize, swap, cols, s)
         # wgmma's operands: [pm, K] (M-major when transposed) and [K, pn] (K-major when transposed)
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
-        a_sw = _swizzle(pm // rows if ta else ka, esize, 128 if ta else _tap_bytes(k, wa, ka, esize))
+        a_sw = 0 if regs_a else _swizzle(pm // rows if ta else ka, esize, 128 if ta else _tap_bytes(k, wa, ka, esize))
         b_sw = _swizzle(ka if tb else pn // cols, esize, _tap_bytes(k, wb, ka, esize) if tb else 128)
         if not b_sw and swap:
             raise SemanticError(f"{_swapped_note(m, n)}an M-major a ([K, M]) is read in swizzled chunks of 16 to "
@@ -95,15 +98,17 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                 f"each warpgroup's {n // cols} columns are not a multiple of {32 // esize}: "
                                 "make N a multiple of 16 per warpgroup, or declare b as [N, K] and write "
                                 "transpose_b = true", s.span)
-        for t, lay in ((wa, f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
+        for t, lay in ((wa, "wgmma" if regs_a else f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
         transposed[acc.name] = swap        # the same for every gemm into acc: it follows from acc's shape
         splits[acc.name] = cols
+        if regs_a:      # its f16 / bf16 elements in pairs, one register each, as the wgmmas read them
+            transposed[a.name], splits[a.name], fragments[a.name] = False, 1, a.elements // threads // 2
         fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
         _check_registers(fragments, threads, k.producer_warpgroup, s)
-        return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap)
+        return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a)
 
     body = _fold_zero_fills(map_body(k.body, plan))
     if not layouts:
@@ -121,6 +126,25 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     _check_uses(k)
     _check_reduces(k)
     return k
+
+
+def _check_register_a(a, acc, esize, swapped, wg_cols, s):
+    """A local a is wgmma's A from registers: each thread's fragments of a's [M, K] are
+    those an [M, K] accumulator would have (a row's K columns in one warpgroup), which
+    is the A fragment layout of a 16-bit wgmma, k16 slice by k16 slice. So a's rows are
+    acc's, split over warpgroups the same way and not over N."""
+    if esize != 2:
+        raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) must be f16 or bf16: an "
+                            f"8-bit A's register fragments are not an accumulator's layout; make '{a.name}' "
+                            "a shared tile", s.span)
+    if s.transpose_a or swapped:
+        why = "transpose_a" if s.transpose_a else f"{acc.shape[0]} rows, not a multiple of 64 (a swapped gemm)"
+        raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) is read K-major, as an "
+                            f"[M, K] accumulator's fragments, and cannot be used with {why}", s.span)
+    if wg_cols != 1:
+        raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) needs each warpgroup to own "
+                            f"whole rows of '{acc.name}', but its {acc.shape[1]} columns are split over {wg_cols} "
+                            "warpgroups side by side: use fewer threads or more rows", s.span)
 
 
 def _fold_zero_fills(body) -> tuple:
