@@ -1023,6 +1023,7 @@ class Gemm:
     halves: bool = False  # ... and a second gemm into `part2`, both halved into acc: the first is waited for
                           # while the second runs (wgmma.wait_group 1)
     staged: bool = False  # A's tile loads into `a_in` and threads copy it into the operand `a` (its swizzle)
+    regs_a: bool = False  # ... a local `a`: wgmma's A from registers
     rows: str = ""       # after the K loop: acc's rows reduced (this op) into `local rv: f32[BM]`, which lives
                          # in acc's rows, and subtracted from them (rv[i] read beside acc)
     rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
@@ -1072,7 +1073,7 @@ class Gemm:
                 + f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
                 f"    {grid};\n"
                 f"    threads {self.threads};\n"
-                f"    shared a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
+                f"    {'local' if self.regs_a else 'shared'} a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
                 + (f"    shared a_in: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n" if self.staged else "")
                 + f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
@@ -1216,7 +1217,7 @@ class Conv(Gemm):
 BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
 
 
-def _schedule(draw, bm, bn, bk, threads, ct):
+def _schedule(draw, bm, bn, bk, threads, ct, dt, ta=False):
     """Drawn pipeline and grid options, the accumulator's start and the epilogue, as Gemm's fields."""
     persistent = draw(st.booleans())
     stream_k = persistent and draw(st.booleans())
@@ -1231,7 +1232,7 @@ def _schedule(draw, bm, bn, bk, threads, ct):
                                     draw(st.integers(0, 3)), draw(st.integers(2, 9)))]))
     if stream_k:                                   # stream-K sums partial accumulators: they start from 0
         init = ("zero",)
-    regs = min(255, 65536 // (threads + 128 * producer))      # a thread's registers, as plan-gemm counts them
+    regs = min(255, 65536 // (threads + 128 * producer) // 8 * 8)   # a thread's registers, as plan-gemm counts them
     out = 2 * bm * bn // threads + 26 <= regs and draw(st.integers(0, 3)) == 0   # a local beside acc
     # K steps into `part`, added to acc by threads (a rotating body: no producer, no stream-K)
     blocks = not producer and not stream_k and (2 + out) * bm * bn // threads + 26 <= regs and \
@@ -1240,6 +1241,10 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     halves = blocks and (3 + out) * bm * bn // threads + 26 <= regs and draw(st.booleans())
     # A's operand written by the threads from a plain tile (a rotating body too)
     staged = not producer and not stream_k and draw(st.integers(0, 3)) == 0
+    # ... into a local `a` (wgmma's A from registers: 16-bit, K-major, each warpgroup whole rows of acc,
+    # its elements in pairs counted beside the accumulators)
+    regs_a = staged and dt in ("f16", "bf16") and not ta and bm % (64 * (threads // 128)) == 0 and \
+        (1 + out + blocks + halves) * bm * bn // threads + bm * bk // threads // 2 + 26 <= regs and draw(st.booleans())
     # acc's rows reduced into a local tile that lives in them: where quads hold the rows (no
     # producer, no acc^T: M a multiple of 64), not with stream-K's partial tiles
     rows = not producer and not stream_k and bm % 64 == 0 and draw(st.integers(0, 2)) == 0
@@ -1256,7 +1261,7 @@ def _schedule(draw, bm, bn, bk, threads, ct):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, rows=rows,
+                init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a, rows=rows,
                 rows_step=rows_step), list(tiles.values())
 
 
@@ -1280,7 +1285,7 @@ def gemm_program(draw):
             tb = not tb if not refused(bn, threads, bm, not tb, ta) else tb
             ta = ta if not refused(bn, threads, bm, tb, ta) else not ta
     ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
-    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct)
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, ta)
     spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 
     def size(t):
@@ -1309,7 +1314,7 @@ def conv_program(draw):
     if refused(bn, threads, bm, tb):
         tb = not tb
     ct = draw(st.sampled_from(["f16", "f16", "f32", "bf16"]))
-    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct)
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt)
     c = draw(st.sampled_from([4, 8, 16, 24, 32, 64, 72, 128]))
     f = draw(st.sampled_from([8, 16, 24, 64, 100, 128, 136, 264]))
     k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))

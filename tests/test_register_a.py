@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import tilec
-from tilec.compiler import lower
 from tilec.errors import SemanticError
 from tilec.ir import nodes as ir
 from tilec.passes import Options, check_barriers
@@ -20,6 +19,7 @@ from tilec.passes.check_barriers import BarrierBug
 
 from guard import guarded
 from test_rotate import _without
+from test_wgmma_waits import OVERWRITE, after, lines, operands
 
 # C = sum over K blocks k of (k + 1) * A_k B_k, the scaled block of A built in registers
 SCALED = """kernel scaled(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
@@ -43,40 +43,16 @@ SCALED = """kernel scaled(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
 }
 """
 
-# p rewritten between two gemms that read it: the second write waits for the first gemm
-# (C = 5 * A[:, :64] B[:64, :]); no block barrier: p is each thread's own
-TWICE = """kernel twice(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
-    const BM = 128, BN = 64, WG = 2;
-    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
-    threads 128 * WG;
-    shared a: f16[BM, 64];
-    shared b: f16[64, BN];
-    local p: f16[BM, 64];
-    local acc: f32[BM, BN];
-    fill(acc, 0.0);
-    copy(A[by * BM, 0], a);
-    copy(B[0, bx * BN], b);
-    parallel (i, c) in (BM, 64) {
-        p[i, c] = f16(f32(a[i, c]) * 2.0);
-    }
-    gemm(p, b, acc);
-    parallel (i, c) in (BM, 64) {
-        p[i, c] = f16(f32(a[i, c]) * 3.0);
-    }
-    gemm(p, b, acc);
-    copy(acc, C[by * BM, bx * BN]);
-}
-"""
+# test_wgmma_waits' OVERWRITE with p local: p rewritten between two gemms that read it, the
+# second write waits for the first gemm (C = 5 * A[:, :64] B[:64, :]); no block barrier:
+# p is each thread's own
+TWICE = OVERWRITE.replace("    shared p: f16[BM, 64];\n    shared b: f16[64, BN];\n",
+                          "    shared b: f16[64, BN];\n    local p: f16[BM, 64];\n")
+assert TWICE != OVERWRITE
 
 CONFIGS = [dict(BM=64, WG=1, STAGES=2), dict(BM=128, WG=1, STAGES=3), dict(BM=128, WG=2, STAGES=2),
            dict(BM=64, BN=256, BK=32, WG=1, STAGES=2)]
 SHAPES = [(64, 64, 64), (100, 72, 320), (200, 264, 200)]
-
-
-def operands(m, n, k, seed, dt=np.float16):
-    """Small integers: every product and sum below is exact in f32."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(-2, 3, s).astype(dt) for s in ((m, k), (k, n))]
 
 
 def scaled_reference(a, b, bk):
@@ -84,15 +60,6 @@ def scaled_reference(a, b, bk):
     for k0 in range(0, a.shape[1], bk):
         c += (k0 // bk + 1) * (a[:, k0:k0 + bk].astype(np.float64) @ b[k0:k0 + bk].astype(np.float64))
     return c
-
-
-def after(src, **consts):
-    return lower(src, consts).stages["insert-barriers"]
-
-
-def lines(k) -> list:
-    from tilec.ir.printer import kernel as show
-    return [x.strip() for x in show(k).splitlines()]
 
 
 def test_the_ir_and_the_cuda_read_a_from_registers():
@@ -142,7 +109,7 @@ def test_what_cannot_be_read_from_registers_is_an_error_at_the_gemm(edit, messag
 @pytest.mark.parametrize("consts", CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 @pytest.mark.parametrize("m, n, k", SHAPES, ids=lambda x: str(x))
 def test_in_the_interpreter(consts, m, n, k):
-    a, b = operands(m, n, k, seed=m + n + k)
+    a, b, _ = operands(m, n, k, seed=m + n + k)
     c = guarded((m, n), np.float32, like="numpy")
     tilec.compile(SCALED, backend="interpret", **consts)(a, b, c.view)
     c.check()
@@ -155,7 +122,7 @@ def test_in_the_interpreter(consts, m, n, k):
 @pytest.mark.parametrize("m, n, k", SHAPES + [(1000, 1032, 512)], ids=lambda x: str(x))
 def test_on_the_gpu(consts, m, n, k, dt):
     import torch
-    a, b = operands(m, n, k, seed=m + n + k)
+    a, b, _ = operands(m, n, k, seed=m + n + k)
     src = SCALED.replace("f16", dt)
     c = guarded((m, n), "f32", fill=float("nan"))
     with warnings.catch_warnings():
@@ -171,7 +138,7 @@ def test_on_the_gpu(consts, m, n, k, dt):
 @pytest.mark.parametrize("m, n", [(128, 64), (300, 200)])
 def test_rewritten_between_two_gemms_on_the_gpu(m, n):
     import torch
-    a, b = operands(m, n, 64, seed=m)
+    a, b, _ = operands(m, n, 64, seed=m)
     c = guarded((m, n), "f32", fill=float("nan"))
     tilec.compile(TWICE, fallback=False)(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), c.view)
     torch.cuda.synchronize()
