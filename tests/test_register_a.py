@@ -50,6 +50,25 @@ TWICE = OVERWRITE.replace("    shared p: f16[BM, 64];\n    shared b: f16[64, BN]
                           "    shared b: f16[64, BN];\n    local p: f16[BM, 64];\n")
 assert TWICE != OVERWRITE
 
+# one gemm after fill(acc, 0): the fill folds into its first wgmma (acc's old value ignored)
+ONCE = """kernel once(A: f16[M, K], B: f16[K, N], C: f32[M, N]) {
+    grid (bx, by) = (cdiv(N, 64), cdiv(M, 64));
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    local p: f16[64, 64];
+    local acc: f32[64, 64];
+    copy(A[by * 64, 0], a);
+    copy(B[0, bx * 64], b);
+    parallel (i, c) in (64, 64) {
+        p[i, c] = f16(f32(a[i, c]) * 3.0);
+    }
+    fill(acc, 0.0);
+    gemm(p, b, acc);
+    copy(acc, C[by * 64, bx * 64]);
+}
+"""
+
 CONFIGS = [dict(BM=64, WG=1, STAGES=2), dict(BM=128, WG=1, STAGES=3), dict(BM=128, WG=2, STAGES=2),
            dict(BM=64, BN=256, BK=32, WG=1, STAGES=2)]
 SHAPES = [(64, 64, 64), (100, 72, 320), (200, 264, 200)]
@@ -106,6 +125,14 @@ def test_what_cannot_be_read_from_registers_is_an_error_at_the_gemm(edit, messag
     assert str(e.value).startswith("<string>:16:9: error: gemm: ")
 
 
+def test_a_zero_fill_folds_into_the_first_wgmma():
+    assert any(x.startswith("gemm p, b, acc on 1 warpgroups x 1 m64 tiles, p from registers, acc = product")
+               for x in lines(after(ONCE)))
+    cuda = tilec.compile(ONCE, arch="sm_90a").cuda_source
+    assert "wgmma_m64n64k16_f16_arbn_zero(acc + 0, p + 0, " in cuda
+    assert "wgmma_m64n64k16_f16_arbn(acc + 0, p + 8, " in cuda
+
+
 @pytest.mark.parametrize("consts", CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 @pytest.mark.parametrize("m, n, k", SHAPES, ids=lambda x: str(x))
 def test_in_the_interpreter(consts, m, n, k):
@@ -144,3 +171,14 @@ def test_rewritten_between_two_gemms_on_the_gpu(m, n):
     torch.cuda.synchronize()
     c.check()
     assert np.array_equal(c.view.cpu().numpy(), 5 * (a.astype(np.float64) @ b.astype(np.float64)))
+
+
+@pytest.mark.gpu
+def test_a_zero_filled_accumulator_on_the_gpu():
+    import torch
+    a, b, _ = operands(150, 128, 64, seed=7)
+    c = guarded((150, 128), "f32", fill=float("nan"))
+    tilec.compile(ONCE, fallback=False)(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert np.array_equal(c.view.cpu().numpy(), 3 * (a.astype(np.float64) @ b.astype(np.float64)))
