@@ -48,10 +48,10 @@ def test_it_rotates_and_reads_p_from_registers():
     k = tilec.compile(SRC, arch="sm_90a", BM=64, BN=64, STAGES=2)
     assert k.pipeline_notes == () and k.compile_log == ""
     assert "tl_k_stage1" in k.cuda_source and "tl_v_stage1" in k.cuda_source
-    assert "wgmma_m64n64k16_f16_bk_zero(s" in k.cuda_source     # fill(s, 0) folded into the first gemm
+    assert "wgmma_m64n64k16_f16_arbk_zero(s + 0, qr + 0, " in k.cuda_source   # fill(s, 0) folded into the first gemm
     assert "wgmma_m64n64k16_f16_arbn(o + 0, p + 24, " in k.cuda_source      # P's fourth k16 slice
     cuda = k.cuda_source
-    between = cuda[cuda.index("attention.tile:60: copy(s, p);"):cuda.index("attention.tile:61: gemm(p, v, o);")]
+    between = cuda[cuda.index("attention.tile:64: copy(s, p);"):cuda.index("attention.tile:65: gemm(p, v, o);")]
     assert "p[tl_r] = f16_t(" in between and "fence" not in between and "sync" not in between   # no barrier
 
 
