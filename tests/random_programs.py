@@ -1261,8 +1261,8 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, ta=False):
     else:
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
-                init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a, rows=rows,
-                rows_step=rows_step), list(tiles.values())
+                init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a,
+                rows=rows, rows_step=rows_step), list(tiles.values())
 
 
 def _scalars(draw):

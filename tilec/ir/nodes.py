@@ -887,3 +887,8 @@ def walk_stmts(body):
         yield s
         for f in STMT_BLOCK_FIELDS.get(type(s), ()):
             yield from walk_stmts(getattr(s, f))
+
+
+def register_a_tiles(body) -> set:
+    """The local tiles gemms read as wgmma's A from registers (plan-gemm's `a_in_registers`)."""
+    return {s.a for s in walk_stmts(body) if isinstance(s, Gemm) and s.a_in_registers}

@@ -348,9 +348,10 @@ class _Checker:
         self.shared = {b.name for b in k.buffers if b.scope == "shared"}
         self.paths = 0
         self.dropped = False        # paths past MAX_PATHS were left unexplored
-        self._accesses = {}         # id(statement) -> (statement, reads, writes, local tiles touched)
+        self._accesses = {}         # id(statement) -> (statement, shared reads, shared writes, local tiles
+                                    # touched, local tiles written)
         self.local = {b.name for b in k.buffers if b.scope == "local"}
-        self.register_a = {s.a for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm) and s.a_in_registers}
+        self.register_a = ir.register_a_tiles(k.body)
         self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
@@ -823,8 +824,8 @@ class _Checker:
         hit = self._accesses.get(id(s))
         if hit is None:
             e = deep(self.k, s)
-            hit = self._accesses[id(s)] = (s, e.reads & self.shared, e.writes & self.shared,
-                                           (e.reads | e.writes) & self.local, e.writes & self.local)  # s: its id stays its own
+            hit = self._accesses[id(s)] = (s, e.reads & self.shared, e.writes & self.shared,   # s: its id stays its own
+                                           (e.reads | e.writes) & self.local, e.writes & self.local)
         return hit[1:]
 
     def accesses(self, s):
@@ -836,6 +837,7 @@ class _Checker:
         return self._touches(s)[2]
 
     def local_writes(self, s) -> set:
+        """The local tiles `s` and what it nests write."""
         return self._touches(s)[3]
 
     def thread_access(self, s, st, classes):

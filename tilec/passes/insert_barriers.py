@@ -128,7 +128,7 @@ class _Inserter:
         self.bar_tiles = {}
         self.producer_loops = {}    # id of a ring's For with producer = 1 -> the producer warpgroup's statements
         # local tiles the wgmmas use: accumulators (written) and register A operands (read)
-        self.register_a = {s.a for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm) and s.a_in_registers}
+        self.register_a = ir.register_a_tiles(k.body)
         self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"} - self.register_a
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
