@@ -67,6 +67,21 @@ def common(a, b):
     return I32
 
 
+
+def _min_max(f, a, b):
+    """min / max of a and b in their common type: of integers a < b ? a : b (b : a);
+    of floats what fminf / fmaxf give (IEEE 754-2019 minimumNumber / maximumNumber):
+    a NaN gives the other operand, two NaNs the canonical NaN, and -0 is below +0."""
+    if a.dtype.kind != "f":
+        return np.where(a < b, a, b) if f == "min" else np.where(a < b, b, a)
+    with np.errstate(invalid="ignore"):
+        below = (a < b) | ((a == b) & np.signbit(a) & ~np.signbit(b))     # a before b
+    pick = np.where(below, a, b) if f == "min" else np.where(below, b, a)
+    pick = np.where(np.isnan(a), b, np.where(np.isnan(b), a, pick))
+    nan = np.array(0x7FFFFFFF if a.dtype == F32 else 0x7FFFFFFFFFFFFFFF,
+                   np.uint32 if a.dtype == F32 else np.uint64).view(a.dtype)
+    return np.where(np.isnan(a) & np.isnan(b), nan, pick).astype(a.dtype)
+
 def to_type(v, t):
     """C++ conversion: float -> int truncates (saturating, NaN -> 0, as PTX cvt.rzi
     does), int -> int wraps, anything -> float rounds to nearest even."""
@@ -397,13 +412,13 @@ class Ev:
                 mag = np.where(c.v != 0, _mag(a), _mag(b))
             return Val(np.where(c.v != 0, to_type(a.v, t), to_type(b.v, t)), mag)
         args = [self(a) for a in e.args]
-        if f in ("min", "max"):                    # a < b ? a : b  /  a < b ? b : a
+        if f in ("min", "max"):                    # in the common type (_min_max)
             t = common(promote(ctype(args[0].v)), promote(ctype(args[1].v)))
             a, b = to_type(args[0].v, t), to_type(args[1].v, t)
             mag = None
             if args[0].mag is not None or args[1].mag is not None:
                 mag = np.maximum(_mag(args[0]), _mag(args[1]))
-            return Val(np.where(a < b, a, b) if f == "min" else np.where(a < b, b, a), mag)
+            return Val(_min_max(f, a, b), mag)
         if f == "abs":
             a = args[0]
             t = ctype(a.v)

@@ -406,6 +406,26 @@ _CPU_SHIM = r"""
 #include <cstring>
 #include <thread>
 #include <vector>
+#include <cmath>
+#include <math.h>
+// fminf / fmaxf / fmin / fmax as the GPU computes them (IEEE 754-2019 minimumNumber /
+// maximumNumber): a NaN gives the other operand, two NaNs the canonical NaN, and -0 < +0
+// (the C library may return either zero of a pair and a NaN operand's own payload)
+template <class T, class U> T tl_host_min_max(T a, T b, bool max) {
+  if (std::isnan(a) && std::isnan(b)) {
+    const U bits = ~U(0) >> 1;
+    T t;
+    memcpy(&t, &bits, sizeof t);
+    return t;
+  }
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? b : a;
+  const bool below = a < b || (a == b && std::signbit(a) && !std::signbit(b));
+  return below == max ? b : a;
+}
+#define fminf(a, b) tl_host_min_max<float, uint32_t>(a, b, false)
+#define fmaxf(a, b) tl_host_min_max<float, uint32_t>(a, b, true)
+#define fmin(a, b) tl_host_min_max<double, uint64_t>(a, b, false)
+#define fmax(a, b) tl_host_min_max<double, uint64_t>(a, b, true)
 struct tl_dim3 { unsigned x, y, z; };
 thread_local tl_dim3 threadIdx;
 tl_dim3 blockIdx;

@@ -54,10 +54,11 @@ def test_reduce_on_the_gpu(dt, adt, op, axis, space):
     assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 
+@pytest.mark.parametrize("space", ["local", "shared"])
 @pytest.mark.parametrize("op", ["max", "min"])
-def test_nan_is_kept_only_from_the_first_element_on_the_gpu(op):
+def test_nans_are_skipped_and_plus_zero_is_above_minus_zero_on_the_gpu(op, space):
     x = nan_input()
-    src = reduce_source("f32", "f32", 1, op, "local")
+    src = reduce_source("f32", "f32", 1, op, space)
     shape = output_shape(x.shape, 1)
     got, = run_gpu(src, [x], [(shape, "f32")])
     assert same_bits(got[0, :NAN_ROWS], nan_expectation(x, op)), got[0, :NAN_ROWS]

@@ -909,6 +909,75 @@ def test_exp2_of_floats_flushes_results_below_2_to_the_minus_126():
     assert np.asarray(y.view)[2] == np.float32(2.0 ** -126)
 
 
+
+MIN_MAX_SRC = """
+kernel mm(A: f32[N], B: f32[N], Y: f32[4, N], Z: f64[4, N]) {
+    grid (bx) = (cdiv(N, 128));
+    threads 128;
+    shared a: f32[128];
+    shared b: f32[128];
+    shared y: f32[4, 128];
+    shared z: f64[4, 128];
+    copy(A[bx * 128], a);
+    copy(B[bx * 128], b);
+    parallel (i) in (128) {
+        y[0, i] = max(a[i], b[i]);
+        y[1, i] = min(a[i], b[i]);
+        y[2, i] = max(a[i], 0);             // an int beside a float: in float
+        y[3, i] = min(b[i], f16(a[i]));
+        z[0, i] = max(f64(a[i]), f64(b[i]));
+        z[1, i] = min(f64(a[i]), f64(b[i]));
+        z[2, i] = max(f64(a[i]), b[i]);
+        z[3, i] = min(a[i], f64(b[i]));
+    }
+    copy(y, Y[0, bx * 128]);
+    copy(z, Z[0, bx * 128]);
+}"""
+# every pair of NaN, infinities, signed zeros, a subnormal and ordinary values, in both orders
+_MIN_MAX_VALUES = np.array([np.nan, -np.inf, -1.5, -0.0, 0.0, 1e-40, 2.0, np.inf], dtype=np.float32)
+MIN_MAX_A, MIN_MAX_B = (v.ravel().copy() for v in np.meshgrid(_MIN_MAX_VALUES, _MIN_MAX_VALUES))
+
+
+def min_max_expected(a, b, op):
+    """IEEE 754-2019 minimumNumber / maximumNumber, written out: a NaN gives the other
+    operand, two NaNs the canonical NaN, -0 < +0."""
+    out = []
+    for x, y in zip(a.tolist(), b.tolist()):
+        if math.isnan(x) and math.isnan(y):
+            out.append(float("nan"))
+        elif math.isnan(x) or math.isnan(y):
+            out.append(y if math.isnan(x) else x)
+        else:
+            key = lambda v: (v, math.copysign(1.0, v))     # -0 before +0
+            out.append((max if op == "max" else min)(x, y, key=key))
+    return np.array(out, a.dtype)
+
+
+def test_min_and_max_of_floats_are_ieee_minimum_and_maximum_number():
+    """language.md §13: min and max of floats are fminf / fmaxf (f64: fmin / fmax), as
+    the GPU computes them; of a float and an int, in float; f16 operands read as float."""
+    n = MIN_MAX_A.size
+    y, z = output((4, n), np.float32), output((4, n), np.float64)
+    interp(MIN_MAX_SRC)(MIN_MAX_A.copy(), MIN_MAX_B.copy(), y.view, z.view)
+    y.check()
+    z.check()
+    y, z = np.asarray(y.view), np.asarray(z.view)
+    a64, b64 = MIN_MAX_A.astype(np.float64), MIN_MAX_B.astype(np.float64)
+    h = MIN_MAX_A.astype(np.float16).astype(np.float32)
+    canonical32, canonical64 = np.uint32(0x7FFFFFFF).view(np.float32), np.uint64(0x7FFFFFFFFFFFFFFF).view(np.float64)
+    for got, want, nan in ((y[0], min_max_expected(MIN_MAX_A, MIN_MAX_B, "max"), canonical32),
+                           (y[1], min_max_expected(MIN_MAX_A, MIN_MAX_B, "min"), canonical32),
+                           (y[2], min_max_expected(MIN_MAX_A, np.zeros_like(MIN_MAX_A), "max"), canonical32),
+                           (y[3], min_max_expected(MIN_MAX_B, h, "min"), canonical32),
+                           (z[0], min_max_expected(a64, b64, "max"), canonical64),
+                           (z[1], min_max_expected(a64, b64, "min"), canonical64),
+                           (z[2], min_max_expected(a64, b64, "max"), canonical64),
+                           (z[3], min_max_expected(a64, b64, "min"), canonical64)):
+        want = np.where(np.isnan(want), nan, want)
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (got, want)
+    assert y[0][(MIN_MAX_A == 0) & (MIN_MAX_B == 0)].tolist() == [0.0] * 4
+    assert np.signbit(y[1][(MIN_MAX_A == 0) & (MIN_MAX_B == 0)]).tolist() == [True, True, True, False]
+
 def test_thread_copies_convert_dtypes():
     """shared f16 -> local f32 -> global f64 / i32, shared -> shared: codegen's casts."""
     src = """

@@ -306,34 +306,41 @@ def test_max_of_a_tile_row_includes_the_zeros_past_the_edge():
     assert (got[:2] == -1).all() and (got[2] == 0).all()
 
 
-NAN_ROWS = 5
+NAN_ROWS = 6
 
 
 def nan_input():
-    """Rows 0-4 of a [M, N] f32 input with NaNs placed for max and min: row 0 none,
-    row 1 at its first element, row 2 at its third, row 3 at every element, row 4
-    at its first and with a larger and a smaller element after it; other rows plain."""
+    """Rows 0-5 of a [M, N] f32 input with NaNs and zeros placed for max and min: row 0
+    no NaN, row 1 one at its first element, row 2 at its third, row 3 at every element,
+    row 4 at its first and with a larger and a smaller element after it, row 5 -0 and
+    +0 in turn; other rows plain."""
     x = np.arange(M * N, dtype=np.float32).reshape(M, N) % 7 - 3
     x[1, 0] = x[2, 2] = x[4, 0] = np.nan
     x[3, :] = np.nan
     x[4, 5], x[4, 6] = 100.0, -100.0
+    x[5, :] = np.where(np.arange(N) % 2 == 0, np.float32(-0.0), np.float32(0.0))
     return x
 
 
 def nan_expectation(x, op):
-    """Row results of the first column tile (64 elements): a NaN is kept only where it
-    is the running value's start (the row's first element), as max(a, b) = a < b ? b : a
-    keeps it; min keeps it alike (tl_min(element, running value))."""
+    """Row results of the first column tile (64 elements), as fmaxf / fminf combine
+    them (IEEE 754-2019 maximumNumber / minimumNumber, so any order gives these bits):
+    NaNs are skipped, a row of NaNs gives the canonical NaN (0x7fffffff), and +0 is
+    the maximum of a row of zeros holding one, -0 the minimum of one holding that."""
     tile = x[:NAN_ROWS, :64]
-    skip = np.float32(-np.inf if op == "max" else np.inf)       # what a NaN past the first element counts as
+    skip = np.float32(-np.inf if op == "max" else np.inf)
     plain = getattr(np.where(np.isnan(tile), skip, tile), op)(axis=1)
-    return np.where(np.isnan(tile[:, 0]), np.float32(np.nan), plain)
+    zero = np.float32(0.0) if op == "max" else np.float32(-0.0)
+    has = ((tile == 0) & (np.signbit(tile) == np.signbit(zero))).any(axis=1)
+    plain = np.where((plain == 0) & has, zero, plain)
+    return np.where(np.isnan(tile).all(axis=1), np.uint32(0x7FFFFFFF).view(np.float32), plain)
 
 
+@pytest.mark.parametrize("space", ["local", "shared"])
 @pytest.mark.parametrize("op", ["max", "min"])
-def test_nan_is_kept_only_from_the_first_element(op):
+def test_nans_are_skipped_and_plus_zero_is_above_minus_zero(op, space):
     x = nan_input()
-    got = run_interpreted(reduce_source("f32", "f32", 1, op, "local"), x, output_shape(x.shape, 1), "f32")
+    got = run_interpreted(reduce_source("f32", "f32", 1, op, space), x, output_shape(x.shape, 1), "f32")
     assert same_bits(got[0, :NAN_ROWS], nan_expectation(x, op)), got[0, :NAN_ROWS]
 
 

@@ -543,8 +543,7 @@ class _Printer:
             if s.op == "sum":
                 return f"tl_acc + {value}"
             self.uses_math = True
-            # max keeps tl_acc where either is NaN; min takes the element first to do the same
-            return f"tl_max(tl_acc, {value})" if s.op == "max" else f"tl_min({value}, tl_acc)"
+            return f"tl_{s.op}(tl_acc, {value})"      # floats: fmaxf / fminf, any order gives the same bits
 
         n = src.shape[s.axis]
         what = "row" if s.axis == 1 else "column"

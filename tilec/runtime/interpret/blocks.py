@@ -21,7 +21,7 @@ from ...ir import nodes as ir
 from ...ir.exprs import fused_product, reads_f64, widened
 from ...ir.tma import SWIZZLE_SPAN
 from ...passes import make_persistent
-from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert,
+from .numbers import (F32, F64, U8, _POISON, _WRAPPED, _f32_literal, _fma, _promote, arith, common_type, convert, min_max,
                       decode, encode, storage_dtype)
 
 INTERPRETED_RESIDENT_BLOCKS = 3   # a persistent kernel's grid here: each block loops over several tiles
@@ -615,9 +615,7 @@ class _Blocks:
             def combine(total, v):
                 if s.op == "sum":
                     return total + v
-                if s.op == "max":
-                    return np.where(total < v, v, total)        # tl_max(tl_acc, v)
-                return np.where(v < total, v, total)            # tl_min(v, tl_acc)
+                return min_max(s.op, total, v)                  # tl_max(tl_acc, v), tl_min(tl_acc, v)
             if src.scope == "local":
                 total = self.reduce_local(s, x, combine)
             else:
@@ -914,10 +912,9 @@ class _Blocks:
             return np.where(c != 0, convert(a, t), convert(b, t))
         args = [self.ev(a, env, double) for a in e.args]
         f = e.func
-        if f in ("min", "max"):                    # tl_min: a < b ? a : b
+        if f in ("min", "max"):                    # tl_min, tl_max: in the common type
             t = common_type(args[0].dtype, args[1].dtype)
-            a, b = convert(args[0], t), convert(args[1], t)
-            return np.where(a < b, a, b) if f == "min" else np.where(a < b, b, a)
+            return min_max(f, convert(args[0], t), convert(args[1], t))
         if f == "abs":                             # tl_abs: A, a < 0 ? -a : a
             a = args[0]
             return np.where(a < 0, -a.astype(_promote(a.dtype)), a).astype(a.dtype)
