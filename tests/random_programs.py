@@ -71,15 +71,15 @@ def common(a, b):
 def _min_max(f, a, b):
     """min / max of a and b in their common type: of integers a < b ? a : b (b : a);
     of floats what fminf / fmaxf give (IEEE 754-2019 minimumNumber / maximumNumber):
-    a NaN gives the other operand, two NaNs the canonical NaN, and -0 is below +0."""
+    a NaN gives the other operand, two NaNs the canonical NaN (doubles: b's), and -0
+    is below +0."""
     if a.dtype.kind != "f":
         return np.where(a < b, a, b) if f == "min" else np.where(a < b, b, a)
     with np.errstate(invalid="ignore"):
         below = (a < b) | ((a == b) & np.signbit(a) & ~np.signbit(b))     # a before b
     pick = np.where(below, a, b) if f == "min" else np.where(below, b, a)
     pick = np.where(np.isnan(a), b, np.where(np.isnan(b), a, pick))
-    nan = np.array(0x7FFFFFFF if a.dtype == F32 else 0x7FFFFFFFFFFFFFFF,
-                   np.uint32 if a.dtype == F32 else np.uint64).view(a.dtype)
+    nan = np.array(0x7FFFFFFF, np.uint32).view(F32) if a.dtype == F32 else b
     return np.where(np.isnan(a) & np.isnan(b), nan, pick).astype(a.dtype)
 
 def to_type(v, t):

@@ -409,14 +409,14 @@ _CPU_SHIM = r"""
 #include <cmath>
 #include <math.h>
 // fminf / fmaxf / fmin / fmax as the GPU computes them (IEEE 754-2019 minimumNumber /
-// maximumNumber): a NaN gives the other operand, two NaNs the canonical NaN, and -0 < +0
-// (the C library may return either zero of a pair and a NaN operand's own payload)
+// maximumNumber): a NaN gives the other operand, two NaNs the canonical NaN (doubles: b), and
+// -0 < +0 (the C library may return either zero of a pair and a NaN operand's own payload)
 template <class T, class U> T tl_host_min_max(T a, T b, bool max) {
   if (std::isnan(a) && std::isnan(b)) {
     const U bits = ~U(0) >> 1;
     T t;
     memcpy(&t, &bits, sizeof t);
-    return t;
+    return sizeof(T) == 4 ? t : b;
   }
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? b : a;
   const bool below = a < b || (a == b && std::signbit(a) && !std::signbit(b));

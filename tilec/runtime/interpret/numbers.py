@@ -60,22 +60,22 @@ def convert(v, t):
 
 
 
-# the NaN PTX's min and max return for two NaN operands
-_CANONICAL_NAN = {F32: np.uint32(0x7FFFFFFF).view(F32), F64: np.uint64(0x7FFFFFFFFFFFFFFF).view(F64)}
+# the NaN fminf and fmaxf return for two NaN operands (fmin and fmax of doubles: the second's)
+_CANONICAL_NAN = np.uint32(0x7FFFFFFF).view(F32)
 
 
 def min_max(op, a, b):
     """tl_min / tl_max of a and b, already in their common type: of integers a < b ? a :
     b and a < b ? b : a; of floats fminf / fmaxf (fmin / fmax of doubles) as the GPU
-    computes them, IEEE 754-2019 minimumNumber / maximumNumber: a NaN operand gives
-    the other operand, two give the canonical NaN, and -0 < +0."""
+    computes them (H200), IEEE 754-2019 minimumNumber / maximumNumber: a NaN operand
+    gives the other operand, two give the canonical NaN (doubles: b), and -0 < +0."""
     if a.dtype.kind != "f":
         return np.where(a < b, a, b) if op == "min" else np.where(a < b, b, a)
     sign = 1 if op == "max" else -1
     with np.errstate(invalid="ignore"):
         r = (np.fmax if op == "max" else np.fmin)(a, b)
         r = np.where((a == 0) & (b == 0), (a * sign + b * sign) * sign, r)     # -0 + +0 = +0
-    return np.where(np.isnan(a) & np.isnan(b), _CANONICAL_NAN[a.dtype], r).astype(a.dtype)
+    return np.where(np.isnan(a) & np.isnan(b), _CANONICAL_NAN if a.dtype == F32 else b, r).astype(a.dtype)
 
 def _bf16_bits(f):
     bits = np.asarray(f, F32).view(U32)
