@@ -59,7 +59,6 @@ def convert(v, t):
     return np.where(big, info.max, out).astype(t)
 
 
-
 # the NaN fminf and fmaxf return for two NaN operands (fmin and fmax of doubles: the second's)
 _CANONICAL_NAN = np.uint32(0x7FFFFFFF).view(F32)
 
@@ -76,6 +75,7 @@ def min_max(op, a, b):
         r = (np.fmax if op == "max" else np.fmin)(a, b)
         r = np.where((a == 0) & (b == 0), (a * sign + b * sign) * sign, r)     # -0 + +0 = +0
     return np.where(np.isnan(a) & np.isnan(b), _CANONICAL_NAN if a.dtype == F32 else b, r).astype(a.dtype)
+
 
 def _bf16_bits(f):
     bits = np.asarray(f, F32).view(U32)
