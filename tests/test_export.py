@@ -47,7 +47,8 @@ from random_programs import program as random_program
 
 EXAMPLES = ["copy2d", "scale", "im2col", "gemm", "conv2d", "rowsum"]
 # Host expressions the examples do not have: requires over scalars, a division that
-# floors below zero and one by a scalar, max() in the grid, an f32 scalar.
+# floors below zero and one by a scalar, max() in the grid, an f32 scalar, min() and
+# max() of floats (in float, not truncated to integers).
 WEIRD = """
 kernel weird(X: f16[M, N], Y: f16[M, N], n: i32, beta: f32) {
     const BM = 16, BN = 64;
@@ -55,6 +56,7 @@ kernel weird(X: f16[M, N], Y: f16[M, N], n: i32, beta: f32) {
     require (N - 70) / 4 >= -1;
     require N / n >= 1;
     require (M < 64) == (N < 64) || M % 4 == 0 && N > 0;
+    require min(beta, 2.0) > 0.25 && max(abs(beta), -1.0) < 0.5;
     grid (bx, by) = (cdiv(N, BN), max(cdiv(M, BM), 1));
     threads 128;
     shared s: f16[BM, BN];
@@ -1054,6 +1056,10 @@ BAD = {
                                    1, "require (M < 64) == (N < 64) || M % 4 == 0 && N > 0 failed (M = 34, N = 128)"),
     "require scalar": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), -3, 1.0], 1,
                        "require M % 2 == 0 && n > -3 failed (M = 32, n = -3)"),
+    "require float min": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.125], 1,
+                          "require min(beta, 2.0) > 0.25 && max(abs(beta), -1.0) < 0.5 failed (beta = 0.125)"),
+    "require float max": ("weird", [t(0x7f0000000000, (32, 128)), t(0x7f0000100000, (32, 128)), 2, 0.75], 1,
+                          "require min(beta, 2.0) > 0.25 && max(abs(beta), -1.0) < 0.5 failed (beta = 0.75)"),
     "innermost extent 1": ("copy3", [t(0x7f0000000000, (3, 5, 1), (5, 1, 7)), t(0x7f0000100000, (3, 5, 1))], 2,
                            "argument A: dim 0 stride 20 bytes is not a multiple of 16 (TMA requires 16-byte "
                            "aligned strides); row stride 4 bytes"),

@@ -73,6 +73,8 @@ class _HostExpr:
             return isinstance(p, ir.ScalarParam) and p.dtype.is_float
         if isinstance(e, ir.BinOp):
             return self.is_float(e.lhs) or self.is_float(e.rhs)
+        if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
+            return any(self.is_float(a) for a in e.args)
         return isinstance(e, ir.UnaryOp) and self.is_float(e.operand)
 
     def divisors(self, e) -> list:
@@ -111,9 +113,14 @@ class _HostExpr:
             inner = self(e.operand, 7)
             return f"{e.op}({inner})" if inner[:1] in "-+" else f"{e.op}{inner}"     # `- -x` is not `--x`
         if isinstance(e, ir.Call) and e.func in ("min", "max"):
+            if self.is_float(e):        # in double, as the Python wrapper's min / max of floats
+                self.helpers.add(f"f{e.func}")
+                return f"f{e.func}_py({self(e.args[0])}, {self(e.args[1])})"
             return f"std::{e.func}<long long>({self(e.args[0])}, {self(e.args[1])})"
         if isinstance(e, ir.Call) and e.func == "abs":
-            return f"std::llabs({self(e.args[0])})"
+            fabs = self.is_float(e)
+            self.helpers.add("fabs" if fabs else "abs")
+            return f"std::{'fabs' if fabs else 'llabs'}({self(e.args[0])})"
         if isinstance(e, ir.Call) and e.func == "cdiv":
             self.helpers.add("cdiv")
             return f"cdiv({self(e.args[0])}, {self(e.args[1])})"
