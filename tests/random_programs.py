@@ -67,7 +67,6 @@ def common(a, b):
     return I32
 
 
-
 def _min_max(f, a, b):
     """min / max of a and b in their common type: of integers a < b ? a : b (b : a);
     of floats what fminf / fmaxf give (IEEE 754-2019 minimumNumber / maximumNumber):
@@ -81,6 +80,7 @@ def _min_max(f, a, b):
     pick = np.where(np.isnan(a), b, np.where(np.isnan(b), a, pick))
     nan = np.array(0x7FFFFFFF, np.uint32).view(F32) if a.dtype == F32 else b
     return np.where(np.isnan(a) & np.isnan(b), nan, pick).astype(a.dtype)
+
 
 def to_type(v, t):
     """C++ conversion: float -> int truncates (saturating, NaN -> 0, as PTX cvt.rzi

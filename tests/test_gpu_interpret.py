@@ -251,7 +251,6 @@ def test_exp2_flushes_alike():
     assert zg[6].item() == zc[6].item() == 2.0 ** -140      # a subnormal float, kept as a double
 
 
-
 def test_min_and_max_of_floats_alike():
     """fminf / fmaxf (one FMNMX) and fmin / fmax on the GPU give the interpreter's bits
     for every pair of NaN, infinities, signed zeros, a subnormal and ordinary values
@@ -261,6 +260,7 @@ def test_min_and_max_of_floats_alike():
     a, b = torch.from_numpy(MIN_MAX_A), torch.from_numpy(MIN_MAX_B)
     n = a.numel()
     assert_same_bits(run_both(MIN_MAX_SRC, [a, b], [((4, n), torch.float32), ((4, n), torch.float64)]))
+
 
 def test_thread_copies_with_conversions():
     src = """

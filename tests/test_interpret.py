@@ -909,7 +909,6 @@ def test_exp2_of_floats_flushes_results_below_2_to_the_minus_126():
     assert np.asarray(y.view)[2] == np.float32(2.0 ** -126)
 
 
-
 MIN_MAX_SRC = """
 kernel mm(A: f32[N], B: f32[N], Y: f32[4, N], Z: f64[4, N]) {
     grid (bx) = (cdiv(N, 128));
@@ -978,6 +977,7 @@ def test_min_and_max_of_floats_are_ieee_minimum_and_maximum_number():
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (got, want)
     assert y[0][(MIN_MAX_A == 0) & (MIN_MAX_B == 0)].tolist() == [0.0] * 4
     assert np.signbit(y[1][(MIN_MAX_A == 0) & (MIN_MAX_B == 0)]).tolist() == [True, True, True, False]
+
 
 def test_thread_copies_convert_dtypes():
     """shared f16 -> local f32 -> global f64 / i32, shared -> shared: codegen's casts."""
