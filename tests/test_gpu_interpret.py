@@ -125,6 +125,19 @@ def test_gemm_examples_agree_within_accumulation_order(name):
         torch.testing.assert_close(g.float(), c.float(), rtol=2e-3, atol=2e-2)
 
 
+def test_a_tile_threads_wrote_before_a_loop_that_only_reads_it():
+    """tests/filecheck/barrier_before_loop.tile: the block barrier and proxy fence that
+    make the threads' writes of w visible to the gemm come once, before the loop (200
+    rows: two blocks of two trips, the last one ragged)."""
+    import torch
+    x, w = tensor((200, 64), "f16", 13), tensor((64, 64), "f16", 14)
+    src = str(EXAMPLES.parent / "tests" / "filecheck" / "barrier_before_loop.tile")
+    (g, c), = run_both(src, [x, w], [((200, 64), x.dtype)])
+    want = (x.float() @ (w.float() * 2)).half()
+    torch.testing.assert_close(g.float(), want.float(), rtol=2e-3, atol=2e-2)
+    torch.testing.assert_close(c.float(), want.float(), rtol=2e-3, atol=2e-2)
+
+
 # ---------------------------------------------------------------- a sample of the copy and im2col matrices
 
 COPY_SAMPLE = [(1, "f32"), (1, "i8"), (2, "bf16"), (2, "f64"), (3, "f16"), (3, "i32"), (4, "i8"), (4, "f32"),

@@ -198,23 +198,10 @@ class _Inserter:
                 # but its threads' writes of a reread tensor wait for a global proxy fence.
                 out.append(s)
                 st.unfenced_global |= self.reread({s.tensor})
-            elif isinstance(s, ir.For) and s.ring:
-                self.flush(st, out, s.span)
-                if st.wgmma:        # a ring counts its own groups in flight
-                    self.wait_wgmma(st, st.wgmma.names(), out, s.span)
-                self.pipeline(s, st, out, in_loop)
-            elif isinstance(s, ir.For) and s.rotate:
-                self.flush(st, out, s.span)
-                self.rotate(s, st, out)
             elif isinstance(s, ir.For):
                 self.flush(st, out, s.span)
-                self.wgmma_used_in(s, st, out)
-                entry = self.back_edge_state(s.body, st)
-                body_out = self.block(s.body, entry.copy(), True)
-                exit_state = self._last_state
-                out.append(replace(s, body=body_out))
-                new = entry.join(exit_state)
-                self._assign(st, new)
+                self.sync_before_loop(s, st, out, in_loop)
+                self.loop(s, st, out, in_loop)
             elif isinstance(s, ir.If):
                 self.flush(st, out, s.span)
                 self.wgmma_used_in(s, st, out)
@@ -230,6 +217,45 @@ class _Inserter:
         self.flush(st, out)
         self._last_state = st
         return tuple(out)
+
+    def loop(self, s: ir.For, st, out, in_loop):
+        if s.ring:
+            if st.wgmma:        # a ring counts its own groups in flight
+                self.wait_wgmma(st, st.wgmma.names(), out, s.span)
+            self.pipeline(s, st, out, in_loop)
+        elif s.rotate:
+            self.rotate(s, st, out)
+        else:
+            self.wgmma_used_in(s, st, out)
+            entry = self.back_edge_state(s.body, st)
+            body_out = self.block(s.body, entry.copy(), True)
+            exit_state = self._last_state
+            out.append(replace(s, body=body_out))
+            self._assign(st, entry.join(exit_state))
+
+    def sync_before_loop(self, s: ir.For, st, out, in_loop):
+        """Tiles that threads used before loop `s` and that its body touches keep the
+        loop's head state (what enters it joined with what a trip leaves) dirty, so the
+        barriers they need are placed in the body and run on every trip. Where the body
+        placed after one block barrier (and a proxy fence if a touched tile is
+        unfenced) needs fewer barriers, that barrier comes before the loop instead."""
+        reads, writes = shared_accesses(self.k, s)
+        touched = reads | writes
+        if not touched & (st.thread_written | st.thread_read | st.unfenced | st.one_thread_seen | st.observed):
+            return
+        fence = bool(touched & st.unfenced)
+
+        def barriers(head):
+            dry = _Inserter(self.k, self.skew)
+            dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
+            body = []
+            dry.loop(s, head, body, in_loop)
+            return sum(isinstance(x, ir.SyncThreads) for x in ir.walk_stmts(body))
+
+        clean = st.copy()
+        self.sync(clean, [], fence, s.span)
+        if barriers(clean) < barriers(st.copy()):
+            self.sync(st, out, fence, s.span)
 
     @staticmethod
     def _assign(st, new):
