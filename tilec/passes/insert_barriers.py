@@ -130,6 +130,16 @@ class _Inserter:
         # local tiles the wgmmas use: accumulators (written) and register A operands (read)
         self.register_a = ir.register_a_tiles(k.body)
         self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"} - self.register_a
+        self.is_dry = False
+
+    def dry(self) -> "_Inserter":
+        """An inserter for a dry run (a loop's head state, sync_before_loop's choice), whose
+        output is dropped. Its loops keep every barrier in their bodies: a state that is
+        dirtier than the real run's is safe at a loop's head, and the choices nest no
+        further (each would dry-run its loop again, at every level of a nest)."""
+        dry = _Inserter(self.k, self.skew)
+        dry.barriers, dry.bar_tiles, dry.is_dry = list(self.barriers), dict(self.bar_tiles), True
+        return dry
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
         name = f"{prefix}{len(self.barriers)}"
@@ -236,25 +246,30 @@ class _Inserter:
     def sync_before_loop(self, s: ir.For, st, out, in_loop):
         """Tiles that threads used before loop `s` and that its body touches keep the
         loop's head state (what enters it joined with what a trip leaves) dirty, so the
-        barriers they need are placed in the body and run on every trip. Where the body
-        placed after one block barrier (and a proxy fence if a touched tile is
-        unfenced) needs fewer barriers, that barrier comes before the loop instead."""
+        barriers they need are placed in the body and run on every trip. Where the body,
+        entered after one block barrier, needs fewer barriers, that barrier comes before
+        the loop instead (after a proxy fence where the loop fences a tile that threads
+        wrote before it: TMA or a wgmma reads it)."""
         reads, writes = shared_accesses(self.k, s)
         touched = reads | writes
-        if not touched & (st.thread_written | st.thread_read | st.unfenced | st.one_thread_seen | st.observed):
+        dirty = st.thread_written | st.thread_read | st.unfenced | st.one_thread_seen | st.observed
+        if self.is_dry or not touched & dirty:
             return
-        fence = bool(touched & st.unfenced)
 
-        def barriers(head):
-            dry = _Inserter(self.k, self.skew)
-            dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
+        def dry_run(head):
             body = []
-            dry.loop(s, head, body, in_loop)
-            return sum(isinstance(x, ir.SyncThreads) for x in ir.walk_stmts(body))
+            self.dry().loop(s, head, body, in_loop)
+            return list(ir.walk_stmts(body))
 
+        def barriers(stmts):
+            return sum(isinstance(x, ir.SyncThreads) for x in stmts)
+
+        as_is = dry_run(st.copy())
+        fence = bool(touched & st.unfenced) and any(isinstance(x, ir.ProxyFence) and x.space == "shared"
+                                                     for x in as_is)
         clean = st.copy()
         self.sync(clean, [], fence, s.span)
-        if barriers(clean) < barriers(st.copy()):
+        if barriers(dry_run(clean)) < barriers(as_is):
             self.sync(st, out, fence, s.span)
 
     @staticmethod
@@ -449,8 +464,7 @@ class _Inserter:
         """The state at a loop's head: what enters it, joined with what one more
         trip through the body leaves (a fixpoint; the sets only grow)."""
         def trip(head):
-            dry = _Inserter(self.k, self.skew)
-            dry.barriers, dry.bar_tiles = list(self.barriers), dict(self.bar_tiles)
+            dry = self.dry()
             dry.block(body, head, True)
             return dry._last_state
         return _fixpoint(st, trip)
