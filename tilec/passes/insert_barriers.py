@@ -18,6 +18,9 @@ around every shared tile.
   followed by `commit_group`, and by `wait_group.read 0` before its tile is
   written again and before the kernel exits. Its StoreTail (the columns past
   the tensor's last whole 16-byte granule) brings its own block barriers.
+- Where what threads did before a loop would put a block barrier in every trip
+  of it (a tile they wrote that the body only reads), one barrier goes before
+  the loop instead (`sync_before_loop`).
 """
 from __future__ import annotations
 
@@ -229,6 +232,8 @@ class _Inserter:
         return tuple(out)
 
     def loop(self, s: ir.For, st, out, in_loop):
+        """A `for`: a ring (`pipeline`), a rotating loop (`rotate`) or a plain loop from
+        its head state."""
         if s.ring:
             if st.wgmma:        # a ring counts its own groups in flight
                 self.wait_wgmma(st, st.wgmma.names(), out, s.span)
