@@ -9,7 +9,7 @@ import pytest
 
 import tilec
 from guard import guarded
-from test_interpret import (ELSIZE, EXAMPLES, LOOP_IF, SHIFT, copy_shape, copy_source, im2col_cases,
+from test_interpret import (ELSIZE, EXAMPLES, LOOP_IF, ROOT, SHIFT, copy_shape, copy_source, im2col_cases,
                             im2col_source, SPATIAL)
 
 try:                                        # bounded: every case is small; with pytest-timeout, hard-bounded
@@ -131,7 +131,7 @@ def test_a_tile_threads_wrote_before_a_loop_that_only_reads_it():
     rows: two blocks of two trips, the last one ragged)."""
     import torch
     x, w = tensor((200, 64), "f16", 13), tensor((64, 64), "f16", 14)
-    src = str(EXAMPLES.parent / "tests" / "filecheck" / "barrier_before_loop.tile")
+    src = str(ROOT / "tests" / "filecheck" / "barrier_before_loop.tile")
     (g, c), = run_both(src, [x, w], [((200, 64), x.dtype)])
     want = (x.float() @ (w.float() * 2)).half()
     torch.testing.assert_close(g.float(), want.float(), rtol=2e-3, atol=2e-2)
