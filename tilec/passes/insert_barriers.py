@@ -24,6 +24,7 @@ around every shared tile.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 
 from ..errors import SemanticError
@@ -99,6 +100,13 @@ class _State:
                       set(self.unfenced), self.storing, self.wgmma, set(self.one_thread_seen), set(self.observed),
                       set(self.stored_global), set(self.written_global), set(self.unfenced_global))
 
+    def key(self) -> tuple:
+        """The state as a dictionary key (a dry run's memo)."""
+        return (frozenset(self.pending.items()), frozenset(self.thread_read), frozenset(self.thread_written),
+                frozenset(self.unfenced), self.storing, self.wgmma, frozenset(self.one_thread_seen),
+                frozenset(self.observed), frozenset(self.stored_global), frozenset(self.written_global),
+                frozenset(self.unfenced_global))
+
     def join(self, other):
         assert not self.pending and not other.pending
         return _State({}, self.thread_read | other.thread_read, self.thread_written | other.thread_written,
@@ -134,14 +142,19 @@ class _Inserter:
         self.register_a = ir.register_a_tiles(k.body)
         self.accumulators = {b.name for b in k.buffers if b.layout == "wgmma"} - self.register_a
         self.is_dry = False
+        # What a dry run of a loop gives from a head state, and a loop's head state from
+        # what enters it: both depend on nothing else, and a nest of loops asks for the
+        # same ones again at every level (without it, each level costs ~3x the one inside).
+        self.memo = {}
 
     def dry(self) -> "_Inserter":
         """An inserter for a dry run (a loop's head state, sync_before_loop's choice), whose
         output is dropped. Its loops keep every barrier in their bodies: a state that is
         dirtier than the real run's is safe at a loop's head, and the choices nest no
         further (each would dry-run its loop again, at every level of a nest)."""
-        dry = _Inserter(self.k, self.skew)
-        dry.barriers, dry.bar_tiles, dry.is_dry = list(self.barriers), dict(self.bar_tiles), True
+        dry = copy.copy(self)
+        dry.barriers, dry.bar_tiles, dry.producer_loops = list(self.barriers), dict(self.bar_tiles), {}
+        dry.is_dry = True
         return dry
 
     def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
@@ -233,7 +246,19 @@ class _Inserter:
 
     def loop(self, s: ir.For, st, out, in_loop):
         """A `for`: a ring (`pipeline`), a rotating loop (`rotate`) or a plain loop from
-        its head state."""
+        its head state. A dry run of it from a state met before is the one remembered."""
+        if not self.is_dry:
+            return self._loop(s, st, out, in_loop)
+        key = ("loop", id(s), in_loop, st.key())
+        if self.memo.get(key, (None,))[0] is not s:     # (an id outlives its object)
+            body, after = [], st.copy()
+            self._loop(s, after, body, in_loop)
+            self.memo[key] = s, tuple(body), after
+        _, body, after = self.memo[key]
+        out.extend(body)
+        self._assign(st, after.copy())
+
+    def _loop(self, s: ir.For, st, out, in_loop):
         if s.ring:
             if st.wgmma:        # a ring counts its own groups in flight
                 self.wait_wgmma(st, st.wgmma.names(), out, s.span)
@@ -418,6 +443,8 @@ class _Inserter:
         trip = ir.Var(f"tl_{s.var}_trip", "loop", span=s.span)
         its = [op("+", op("*", trip, ir.Int(S)), ir.Int(j)) for j in range(S)]     # k of body copy j
         bodies = [rename_tiles(substitute_body(rest, {s.var: its[j]}), names[j]) for j in range(S)]
+        # body copy j refills the copy the one before it used, with iteration k + S - 1
+        refills = [issue(op("+", it, ir.Int(S - 1)), (j - 1) % S) for j, it in enumerate(its)]
 
         def unrolled(st, emit):
             """The S copies of the body for one trip, from state `st`; the state after."""
@@ -425,7 +452,7 @@ class _Inserter:
                 then, inner = [], st.copy()
                 previous = (j - 1) % S
                 self.before_tma_writes(list(names[previous].values()), inner, then, s.span)
-                then.append(issue(op("+", it, ir.Int(S - 1)), previous))
+                then.append(refills[j])
                 self.wait(inner, fulls[j], then, span=s.span)
                 then += self.block(bodies[j], inner, True)
                 emit.append(ir.If(op("<", it, n), tuple(then), (), span=s.span))
@@ -472,7 +499,10 @@ class _Inserter:
             dry = self.dry()
             dry.block(body, head, True)
             return dry._last_state
-        return _fixpoint(st, trip)
+        key = ("head", id(body), st.key())
+        if self.memo.get(key, (None,))[0] is not body:
+            self.memo[key] = body, _fixpoint(st, trip)
+        return self.memo[key][1].copy()
 
     def loads(self, run, st, out, in_loop):
         self.before_global_access({x.tensor for x in run}, set(), st, out, run[0].span, tma=True)
