@@ -25,7 +25,7 @@ around every shared tile.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
@@ -101,11 +101,11 @@ class _State:
                       set(self.stored_global), set(self.written_global), set(self.unfenced_global))
 
     def key(self) -> tuple:
-        """The state as a dictionary key (a dry run's memo)."""
-        return (frozenset(self.pending.items()), frozenset(self.thread_read), frozenset(self.thread_written),
-                frozenset(self.unfenced), self.storing, self.wgmma, frozenset(self.one_thread_seen),
-                frozenset(self.observed), frozenset(self.stored_global), frozenset(self.written_global),
-                frozenset(self.unfenced_global))
+        """The state as a dictionary key (a dry run's memo): every field, so a field added
+        later cannot make two different states one key."""
+        def frozen(v):
+            return frozenset(v.items()) if isinstance(v, dict) else frozenset(v) if isinstance(v, set) else v
+        return tuple(frozen(getattr(self, f.name)) for f in fields(self))
 
     def join(self, other):
         assert not self.pending and not other.pending
@@ -249,14 +249,21 @@ class _Inserter:
         its head state. A dry run of it from a state met before is the one remembered."""
         if not self.is_dry:
             return self._loop(s, st, out, in_loop)
-        key = ("loop", id(s), in_loop, st.key())
-        if self.memo.get(key, (None,))[0] is not s:     # (an id outlives its object)
+        def run():
             body, after = [], st.copy()
             self._loop(s, after, body, in_loop)
-            self.memo[key] = s, tuple(body), after
-        _, body, after = self.memo[key]
+            return tuple(body), after
+        body, after = self.recall(("loop", id(s), in_loop, st.key()), s, run)
         out.extend(body)
         self._assign(st, after.copy())
+
+    def recall(self, key, node, compute):
+        """What `compute()` gave for `key` (which holds id(node)), computed once; checked
+        by identity, since an id can outlive its object."""
+        hit = self.memo.get(key)
+        if hit is None or hit[0] is not node:
+            hit = self.memo[key] = node, compute()
+        return hit[1]
 
     def _loop(self, s: ir.For, st, out, in_loop):
         if s.ring:
@@ -499,10 +506,7 @@ class _Inserter:
             dry = self.dry()
             dry.block(body, head, True)
             return dry._last_state
-        key = ("head", id(body), st.key())
-        if self.memo.get(key, (None,))[0] is not body:
-            self.memo[key] = body, _fixpoint(st, trip)
-        return self.memo[key][1].copy()
+        return self.recall(("head", id(body), st.key()), body, lambda: _fixpoint(st, trip)).copy()
 
     def loads(self, run, st, out, in_loop):
         self.before_global_access({x.tensor for x in run}, set(), st, out, run[0].span, tma=True)
