@@ -36,7 +36,9 @@ consumers preferred (exposing reads before loads land). Loop trip counts, the
 arms of unknown `if`s and store tails are choices, explored depth first: a run
 forks at each choice, and each copy goes on from there with an option of its own
 (`_Run`, `_Side`); an extent takes one value on both sides of a path (per
-generation of the lets it reads). The
+generation of the lets it reads). A run that comes to a store tail's choice in a
+configuration (state, both sides' places, the choices fixed so far) that another run
+came to stops there: everything after it is that run's to explore. The
 consumers' block barriers are their own: only a wait on `empty` orders the
 producer's refill of a stage after their use of it.
 
@@ -197,17 +199,19 @@ class _State:
                       [set(w) for w in self.wgmma], dict(self.released), set(self.wgmma_read))
 
 
-def _fingerprint(st) -> tuple:
+def _fingerprint(st, env=None) -> tuple:
     """All of a path's state, hashable: paths whose states are equal run alike from
     here on (the same statements, the same checks), so one of them stands for all.
     Dicts as their items in order: two equal dicts filled in another order count as
-    different, which only leaves two equal paths unmerged (cheaper than sorting)."""
+    different, which only leaves two equal paths unmerged (cheaper than sorting).
+    `env`: the env's part (default: its items)."""
     return (tuple((n, b.armed, b.expect, b.loaded, frozenset(b.tiles), b.completed, tuple(b.seen.values()),
                    b.counted) for n, b in st.bars.items()),
             tuple(st.phase.items()), tuple(st.unwaited.items()),
             tuple((t, frozenset(c)) for t, c in st.visible.items()),
             frozenset(st.touched), frozenset(st.written), frozenset(st.fenced),
-            tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted), tuple(st.env.items()),
+            tuple(frozenset(g) for g in st.groups), frozenset(st.uncommitted),
+            tuple(st.env.items()) if env is None else env,
             tuple(frozenset(w) for w in st.wgmma), tuple(st.released.items()), frozenset(st.wgmma_read))
 
 
@@ -290,6 +294,19 @@ class _Side:
         c.stack, c.pending = [list(f) for f in self.stack], self.pending
         return c
 
+    def key(self) -> tuple:
+        """Where the side stands, hashable. Its pending statement is the one before the
+        top frame's index (or none, between a step and the move to the next); a store
+        tail's frame of its own is named by the tail."""
+        return (self.pending is None,) + tuple(
+            (f[0], id(f[1][1]) if f[0] is _SEQ else id(f[1]),
+             tuple(f[2]) if isinstance(f[2], list) else f[2], *f[3:]) for f in self.stack)
+
+
+class _Seen(Exception):
+    """A run came to a choice in a configuration that an earlier run of the same
+    block came to: everything from there on is explored from the earlier one."""
+
 
 class _Run:
     """One path through a Specialized block, on a copy of the state. At each choice
@@ -299,6 +316,7 @@ class _Run:
     what an earlier one ran before their choices part."""
 
     def __init__(self, st, counts, sides, forks):
+        self.seen = set()           # the configurations at the choices made so far, by every run of the block
         self.st = copy.deepcopy(st)
         self.envs = {PRODUCER: self.st.env, CONSUMERS: dict(self.st.env)}  # each side's loop variables, ring counts
         self.counts = counts        # extent -> the trip counts to try
@@ -309,12 +327,32 @@ class _Run:
         self.agreed = {}            # (extent, its lets' generations) -> the trip count both sides run
         self.last = {}              # extent -> the trip count chosen for it last (an earlier generation)
 
-    def choose(self, n):
+    def choose(self, n, tail=False):
+        """The option to take at a choice of n. At a store tail's choice (`tail`), a run
+        in a configuration that another run of the block came to stops (_Seen): its
+        future, forks and all, is that run's. The two cases of a tile's tail mostly end
+        in the same state, so that is where runs meet (in gemm.tile's producer stream-K
+        candidates, 9 in 10 of the meetings; a configuration costs about as much as 8
+        statement steps, so it is not taken at the other choices)."""
         if self.forced is not None:
             choice, self.forced = self.forced, None
             return choice
+        if tail:
+            config = self.config()
+            if config in self.seen:
+                raise _Seen
+            self.seen.add(config)
         self.forks += [self.fork(o) for o in range(n - 1, 0, -1)]     # option 1 is taken up first
         return 0
+
+    def config(self) -> tuple:
+        """All that the rest of the run depends on, at a store tail's choice, hashable:
+        the state, each side's env and place, and the run's own choices. The env of the
+        side at the choice without its TAIL, which the choice overwrites."""
+        envs = tuple(tuple(i for i in env.items() if not (env is self.st.env and i[0] == TAIL))
+                     for env in self.envs.values())
+        return (_fingerprint(self.st, envs), tuple(side.key() for side in self.sides.values()), self.order,
+                tuple(self.advancing), tuple(self.agreed.items()), tuple(self.last.items()))
 
     def fork(self, choice):
         """A copy of this run at a choice, to go on with option `choice` of it."""
@@ -522,7 +560,10 @@ class _Checker:
                                        CONSUMERS: _Side(s.consumers, (T0, REST))}, forks))
         while forks and len(out) < MAX_PATHS:
             run = forks.pop()
-            self.interleave(run)
+            try:
+                self.interleave(run)
+            except _Seen:
+                continue
             out.append(run.st)
         self.dropped |= bool(forks)
         self.paths = max(self.paths, len(out))
@@ -630,7 +671,7 @@ class _Checker:
                 stack.append([_BLOCK, s.then if taken else s.orelse, 0, classes])
             else:                               # a store tail
                 if id(s) in self.forking_tails:     # a block whose tile crosses the last whole granule
-                    st.env[TAIL] = run.choose(2) == 0
+                    st.env[TAIL] = run.choose(2, tail=True) == 0
                 f[2] = i + 1
                 if st.env[TAIL]:
                     sync = ir.SyncThreads(span=s.span)
