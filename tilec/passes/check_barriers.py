@@ -203,7 +203,9 @@ def _fingerprint(st, env=None) -> tuple:
     """All of a path's state, hashable: paths whose states are equal run alike from
     here on (the same statements, the same checks), so one of them stands for all.
     Dicts as their items in order: two equal dicts filled in another order count as
-    different, which only leaves two equal paths unmerged (cheaper than sorting).
+    different, which only leaves two equal paths unmerged (cheaper than sorting); the
+    dicts filled from sets (`visible`, `released`) are filled in sorted order, so that
+    which paths merge does not follow the names' salted hashes (PYTHONHASHSEED).
     `env`: the env's part (default: its items)."""
     return (tuple((n, b.armed, b.expect, b.loaded, frozenset(b.tiles), b.completed, tuple(b.seen.values()),
                    b.counted) for n, b in st.bars.items()),
@@ -697,7 +699,7 @@ class _Checker:
             name = self.bar_name(st, s.barrier, s.index, s)
             bar = self.bar(st, name, s)
             stage = evaluate(s.index, st.env)
-            for t in list(st.touched):
+            for t in sorted(st.touched):      # sorted: dicts filled in an order no hash seed changes
                 if t.endswith(f"@{stage}"):
                     if any(t in group for group in st.wgmma):
                         _fail(f"stage {stage} is released on mbarrier {name} while a wgmma may still read '{t}'",
@@ -855,7 +857,7 @@ class _Checker:
     @staticmethod
     def _observe(st, bar, c):
         bar.seen[c] = bar.completed - 1
-        for t in bar.tiles:
+        for t in sorted(bar.tiles):     # (sorted: see _fingerprint)
             st.unwaited.pop(t, None)
             st.visible.setdefault(t, set()).add(c)
 
