@@ -306,8 +306,8 @@ class _Side:
 
 
 class _Seen(Exception):
-    """A run came to a choice in a configuration that an earlier run of the same
-    block came to: everything from there on is explored from the earlier one."""
+    """A run came to a store tail's choice in a configuration that an earlier run of
+    the same block came to: everything from there on is explored from the earlier one."""
 
 
 class _Run:
@@ -318,7 +318,7 @@ class _Run:
     what an earlier one ran before their choices part."""
 
     def __init__(self, st, counts, sides, forks):
-        self.seen = set()           # the configurations at the choices made so far, by every run of the block
+        self.seen = set()           # the configurations at store tails' choices so far, by every run of the block
         self.st = copy.deepcopy(st)
         self.envs = {PRODUCER: self.st.env, CONSUMERS: dict(self.st.env)}  # each side's loop variables, ring counts
         self.counts = counts        # extent -> the trip counts to try
