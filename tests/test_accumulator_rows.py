@@ -142,7 +142,11 @@ def edited(old, new, consts=None):
             "    }\n    parallel (i, j) in (BM, BN) {\n        a[i, j] = f16(scale[i]);"),
      "<string>:29:23: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
      "beside 'acc'), but here the parallel walks no gemm accumulator whose rows it could be kept in"),
-], ids=["copied", "shared read and written", "acc transposed", "beside a shared tile"])
+    (edited("        acc[i, j] = acc[i, j] * scale[i];", "        a[i, j] = f16(scale[i]);"),
+     "<string>:26:23: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
+     "in a parallel over (i, j) in (128, 64)), but here the parallel walks no gemm accumulator whose rows it "
+     "could be kept in"),
+], ids=["copied", "shared read and written", "acc transposed", "beside a shared tile", "only beside a shared tile"])
 def test_what_cannot_live_in_rows_is_an_error_at_its_use(make, message):
     with pytest.raises(tilec.TilecError) as e:
         make()

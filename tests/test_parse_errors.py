@@ -1040,6 +1040,91 @@ over its whole shape [64, 128]
         ^~~~~~~~~~~~~~"""
 
 
+@pytest.mark.parametrize("statement, col, name", [
+    ("reduce(x, r, axis = 1, axis = 0, op = sum);", 28, "axis"),
+    ("reduce(x, r, axis = 1, op = sum, op = max);", 38, "op"),
+    ("gemm(a, b, acc, transpose_b = true, transpose_b = false);", 41, "transpose_b"),
+])
+def test_a_keyword_argument_given_twice(statement, col, name):
+    err = error_of(f"""\
+kernel k(X: f16[64, 64]) {{
+    grid (bx) = (1);
+    threads 128;
+    shared x: f32[4, 64];
+    shared r: f32[64];
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    local acc: f32[64, 64];
+    {statement}
+}}
+""")
+    assert str(err).splitlines()[0] == f"t.tile:9:{col}: error: {name} is given twice"
+
+
+def test_a_pipelined_option_given_twice():
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    for kk in pipelined(4, stages = 2, stages = 3) {
+    }
+}
+""")
+    assert str(err).splitlines()[0] == "t.tile:4:40: error: stages is given twice"
+
+
+def test_a_local_tile_read_at_a_row_index_of_another_length():
+    """The message names the program's own indices and extents (it said `r[i0]`)."""
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    local r: f32[32];
+    shared s: f32[64, 64];
+    parallel (i, j) in (64, 64) {
+        s[i, j] = r[i];
+    }
+}
+""")
+    assert str(err).splitlines()[0] == (
+        "t.tile:7:19: error: local tile 'r' of shape [32] must be indexed with the parallel loop's own indices in "
+        "a parallel over its whole shape; this parallel is over (i, j) in (64, 64) (a 1-D tile may also be read at "
+        "the row index, r[i], where its length is the parallel's 64 rows)")
+
+
+def test_a_local_tile_in_a_parallel_over_part_of_it():
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 32;
+    local r: f32[32];
+    shared s: f32[32];
+    parallel (i) in (16) {
+        s[i] = r[i];
+    }
+}
+""")
+    assert str(err).splitlines()[0] == (
+        "t.tile:7:16: error: local tile 'r' must be indexed with the parallel loop's own indices, r[i], in a "
+        "parallel over its whole shape [32]; this parallel is over (i) in (16)")
+
+
+def test_a_local_tile_element_outside_a_parallel():
+    err = error_of("""\
+kernel k(A: f32[32]) {
+    grid (bx) = (1);
+    threads 32;
+    local r: f32[32];
+    shared s: f32[32];
+    let x = r[0];
+    fill(s, x);
+}
+""")
+    assert str(err).splitlines()[0] == (
+        "t.tile:6:13: error: local tile 'r' is read or written element by element only inside a parallel over its "
+        "whole shape [32], at the parallel's own indices")
+
+
 def test_caret_under_tab_indented_source():
     err = error_of("kernel k(A: f32[M, N]) {\n\tgrid (bx) = (1);\n\tthreads 100;\n}\n")
     _, src_line, caret_line = str(err).splitlines()

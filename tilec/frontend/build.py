@@ -97,6 +97,8 @@ class _Builder(Transformer):
             if a is None:
                 continue
             if isinstance(a, tuple) and a and a[0] == "kw":
+                if any(name == a[1] for name, _ in kws):
+                    raise SemanticError(f"{a[1]} is given twice", a[3])
                 kws.append((a[1], a[2]))
             else:
                 if kws:

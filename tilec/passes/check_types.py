@@ -319,10 +319,27 @@ def _check_element(k, sub: ir.Subscript, lanes, write=False):
                     isinstance(sub.indices[0], ir.Var) and sub.indices[0].name == next(iter(lanes)) and
                     b.shape[0] == next(iter(lanes.values())))
         if not ok:
-            own = f"{b.name}[{', '.join(lanes)}]" if lanes is not None and len(lanes) == len(b.shape) else \
-                f"{b.name}[{', '.join('i%d' % d for d in range(len(b.shape)))}]"
-            raise SemanticError(f"local tile '{b.name}' must be indexed with the parallel loop's own indices, "
-                                f"{own}, in a parallel over its whole shape {list(b.shape)}", sub.span)
+            raise SemanticError(_local_index_message(b, lanes, write), sub.span)
+
+
+def _local_index_message(b: ir.Buffer, lanes: dict | None, write: bool) -> str:
+    """Why a local tile's element cannot be reached here, in the names the program uses."""
+    shape = list(b.shape)
+    if lanes is None:
+        return (f"local tile '{b.name}' is read or written element by element only inside a parallel over its "
+                f"whole shape {shape}, at the parallel's own indices")
+    names, extents = ", ".join(lanes), ", ".join(str(v) for v in lanes.values())
+    if len(lanes) == len(shape):
+        other = "" if list(lanes.values()) == shape else f"; this parallel is over ({names}) in ({extents})"
+        return (f"local tile '{b.name}' must be indexed with the parallel loop's own indices, {b.name}[{names}], "
+                f"in a parallel over its whole shape {shape}{other}")
+    text = (f"local tile '{b.name}' of shape {shape} must be indexed with the parallel loop's own indices in a "
+            f"parallel over its whole shape; this parallel is over ({names}) in ({extents})")
+    if len(shape) == 1 and len(lanes) == 2 and not write:
+        first, rows = next(iter(lanes.items()))
+        text += (f" (a 1-D tile may also be read at the row index, {b.name}[{first}], where its length is the "
+                 f"parallel's {rows} rows)")
+    return text
 
 
 def _check_copy(k, s: ir.Copy) -> ir.Copy:

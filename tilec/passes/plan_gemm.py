@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ..arch import get as get_arch
 from ..errors import SemanticError
-from ..ir import effects, im2col
+from ..ir import effects, im2col, printer
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr
 
@@ -269,8 +269,9 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
                          x.name == n), s.span)
             why = accumulator_rows(acc, bufs[n].shape[0]) if acc is not None else \
                 "the parallel walks no gemm accumulator whose rows it could be kept in"
-            needs.setdefault(n, (span, f"line {span.line} reads {n}[i] beside " +
-                                 (f"'{acc.name}'" if acc is not None else "a tile of [M, N]"), n))
+            where = f"beside '{acc.name}'" if acc is not None else \
+                f"in a parallel over ({', '.join(s.vars)}) in ({', '.join(printer.expr(x) for x in s.extents)})"
+            needs.setdefault(n, (span, f"line {span.line} reads {n}[{s.vars[0]}] {where}", n))
             if why:
                 refusals.setdefault(n, (span, why))
 
