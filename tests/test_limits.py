@@ -33,7 +33,25 @@ kernel regs(A: f32[M, N]) {
     fill(r, 0);
 }"""
     assert error(text).startswith("t.tile:5:5: error: local tile 'r' puts 2048 elements in each of the 128 "
-                                  "threads; at most 1024 (a thread has 255 registers)")
+                                  "threads, whose registers hold at most 255: use a shared tile, a smaller tile or "
+                                  "more threads")
+
+
+@pytest.mark.parametrize("threads, fits", [(128, True), (96, False), (32, False)])
+def test_a_local_tile_fits_a_threads_registers_or_is_refused(threads, fits):
+    """255 elements a thread at most (an f32[128, 256] tile on 32 threads, 1024 a thread,
+    spilled to local memory, took NVRTC 200 s before)."""
+    text = f"""
+kernel regs(A: f32[M, N]) {{
+    grid (bx) = (1);
+    threads {threads};
+    local r: f32[128, 255];
+    fill(r, 0);
+}}"""
+    if fits:
+        lower(Source("t.tile", text), {})
+    else:
+        assert "whose registers hold at most 255" in error(text)
 
 
 def test_loads_on_one_barrier_over_the_transaction_count():

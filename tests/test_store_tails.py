@@ -487,3 +487,53 @@ def test_gpu_shifted_stores_write_the_tensor_and_nothing_around_it(text, dt, sha
     torch.cuda.synchronize()
     assert torch.equal(b.view, a)
     b.check()
+
+
+# ---------------------------------------------------------------- one accumulator, two outputs
+
+TWO_OUTPUTS = dict(plain=dict(BN=128, PRODUCER=0), producer=dict(BN=64, STAGES=4, PRODUCER=1, PERSISTENT=1),
+                   chunked=dict(BN=256, STAGES=3, PRODUCER=1, PERSISTENT=1))
+
+
+def two_outputs(dt, consts, backend):
+    """examples/gemm.tile writing acc to C and to D: each copy gets its own staging
+    tile(s) (the second was given the first's name, an IR verifier failure)."""
+    src = (ROOT / "examples" / "gemm.tile").read_text().replace("f16", dt) \
+        .replace(f"C: {dt}[M, N])", f"C: {dt}[M, N], D: {dt}[M, N])") \
+        .replace("    copy(acc, C[by * BM, bx * BN]);", "    copy(acc, C[by * BM, bx * BN]);\n"
+                 "    copy(acc, D[by * BM, bx * BN]);")
+    return tilec.compile(src, backend=backend, tune=False, BM=128, **consts)
+
+
+@pytest.mark.parametrize("variant", TWO_OUTPUTS)
+def test_an_accumulator_copied_to_two_outputs_writes_both_and_only_them(variant):
+    k = two_outputs("f16", TWO_OUTPUTS[variant], "interpret")
+    staged = [line.split(":")[0].split()[-1] for line in k.ir("lower-copies").splitlines()
+              if line.strip().startswith("shared tl_acc_out")]
+    assert len(staged) == len(set(staged)) == (4 if variant == "chunked" else 2), staged
+    m, n, kk = 200, 300, 70
+    rng = np.random.default_rng(7)
+    a, b = guarded((m, kk), "f16", like="numpy"), guarded((kk, n), "f16", like="numpy")
+    c, d = guarded((m, n), "f16", like="numpy"), guarded((m, n), "f16", like="numpy")
+    a.view[...] = rng.standard_normal((m, kk))
+    b.view[...] = rng.standard_normal((kk, n))
+    interpret.run(k.kernel_ir, [a.view, b.view, c.view, d.view])
+    c.check()
+    d.check()
+    ref = a.view.astype(np.float32) @ b.view.astype(np.float32)
+    np.testing.assert_allclose(c.view.astype(np.float32), ref, rtol=2e-2, atol=5e-2)
+    assert np.array_equal(c.view, d.view)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", TWO_OUTPUTS)
+@pytest.mark.parametrize("mnk", [(200, 300, 70), (1000, 1030, 256)])
+def test_gpu_an_accumulator_copied_to_two_outputs(variant, mnk):
+    import torch
+    a, b, c = gpu_gemm_operands(mnk, "f16")
+    d = guarded(c.view.shape, "f16", like="torch")
+    two_outputs("f16", TWO_OUTPUTS[variant], "cuda")(a.view, b.view, c.view, d.view)
+    torch.cuda.synchronize()
+    check_gpu_gemm(a, b, c)
+    d.check()
+    assert torch.equal(c.view, d.view)

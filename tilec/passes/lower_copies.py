@@ -96,6 +96,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
                     if b.swizzle:
                         rings[b.name] = b.ring_bytes
     new = []
+    copies = {}                                 # accumulator -> its copies staged so far
 
     def visit(body, after, in_loop):
         """`after`: the statements that run after this body, outside it."""
@@ -119,10 +120,15 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
             return
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size
+        # the accumulator's first staged copy names its tiles tl_acc_out (or tl_acc_out0 and tl_acc_out1), a
+        # second one tl_acc_out2 (tl_acc_out2_0 and tl_acc_out2_1)
+        n = copies.get(acc.name, 0) + 1
+        name = f"tl_{acc.name}_out" + (f"{n}" if n > 1 else "")
         if in_loop and k.producer_warpgroup:
             if acc.shape[1] > width and acc.wg_cols == 1 and not acc.transposed:
-                staged[id(s)] = tuple(_tile(acc, t, (acc.shape[0], width), "", s.span, str(i)) for i in range(2))
+                staged[id(s)] = tuple(_tile(name + ("_" if n > 1 else "") + str(i), t, (acc.shape[0], width), "", s.span) for i in range(2))
                 new.extend(staged[id(s)])
+                copies[acc.name] = n
                 return
             alias = ""                  # memory of its own
         else:
@@ -131,17 +137,17 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
             if not free:
                 return
             alias = max(free, key=rings.get)
-        tile = _tile(acc, t, acc.shape, alias, s.span)
+        tile = _tile(name, t, acc.shape, alias, s.span)
         new.append(tile)
         staged[id(s)] = (tile,)
+        copies[acc.name] = n
 
     visit(k.body, (), False)
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
 
 
-def _tile(acc: ir.Buffer, t: ir.TensorParam, shape, alias, span, suffix="") -> ir.Buffer:
-    return ir.Buffer(f"tl_{acc.name}_out{suffix}", "shared", t.dtype, tuple(shape), layout="sw128", alias=alias,
-                     span=span)
+def _tile(name: str, t: ir.TensorParam, shape, alias, span) -> ir.Buffer:
+    return ir.Buffer(name, "shared", t.dtype, tuple(shape), layout="sw128", alias=alias, span=span)
 
 
 def _staged_store(k: ir.Kernel, s: ir.Copy, tiles: tuple) -> list:
