@@ -92,7 +92,10 @@ class _Printer:
             text = repr(e.value)
             return text if double else text + "f"
         if isinstance(e, ir.Var):
-            return e.name
+            p = self.k.param(e.name) if e.kind == "scalar" else None
+            # an f16 / bf16 scalar is used as float, as an element of such a tile is (f16_t beside bf16_t or
+            # float in `=` or `?:` has no conversion NVRTC can pick)
+            return f"float({e.name})" if p is not None and p.dtype.name in _WRAPPED else e.name
         if isinstance(e, ir.BinOp):
             fused = fused_product(self.k, e, double)
             if fused is not None:

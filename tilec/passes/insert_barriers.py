@@ -386,9 +386,9 @@ class _Inserter:
             self.specialized(s, k, n, base, ring, issue, empty, lag, loop, out)
             st.observed |= set(tiles)
             return
-        if base is not None:
-            # an earlier trip's threads read these tiles or the staging tile over them
-            self.before_tma_writes(tiles, st, out, s.span)
+        # an earlier trip's threads, or the wgmmas of an earlier loop over these tiles, read them (or the
+        # staging tile over them)
+        self.before_tma_writes(tiles, st, out, s.span)
         # prologue: iterations 0 .. ahead-1 in flight before the loop
         for j in range(ahead):
             out.append(ir.If(fold(ir.BinOp("<", ir.Int(j), n)),
@@ -723,7 +723,14 @@ def _check_ring_tiles_private(k: ir.Kernel, body, loops: dict):
     """The tiles a producer's ring loads are touched by nothing outside that ring
     (the producer refills them whenever the `empty` barriers allow)."""
     rings = [s for s in ir.walk_stmts(body) if id(s) in loops]
-    tiles = {x.buffer for r in rings for x in r.body if isinstance(x, ir.TmaLoad)}
+    owner = {}
+    for r in rings:
+        for x in r.body:
+            if isinstance(x, ir.TmaLoad) and owner.setdefault(x.buffer, r) is not r:
+                raise SemanticError(f"producer = 1: '{x.buffer}' is loaded by the producer warpgroup's ring of line "
+                                    f"{owner[x.buffer].span.line} and by this one; with a producer a ring's tiles "
+                                    "are its own: give each loop tiles of its own", x.span)
+    tiles = set(owner)
     inside = {id(x) for r in rings for x in ir.walk_stmts(r.body)}
     for s in ir.walk_stmts(body):
         if id(s) in inside or type(s) in ir.STMT_BLOCK_FIELDS:

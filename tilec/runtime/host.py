@@ -448,10 +448,12 @@ class Call:
 
     def scalar(self, value, name, dtype):
         """`value` as a Python float or int: numpy's scalars (np.float32(0.5), np.int32(3))
-        count as the numbers they are (numbers.Real / Integral); bools do not (numpy's
-        is neither, Python's is an Integral)."""
+        count as the numbers they are (numbers.Real / Integral), and so do ml_dtypes'
+        floats (ml_dtypes.bfloat16(0.5), which numbers does not know); bools do not
+        (numpy's is neither, Python's is an Integral)."""
         if dtype.startswith(("f", "bf")):
-            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            ml_float = type(value).__module__ == "ml_dtypes" and type(value).__name__.startswith(("float", "bfloat"))
+            if not (isinstance(value, numbers.Real) or ml_float) or isinstance(value, bool):
                 raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
             return float(value)
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):

@@ -1,0 +1,91 @@
+"""Two pipelined gemm loops one after the other (found by session 42's fuzzing:
+the second ring's first loads overwrote stage 0 of 'a' with no block barrier after
+the first ring's wgmmas, and check-barriers refused the program as a tilec bug).
+The second ring now waits for every warpgroup first (insert-barriers'
+before_tma_writes, as a ring inside an outer loop did); with producer warpgroups
+two rings may not share a tile, and say so."""
+import numpy as np
+import pytest
+
+import tilec
+from tilec.compiler import lower
+
+from guard import guarded
+
+SRC = """kernel twice(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {
+    const BN = 128, WG = 1, PRODUCER = 0;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, 64 * WG));
+    threads 128 * WG;
+    shared a: f16[64 * WG, 64];
+    shared b: f16[64, BN];
+    shared a2: f16[64 * WG, 64];
+    shared b2: f16[64, BN];
+    local acc: f32[64 * WG, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, 64), stages = 2, producer = PRODUCER) {
+        copy(A[by * 64 * WG, k * 64], a);
+        copy(B[k * 64, bx * BN], b);
+        gemm(a, b, acc);
+    }
+    for k in pipelined(cdiv(K, 64), stages = 3, producer = PRODUCER) {
+        copy(A[by * 64 * WG, k * 64], SECOND_A);
+        copy(B[k * 64, bx * BN], SECOND_B);
+        gemm(SECOND_A, SECOND_B, acc);
+    }
+    copy(acc, C[by * 64 * WG, bx * BN]);
+}
+"""
+SAME = SRC.replace("SECOND_A", "a").replace("SECOND_B", "b")
+OWN = SRC.replace("SECOND_A", "a2").replace("SECOND_B", "b2")
+CASES = {"same tiles": (SAME, {}), "same tiles, 2 warpgroups": (SAME, dict(WG=2)),
+         "own tiles": (OWN, {}), "own tiles, producers": (OWN, dict(PRODUCER=1)),
+         "own tiles, producers, 2 warpgroups": (OWN, dict(PRODUCER=1, WG=2))}
+
+
+def test_the_second_ring_waits_for_every_warpgroup_before_its_first_loads():
+    ir_text = lower(SAME, {}).ir_text("insert-barriers")
+    between = ir_text[ir_text.index("wgmma.wait_group 0"):ir_text.index("mbarrier.arrive.expect_tx full2")]
+    assert "barrier.sync  // line 16" in between, between
+
+
+def test_two_producer_rings_may_not_share_a_tile():
+    with pytest.raises(tilec.TilecError) as e:
+        lower(SAME, dict(PRODUCER=1))
+    assert str(e.value).splitlines()[0] == (
+        "<string>:17:9: error: producer = 1: 'a' is loaded by the producer warpgroup's ring of line 11 and by this "
+        "one; with a producer a ring's tiles are its own: give each loop tiles of its own")
+
+
+def operands(m, n, k, like):
+    rng = np.random.default_rng(m + n + k)     # small integers: every sum is exact
+    a, b = guarded((m, k), "f16", like=like), guarded((k, n), "f16", like=like)
+    av, bv = rng.integers(-3, 4, (m, k)).astype(np.float16), rng.integers(-3, 4, (k, n)).astype(np.float16)
+    if like == "numpy":
+        a.view[...], b.view[...] = av, bv
+    else:
+        import torch
+        a.view.copy_(torch.from_numpy(av)), b.view.copy_(torch.from_numpy(bv))
+    return a, b, guarded((m, n), "f16", like=like), 2 * (av.astype(np.float64) @ bv.astype(np.float64))
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("m, n, k", [(100, 200, 192), (64, 128, 64), (130, 8, 0)])
+def test_in_the_interpreter(case, m, n, k):
+    src, consts = CASES[case]
+    a, b, c, want = operands(m, n, k, "numpy")
+    tilec.compile(src, backend="interpret", **consts)(a.view, b.view, c.view)
+    c.check()
+    assert np.array_equal(c.view.astype(np.float64), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("m, n, k", [(100, 200, 192), (1000, 1030, 512), (130, 8, 0)])
+def test_on_the_gpu(case, m, n, k):
+    import torch
+    src, consts = CASES[case]
+    a, b, c, want = operands(m, n, k, "torch")
+    tilec.compile(src, **consts)(a.view, b.view, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert np.array_equal(c.view.cpu().numpy().astype(np.float64), want)
