@@ -100,3 +100,22 @@ kernel edge(A: f32[M, N], B: f32[M, N]) {
     assert error(text).startswith("t.tile:5:5: error: shared tiles need 231552 bytes, and 1024 more for 1 mbarrier "
                                   "(static shared memory counts in 1024-byte steps); a Hopper block has at most "
                                   "232448 bytes of shared memory")
+
+
+@pytest.mark.parametrize("loop, trips", [("range(9223372036854775807)", 9223372036854775807),
+                                         ("range(3, 9223372036854775807, 2)", 4611686018427387902)])
+def test_a_loop_of_more_trips_than_an_int_holds(loop, trips):
+    """The kernel counts trips in an int: a longer loop would never end (it compiled)."""
+    text = f"""
+kernel t(X: f32[64], Y: f32[64]) {{
+    grid (bx) = (1);
+    threads 64;
+    shared s: f32[64];
+    copy(X, s);
+    for t in {loop} {{
+        parallel (i) in (64) {{ s[i] = s[i] + 1.0; }}
+    }}
+    copy(s, Y);
+}}"""
+    assert error(text).splitlines()[0] == (f"t.tile:7:5: error: this loop runs {trips} trips; a loop's trip count is a "
+                                           "32-bit int in the kernel (at most 2147483647)")

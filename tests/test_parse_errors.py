@@ -300,7 +300,7 @@ kernel k(A: f16[M, N], B: f32[M, N]) {
     copy(A[0, 0], s);
 }
 """, """\
-t.tile:5:5: error: a global<->shared copy moves bytes with TMA: f16 and f32 differ (convert through a parallel \
+t.tile:5:5: error: a global<->shared copy moves bytes as they are (by TMA, or the thread copies that stand in for it): f16 and f32 differ (convert through a parallel \
 body or a local tile)
     copy(A[0, 0], s);
     ^~~~~~~~~~~~~~~~~""", id="tma-copy-dtype-mismatch"),

@@ -414,7 +414,7 @@ def test_a_local_tile_sums_in_its_lanes():
 def test_which_local_tiles_reduce(bm, bn, threads, axis):
     """A local tile reduces exactly where its rows lie evenly on the threads (the rule
     the docs state); elsewhere the error names the tile at its argument."""
-    assume(bm * bn <= 1024 * threads)                   # a thread's registers (another error)
+    assume(bm * bn <= 255 * threads)                    # a thread's registers (another error)
     src = f"""kernel k(Y: f32[N]) {{
     grid (bx) = (1);
     threads {threads};

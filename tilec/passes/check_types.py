@@ -6,10 +6,13 @@ import math
 import struct
 from dataclasses import replace
 
+import numpy as np
+
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.exprs import FLOAT_CALLS, divides_by, float_part, is_float, linear, map_stmt_exprs, reads_f64, walk_expr
+from ..ir.printer import expr as show_expr
 
 NAME = "check-types"
 
@@ -171,7 +174,9 @@ def _check_body(k, body, lanes):
             for x in s.extents:
                 if not isinstance(x, ir.Int) or x.value <= 0:
                     raise SemanticError("parallel extents must be positive compile-time integers", x.span)
-            s = replace(s, body=_check_body(k, s.body, dict(zip(s.vars, (x.value for x in s.extents)))))
+            lanes_here = dict(zip(s.vars, (x.value for x in s.extents)))
+            s = replace(s, body=_check_body(k, s.body, lanes_here))
+            _check_shared_bounds(k, s.body, lanes_here)
         elif isinstance(s, ir.Assign):
             if lanes is None:
                 raise SemanticError("tile elements are assigned inside a parallel body", s.span)
@@ -181,6 +186,9 @@ def _check_body(k, body, lanes):
         elif isinstance(s, ir.For):
             _no_elements(s.extent, "a loop bound")
             _integer(k, s.extent, "a loop bound")
+            if isinstance(s.extent, ir.Int) and s.extent.value > 2**31 - 1:
+                raise SemanticError(f"this loop runs {s.extent.value} trips; a loop's trip count is a 32-bit int in "
+                                    f"the kernel (at most {2**31 - 1})", s.span)
             s = replace(s, body=_check_body(k, s.body, lanes))
         elif isinstance(s, ir.If):
             if lanes is None:
@@ -194,6 +202,96 @@ def _check_body(k, body, lanes):
             s = replace(s, then=_check_body(k, s.then, lanes), orelse=_check_body(k, s.orelse, lanes))
         out.append(s)
     return tuple(out)
+
+
+MAX_CHECKED_LANES = 1 << 20    # index spaces up to this many lanes have their shared indices checked
+
+
+def _index_range(lanes: dict, e) -> tuple | None:
+    """The least and greatest value integer expression `e` takes over a parallel's
+    index space, computed lane by lane (numpy, C++'s truncating `/` and `%`), where
+    it reads only the lanes' indices and integers; else None."""
+    if math.prod(lanes.values()) > MAX_CHECKED_LANES:
+        return None
+    axes = {v: np.arange(n, dtype=np.int64).reshape([n if d == a else 1 for d in range(len(lanes))])
+            for a, (v, n) in enumerate(lanes.items())}
+
+    def ev(e):
+        if isinstance(e, ir.Int):
+            return np.int64(e.value) if -2**62 < e.value < 2**62 else None
+        if isinstance(e, ir.Var):
+            return axes.get(e.name)
+        if isinstance(e, ir.UnaryOp) and e.op == "-":
+            x = ev(e.operand)
+            return None if x is None else -x
+        if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
+            xs = [ev(x) for x in e.args]
+            if any(x is None for x in xs):
+                return None
+            return np.abs(xs[0]) if e.func == "abs" else (np.minimum if e.func == "min" else np.maximum)(*xs)
+        if not isinstance(e, ir.BinOp) or e.op not in ("+", "-", "*", "/", "%"):
+            return None
+        a, b = ev(e.lhs), ev(e.rhs)
+        if a is None or b is None or np.max(np.abs(a)) > 2**31 or np.max(np.abs(b)) > 2**31:
+            return None                     # (kept far from int64 overflow)
+        if e.op in ("/", "%"):
+            if np.any(b == 0):
+                return None
+            q = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+            return q if e.op == "/" else a - b * q
+        return a + b if e.op == "+" else a - b if e.op == "-" else a * b
+
+    values = ev(e)
+    return None if values is None else (int(np.min(values)), int(np.max(values)))
+
+
+def _check_shared_bounds(k, body, lanes):
+    """A shared tile's element index that the parallel's index space alone takes past
+    the tile (`s[i + 1, j]` over all of s's rows) is an error: shared memory is not
+    bounds-checked on the GPU, so it would read or write another tile's bytes. Only
+    what runs on every lane is looked at: not what an `if`, a `select` arm or the
+    right side of `&&` / `||` may skip, since a condition may keep the index in."""
+    def unguarded(e):
+        if isinstance(e, ir.Call) and e.func == "select":
+            yield from unguarded(e.args[0])
+            return
+        if isinstance(e, ir.BinOp) and e.op in ("&&", "||"):
+            yield from unguarded(e.lhs)
+            return
+        if isinstance(e, ir.Subscript):
+            yield e
+        for f in ("lhs", "rhs", "operand", "value"):
+            if isinstance(getattr(e, f, None), ir.Expr):
+                yield from unguarded(getattr(e, f))
+        for x in getattr(e, "args", ()) if isinstance(e, ir.Call) else ():
+            yield from unguarded(x)
+        for x in getattr(e, "indices", ()) if isinstance(e, ir.Subscript) else ():
+            yield from unguarded(x)
+
+    def check(sub, what):
+        b = k.buffer(sub.name)
+        if b is None or b.scope != "shared":
+            return
+        for d, (i, n) in enumerate(zip(sub.indices, b.shape)):
+            r = _index_range(lanes, i)
+            if r is not None and (r[0] < 0 or r[1] > n - 1):
+                names = ", ".join(f"{v} < {x}" for v, x in lanes.items())
+                raise SemanticError(
+                    f"this {what} of {show_expr(sub)} goes past dimension {d} of shared tile '{sub.name}' (0 to "
+                    f"{n - 1}): over this parallel ({names}) the index runs from {r[0]} to {r[1]}; shared memory is "
+                    f"not bounds-checked on the GPU, so it would {what} other bytes (an access that only some lanes "
+                    f"make goes under an if, or in a select arm)",
+                    i.span if i.span is not None and i.span.line else sub.span)
+
+    for s in body:
+        if isinstance(s, ir.Assign):
+            check(ir.Subscript(s.buffer, s.indices, span=s.span), "write")
+            for x in (*s.indices, s.value):
+                for sub in unguarded(x):
+                    check(sub, "read")
+        elif isinstance(s, ir.If):
+            for sub in unguarded(s.cond):
+                check(sub, "read")
 
 
 def _check_reduce(k, s: ir.Reduce):
@@ -391,8 +489,9 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
     if sshape and dshape and sshape != dshape:
         raise SemanticError(f"copy between tiles of shapes {list(sshape)} and {list(dshape)}", s.span)
     if {ssp, dsp} == {"global", "shared"} and sdt != ddt:
-        raise SemanticError(f"a global<->shared copy moves bytes with TMA: {sdt.name} and {ddt.name} differ "
-                            f"(convert through a parallel body or a local tile)", s.span)
+        raise SemanticError(f"a global<->shared copy moves bytes as they are (by TMA, or the thread copies that "
+                            f"stand in for it): {sdt.name} and {ddt.name} differ (convert through a parallel body "
+                            f"or a local tile)", s.span)
     # fill in region origins and extents on the global side
     new = []
     for r, sp in ((s.src, ssp), (s.dst, dsp)):
