@@ -44,8 +44,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         _no_zero_divisor(k, e)
     _no_zero_divisors(k, k.body)
     target = get_arch(opts.arch)
+    operands = {n for g in ir.walk_stmts(k.body) if isinstance(g, ir.Gemm) for n in (g.a, g.acc)}
     for b in k.buffers:
-        _fits(b, t, target)
+        _fits(b, t, target, b.name in operands)
     for p in k.scalars:
         if p.dtype.name.startswith("f8"):
             raise SemanticError(f"scalar parameter '{p.name}': fp8 scalars are not supported; pass an f32",
@@ -59,17 +60,20 @@ MAX_SHARED_TILE = 2**24         # bytes: far past the 232448 a block can have (p
                                 # precisely); a bound that keeps later passes from expanding absurd tiles
 MAX_LOCAL_PER_THREAD = 255      # elements of a local tile per thread: a thread's registers (a tile of 256-1024
                                 # a thread compiled, spilled to local memory, in 12-200 s of NVRTC: session 42)
+MAX_OPERAND_PER_THREAD = 1024   # ... of a gemm's accumulator or register A: plan-gemm counts their fragments
+                                # precisely and names the gemm's rule; this bound only stops absurd tiles first
 
 
-def _fits(b: ir.Buffer, threads: int, target):
+def _fits(b: ir.Buffer, threads: int, target, gemm_operand: bool = False):
     """A tile far too large is rejected here, at its declaration, before later
     passes expand it (one TMA load per 128-byte chunk, one register per element);
-    plan-tma and plan-smem give the precise limits for the rest."""
+    plan-tma, plan-smem and plan-gemm give the precise limits for the rest."""
     if b.scope == "shared" and b.bytes > MAX_SHARED_TILE:
         raise SemanticError(f"shared tile '{b.name}' is {b.bytes} bytes; {target.block} has at most "
                             f"{target.smem_per_block} bytes of shared memory", b.span)
     per_thread = -(-b.elements // threads)
-    if b.scope == "local" and per_thread > MAX_LOCAL_PER_THREAD:
+    most = MAX_OPERAND_PER_THREAD if gemm_operand else MAX_LOCAL_PER_THREAD
+    if b.scope == "local" and per_thread > most:
         raise SemanticError(f"local tile '{b.name}' puts {per_thread} elements in each of the {threads} threads, "
                             f"whose registers hold at most {MAX_LOCAL_PER_THREAD}: use a shared tile, a smaller "
                             f"tile or more threads", b.span)
