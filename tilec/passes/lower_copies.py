@@ -126,7 +126,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
         name = f"tl_{acc.name}_out" + (f"{n}" if n > 1 else "")
         if in_loop and k.producer_warpgroup:
             if acc.shape[1] > width and acc.wg_cols == 1 and not acc.transposed:
-                staged[id(s)] = tuple(_tile(name + ("_" if n > 1 else "") + str(i), t, (acc.shape[0], width), "", s.span) for i in range(2))
+                chunk = name + ("_" if n > 1 else "")
+                staged[id(s)] = tuple(_tile(f"{chunk}{i}", t, (acc.shape[0], width), "", s.span) for i in range(2))
                 new.extend(staged[id(s)])
                 copies[acc.name] = n
                 return
