@@ -89,3 +89,52 @@ def test_on_the_gpu(case, m, n, k):
     torch.cuda.synchronize()
     c.check()
     assert np.array_equal(c.view.cpu().numpy().astype(np.float64), want)
+
+
+HOISTED = """kernel f(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {
+    const BM = 64, BN = 128, BK = 64;
+    grid (pid) = (cdiv(M, BM) * cdiv(N, BN));
+    threads 128;
+    shared a: f16[BM, BK];
+    shared b: f16[BK, BN];
+    local acc: f32[BM, BN];
+    let row = pid / cdiv(N, BN) * BM;
+    let col = pid % cdiv(N, BN) * BN;
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = 2) {
+        copy(A[row, k * BK], a);
+        copy(B[k * BK, col], b);
+        gemm(a, b, acc);
+    }
+    for k in pipelined(cdiv(K, BK), stages = 3) {
+        copy(A[row, k * BK], a);
+        copy(B[k * BK, col], b);
+        gemm(a, b, acc);
+    }
+    copy(acc, C[row, col]);
+}
+"""
+
+
+def test_two_loops_of_one_variable_keep_their_hoisted_values_apart():
+    """Both rings compute their tile's row and column (a division by cdiv(N, BN))
+    before the loop as tl_k_inv0 and tl_k_inv1: the second pair, in a block of its
+    own, was an NVRTC error ('already been declared'; session 42's second fuzz)."""
+    k = tilec.compile(HOISTED)
+    assert k.cubin[:4] == b"\x7fELF" and k.compile_log == ""
+    assert k.cuda_source.count("const int tl_k_inv0 = ") == 2
+    assert "{  // the values before this loop, in a scope of their own" in k.cuda_source
+    a, b, c, want = operands(100, 200, 192, "numpy")
+    tilec.compile(HOISTED, backend="interpret")(a.view, b.view, c.view)
+    c.check()
+    assert np.array_equal(c.view.astype(np.float64), want)
+
+
+@pytest.mark.gpu
+def test_two_loops_of_one_variable_on_the_gpu():
+    import torch
+    a, b, c, want = operands(1000, 1030, 512, "torch")
+    tilec.compile(HOISTED)(a.view, b.view, c.view)
+    torch.cuda.synchronize()
+    c.check()
+    assert np.array_equal(c.view.cpu().numpy().astype(np.float64), want)

@@ -53,6 +53,16 @@ def test_a_write_past_a_dimension():
         "parallel (i < 64, j < 128) the index runs from 0 to 127;")
 
 
+@pytest.mark.parametrize("stmt, col", [("if j > 7 { o[i, j] = s[i, 64]; }", 35),
+                                       ("o[i, j] = select(j > 7, s[i - 64, j], 0.0);", 35)])
+def test_an_index_outside_on_every_lane_is_refused_under_a_condition_too(stmt, col):
+    """A condition may keep a lane-dependent index in, not one that no lane has inside
+    (session 42's second fuzz: x[i, 64] of a 64-column tile under an if compiled)."""
+    message = error(program(stmt))
+    assert message.startswith(f"t.tile:8:{col}: error: this read of ") and message.endswith(
+        "(no lane's index is inside the tile, whatever the condition around it)"), message
+
+
 @pytest.mark.parametrize("stmt", [
     "o[i, j] = s[63 - i, (j + 7) % 64] + s[i / 2, min(j + 3, 63)] + s[i - i / 2, j * 3 % 64];",
     "o[i, j] = select(i + 1 < 64, s[i + 1, j], 0.0);",

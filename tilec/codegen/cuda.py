@@ -63,6 +63,7 @@ class _Printer:
         self.last_commented = None
         self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
         self.uses_fastdiv = False
+        self.hoisted_names = set()      # the names of values computed before refill loops, so far
         self.uses_exp2 = False      # tl_exp2: f32 exp2 without the subnormal range
         self.mma_shapes = set()
         self.pair_stores = set()    # dtypes of accumulator pairs stored to shared memory
@@ -338,16 +339,25 @@ class _Printer:
         if isinstance(s, ir.ProxyFence):
             return [f"{ind}fence_proxy_async_{s.space}();"]
         if isinstance(s, ir.For):
+            comment = self.comment(s, ind)
             hoisted, divisors = [], []
             if _refill_loop(s):
                 s, hoisted, divisors = _hoist_coordinates(s)
-            pre = [f"{ind}const int {name} = {self.expr(e)};  // loop-invariant, computed once"
+            names = {name for name, _ in hoisted + divisors}
+            # a later loop of the same variable names its values alike: in a block of its own, they do not clash
+            scoped = bool(names & self.hoisted_names)
+            self.hoisted_names |= names
+            inner = ind + "  " if scoped else ind
+            pre = [f"{inner}const int {name} = {self.expr(e)};  // loop-invariant, computed once"
                    for name, e in hoisted]
-            pre += [f"{ind}const tl_divisor {name} = tl_make_divisor({self.expr(e)});  // divides by "
+            pre += [f"{inner}const tl_divisor {name} = tl_make_divisor({self.expr(e)});  // divides by "
                     f"{self.expr(e)} with a multiply in the loop" for name, e in divisors]
             self.uses_fastdiv |= bool(divisors)
-            head = f"{ind}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
-            return self.comment(s, ind) + pre + [head] + self.block(s.body, ind + "  ") + [f"{ind}}}"]
+            head = f"{inner}for (int {s.var} = 0; {s.var} < {self.expr(s.extent)}; ++{s.var}) {{"
+            loop = pre + [head] + self.block(s.body, inner + "  ") + [f"{inner}}}"]
+            if scoped:
+                loop = [f"{ind}{{  // the values before this loop, in a scope of their own"] + loop + [f"{ind}}}"]
+            return comment + loop
         if isinstance(s, ir.If):
             cond = self.expr(s.cond, double=reads_f64(self.k, s.cond))    # x > 0.1 with x f64: 0.1, not 0.1f
             out = self.comment(s, ind) + [f"{ind}if ({cond}) {{"] + self.block(s.then, ind + "  ")

@@ -252,9 +252,10 @@ def _index_range(lanes: dict, e) -> tuple | None:
 def _check_shared_bounds(k, body, lanes):
     """A shared tile's element index that the parallel's index space alone takes past
     the tile (`s[i + 1, j]` over all of s's rows) is an error: shared memory is not
-    bounds-checked on the GPU, so it would read or write another tile's bytes. Only
-    what runs on every lane is looked at: not what an `if`, a `select` arm or the
-    right side of `&&` / `||` may skip, since a condition may keep the index in."""
+    bounds-checked on the GPU, so it would read or write another tile's bytes. What
+    an `if`, a `select` arm or the right side of `&&` / `||` may skip is refused
+    only where the index is outside on every lane (`x[i, 64]` of a 64-column tile):
+    a condition may keep a lane-dependent index in."""
     def unguarded(e):
         if isinstance(e, ir.Call) and e.func == "select":
             yield from unguarded(e.args[0])
@@ -272,30 +273,41 @@ def _check_shared_bounds(k, body, lanes):
         for x in getattr(e, "indices", ()) if isinstance(e, ir.Subscript) else ():
             yield from unguarded(x)
 
-    def check(sub, what):
+    def check(sub, what, guarded=False):
+        """`guarded`: only some lanes may make the access; refused only where every lane's index is outside."""
         b = k.buffer(sub.name)
         if b is None or b.scope != "shared":
             return
         for d, (i, n) in enumerate(zip(sub.indices, b.shape)):
             r = _index_range(lanes, i)
-            if r is not None and (r[0] < 0 or r[1] > n - 1):
+            if r is not None and (r[1] < 0 or r[0] > n - 1 if guarded else r[0] < 0 or r[1] > n - 1):
                 names = ", ".join(f"{v} < {x}" for v, x in lanes.items())
                 raise SemanticError(
                     f"this {what} of {show_expr(sub)} goes past dimension {d} of shared tile '{sub.name}' (0 to "
                     f"{n - 1}): over this parallel ({names}) the index runs from {r[0]} to {r[1]}; shared memory is "
-                    f"not bounds-checked on the GPU, so it would {what} other bytes (an access that only some lanes "
-                    f"make goes under an if, or in a select arm)",
+                    f"not bounds-checked on the GPU, so it would {what} other bytes " +
+                    ("(no lane's index is inside the tile, whatever the condition around it)" if guarded else
+                     "(an access that only some lanes make goes under an if, or in a select arm)"),
                     i.span if i.span is not None and i.span.line else sub.span)
 
-    for s in body:
-        if isinstance(s, ir.Assign):
-            check(ir.Subscript(s.buffer, s.indices, span=s.span), "write")
-            for x in (*s.indices, s.value):
-                for sub in unguarded(x):
-                    check(sub, "read")
-        elif isinstance(s, ir.If):
-            for sub in unguarded(s.cond):
-                check(sub, "read")
+    def visit(body, guarded):
+        for s in body:
+            if isinstance(s, ir.Assign):
+                check(ir.Subscript(s.buffer, s.indices, span=s.span), "write", guarded)
+                exprs = (*s.indices, s.value)
+            elif isinstance(s, ir.If):
+                exprs = (s.cond,)
+                visit(s.then, True)
+                visit(s.orelse, True)
+            else:
+                continue
+            for x in exprs:
+                first = {id(sub) for sub in unguarded(x)}
+                for sub in walk_expr(x):
+                    if isinstance(sub, ir.Subscript):
+                        check(sub, "read", guarded or id(sub) not in first)
+
+    visit(body, False)
 
 
 def _check_reduce(k, s: ir.Reduce):
