@@ -65,7 +65,7 @@ def map_expr(e, fn):
 
 def walk_expr(e):
     yield e
-    for child in _children(e):
+    for child in children(e):
         yield from walk_expr(child)
 
 
@@ -84,7 +84,8 @@ def widened(e):
     return e
 
 
-def _children(e):
+def children(e):
+    """The expressions directly inside `e`."""
     if isinstance(e, ir.BinOp):
         return (e.lhs, e.rhs)
     if isinstance(e, ir.UnaryOp):

@@ -11,7 +11,8 @@ import numpy as np
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import FLOAT_CALLS, divides_by, float_part, is_float, linear, map_stmt_exprs, reads_f64, walk_expr
+from ..ir.exprs import (FLOAT_CALLS, children, divides_by, float_part, is_float, linear, map_stmt_exprs, reads_f64,
+                        walk_expr)
 from ..ir.printer import expr as show_expr
 
 NAME = "check-types"
@@ -257,20 +258,12 @@ def _check_shared_bounds(k, body, lanes):
     only where the index is outside on every lane (`x[i, 64]` of a 64-column tile):
     a condition may keep a lane-dependent index in."""
     def unguarded(e):
-        if isinstance(e, ir.Call) and e.func == "select":
-            yield from unguarded(e.args[0])
-            return
-        if isinstance(e, ir.BinOp) and e.op in ("&&", "||"):
-            yield from unguarded(e.lhs)
-            return
+        """The element accesses in `e` that every lane evaluating it makes."""
         if isinstance(e, ir.Subscript):
             yield e
-        for f in ("lhs", "rhs", "operand", "value"):
-            if isinstance(getattr(e, f, None), ir.Expr):
-                yield from unguarded(getattr(e, f))
-        for x in getattr(e, "args", ()) if isinstance(e, ir.Call) else ():
-            yield from unguarded(x)
-        for x in getattr(e, "indices", ()) if isinstance(e, ir.Subscript) else ():
+        inside = (e.args[0],) if isinstance(e, ir.Call) and e.func == "select" else \
+            (e.lhs,) if isinstance(e, ir.BinOp) and e.op in ("&&", "||") else children(e)
+        for x in inside:
             yield from unguarded(x)
 
     def check(sub, what, guarded=False):
