@@ -172,13 +172,22 @@ exprs = st.recursive(
 
 
 def evaluate(e, env):
+    """C++'s value of integer expression `e` at the names' values `env` (the brute-force
+    side here and in test_shared_bounds: + - * / % with truncating / and %, unary -,
+    min, max, abs)."""
     if isinstance(e, ir.Int):
         return e.value
     if isinstance(e, ir.Var):
         return env[e.name]
     if isinstance(e, ir.UnaryOp):
         return -evaluate(e.operand, env)
+    if isinstance(e, ir.Call):
+        xs = [evaluate(x, env) for x in e.args]
+        return abs(xs[0]) if e.func == "abs" else min(xs) if e.func == "min" else max(xs)
     a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
+    if e.op in ("/", "%"):
+        q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+        return q if e.op == "/" else a - b * q
     return {"+": a + b, "-": a - b, "*": a * b}[e.op]
 
 

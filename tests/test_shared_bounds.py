@@ -15,6 +15,8 @@ from tilec.errors import Source
 from tilec.passes.check_types import _index_range
 from tilec.frontend import parse
 
+from test_legality import evaluate
+
 BODY = """kernel t(X: f32[64, 64], Y: f32[64, 64]) {{
     grid (bx) = (1);
     threads 128;
@@ -72,27 +74,6 @@ def test_an_index_outside_on_every_lane_is_refused_under_a_condition_too(stmt, c
 ])
 def test_indices_that_stay_in_or_are_guarded_compile(stmt):
     lower(Source("t.tile", program(stmt)), {})
-
-
-def truncating(a, b, op):
-    q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
-    return q if op == "/" else a - b * q
-
-
-def evaluate(e, env):
-    """C++'s value of index expression text `e` at lane values env (the brute-force side)."""
-    from tilec.ir import nodes as ir
-    if isinstance(e, ir.Int):
-        return e.value
-    if isinstance(e, ir.Var):
-        return env[e.name]
-    if isinstance(e, ir.UnaryOp):
-        return -evaluate(e.operand, env)
-    if isinstance(e, ir.Call):
-        xs = [evaluate(x, env) for x in e.args]
-        return abs(xs[0]) if e.func == "abs" else min(xs) if e.func == "min" else max(xs)
-    a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
-    return a + b if e.op == "+" else a - b if e.op == "-" else a * b if e.op == "*" else truncating(a, b, e.op)
 
 
 def index_exprs():
