@@ -50,6 +50,14 @@ def per16(dt):
 
 # ================================================================ C++ value model
 
+def scalar_value(dt, v):
+    """A scalar argument as element arithmetic reads it: f16 / bf16 as the float of
+    the 16-bit value the host passed (rounded to nearest even)."""
+    if dt in ("f16", "bf16"):
+        return np.float32(NP[dt].type(v))
+    return (np.float32 if dt == "f32" else np.float64 if dt == "f64" else np.int32)(v)
+
+
 def ctype(v):
     """The C type of a model value: bool, int8 (a raw i8 element), int32, float32, float64."""
     return np.asarray(v).dtype
@@ -738,8 +746,7 @@ class Sim:
             self.env["by"] = self.bidx[R - 2]
         if R >= 3:
             self.env["bz"] = np.ravel_multi_index(self.bidx[:R - 2], counts[:R - 2])
-        self.env.update({n: (np.float32 if dt == "f32" else np.float64 if dt == "f64" else np.int32)(v)
-                         for n, dt, v in p.scalars})
+        self.env.update({n: scalar_value(dt, v) for n, dt, v in p.scalars})
         self.scalar_types = {n: dt for n, dt, _ in p.scalars}
         self.full = tuple(T for _, T, _ in p.space)
         self.state = {}
@@ -1042,6 +1049,7 @@ class Gemm:
     rows: str = ""       # after the K loop: acc's rows reduced (this op) into `local rv: f32[BM]`, which lives
                          # in acc's rows, and subtracted from them (rv[i] read beside acc)
     rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
+    twice: int = 0       # the stages of a second K loop after the first, over the same tiles (acc gets 2 A B)
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1070,6 +1078,17 @@ class Gemm:
     def text(self, prog):
         params, decls, (n, m, k), a_region = self.head(prog)
         A, B, C = self.names
+
+        def k_loop(stages):
+            return (f"    for k in pipelined(cdiv({k}, BK), stages = {stages}"
+                    + (", producer = 1" if self.producer else "") + ") {\n"
+                    + f"        copy({a_region}, {'a_in' if self.staged else 'a'});\n"
+                    f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
+                    + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
+                       f"            a[r, c] = a_in[r, c];\n"
+                       f"        }}\n" if self.staged else "")
+                    + self.k_step(flags)
+                    + "    }\n")
         grid = f"grid (bx, by) = (cdiv({n}, BN), cdiv({m}, BM))"
         if self.persistent:
             grid += ", persistent = 1"
@@ -1083,7 +1102,8 @@ class Gemm:
         epilogue = ""
         if self.epilogue:
             epilogue = "    parallel (i, j) in (BM, BN) {\n" + "\n".join(lines) + "\n    }\n"
-        return (f"kernel {prog.name}({params}, alpha: f32, n: i32) {{\n"
+        scalars = "".join(f", {n}: {dt}" for n, dt, _ in prog.scalars)
+        return (f"kernel {prog.name}({params}{scalars}) {{\n"
                 + decls
                 + f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
                 f"    {grid};\n"
@@ -1097,15 +1117,8 @@ class Gemm:
                 + ("    local part2: f32[BM, BN];\n" if self.halves else "")
                 + ("    local rv: f32[BM];\n" if self.rows else "")
                 + self.init_text()
-                + f"    for k in pipelined(cdiv({k}, BK), stages = {self.stages}"
-                + (", producer = 1" if self.producer else "") + ") {\n"
-                + f"        copy({a_region}, {'a_in' if self.staged else 'a'});\n"
-                f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
-                + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
-                   f"            a[r, c] = a_in[r, c];\n"
-                   f"        }}\n" if self.staged else "")
-                + self.k_step(flags)
-                + "    }\n"
+                + k_loop(self.stages)
+                + (k_loop(self.twice) if self.twice else "")
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
                    if self.rows and self.rows_step else "")
@@ -1170,7 +1183,7 @@ class Gemm:
         else:
             init = np.zeros((nb, BM, BN))
         tiles = self.tiles()
-        state = {"acc": (init + blocks).astype(F32), "acc@mag": None}
+        state = {"acc": (init + blocks * (2 if self.twice else 1)).astype(F32), "acc@mag": None}
         if self.rows:       # exact: acc holds multiples of 0.5 far below 2^23, and no -0.0
             acc = state["acc"].astype(F64)
             rv = {"max": acc.max(axis=2), "min": acc.min(axis=2), "sum": acc.sum(axis=2)}[self.rows]
@@ -1182,7 +1195,7 @@ class Gemm:
             state["out@mag"] = None
         scalars = {n_: dt for n_, dt, _ in prog.scalars}
         env = {"i": i, "j": j, "bx": bx, "by": by}
-        env.update({n_: (np.float32 if dt == "f32" else np.int32)(v) for n_, dt, v in prog.scalars})
+        env.update({n_: scalar_value(dt, v) for n_, dt, v in prog.scalars})
         run_lanes(tiles, state, scalars, self.epilogue, env, np.ones((nb, BM, BN), bool))
         src = "out" if self.out else "acc"
         want = whole(convert_copy(state[src], tiles[src].dtype, self.ct)).copy()
@@ -1232,8 +1245,9 @@ class Conv(Gemm):
 BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
 
 
-def _schedule(draw, bm, bn, bk, threads, ct, dt, ta=False):
-    """Drawn pipeline and grid options, the accumulator's start and the epilogue, as Gemm's fields."""
+def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
+    """Drawn pipeline and grid options, the accumulator's start and the epilogue (reading the
+    float `scalars`), as Gemm's fields."""
     persistent = draw(st.booleans())
     stream_k = persistent and draw(st.booleans())
     producer = draw(st.booleans())
@@ -1265,10 +1279,14 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, ta=False):
     rows = not producer and not stream_k and bm % 64 == 0 and draw(st.integers(0, 2)) == 0
     rows = draw(st.sampled_from(["max", "min", "sum"])) if rows else ""
     rows_step = bool(rows) and draw(st.booleans())
+    # a second K loop over the same tiles (producer rings own their tiles; stream-K splits one loop)
+    twice = 0
+    if not producer and not stream_k and draw(st.integers(0, 4)) == 0:
+        twice = draw(st.sampled_from([1, 2, 3] if big else [1, 2, 4]))
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
-    ctx = Ctx(tiles, {"acc": False}, 2, ["bx", "by", "n"], ["alpha"])
+    ctx = Ctx(tiles, {"acc": False}, 2, ["bx", "by", "n"], [n for n, dt, _ in scalars if dt != "i32"])
     if out:
         epilogue = body(draw, ctx, "out", ct, False, depth=2)
     elif draw(st.booleans()):
@@ -1277,11 +1295,14 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, ta=False):
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
                 init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a,
-                rows=rows, rows_step=rows_step), list(tiles.values())
+                rows=rows, rows_step=rows_step, twice=twice), list(tiles.values())
 
 
 def _scalars(draw):
-    return [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
+    scalars = [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
+    if draw(st.integers(0, 3)) == 0:
+        scalars.append(("h", draw(st.sampled_from(["f16", "bf16"])), draw(st.sampled_from(HALF_SCALARS))))
+    return scalars
 
 
 @st.composite
@@ -1300,7 +1321,8 @@ def gemm_program(draw):
             tb = not tb if not refused(bn, threads, bm, not tb, ta) else tb
             ta = ta if not refused(bn, threads, bm, tb, ta) else not ta
     ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
-    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, ta)
+    scalars = _scalars(draw)
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta)
     spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 
     def size(t):
@@ -1313,7 +1335,7 @@ def gemm_program(draw):
     tensors = [Tensor("A", dt, ["K", "M"] if ta else ["M", "K"], "in", align()),
                Tensor("B", dt, ["N", "K"] if tb else ["K", "N"], "in", align()),
                Tensor("C", ct, ["M", "N"], "out", align())]
-    return Program("gemm_r", tensors, tiles, [], (), sizes, threads, _scalars(draw), template=spec,
+    return Program("gemm_r", tensors, tiles, [], (), sizes, threads, scalars, template=spec,
                    run_fallback=draw(st.sampled_from([False] * 4 + [True])),
                    data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="gemm")
 
@@ -1329,7 +1351,8 @@ def conv_program(draw):
     if refused(bn, threads, bm, tb):
         tb = not tb
     ct = draw(st.sampled_from(["f16", "f16", "f32", "bf16"]))
-    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt)
+    scalars = _scalars(draw)
+    sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars)
     c = draw(st.sampled_from([4, 8, 16, 24, 32, 64, 72, 128]))
     f = draw(st.sampled_from([8, 16, 24, 64, 100, 128, 136, 264]))
     k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))
@@ -1347,7 +1370,7 @@ def conv_program(draw):
     tensors = [Tensor("X", dt, ["N", *dims, "C"], "in", align()),
                Tensor("Wt", dt, ["F", f"{taps} * C"] if tb else [f"{taps} * C", "F"], "in", align()),
                Tensor("Y", ct, ["NP", "F"], "out", align())]
-    return Program("conv_r", tensors, tiles, [], (), sym, threads, _scalars(draw), template=spec,
+    return Program("conv_r", tensors, tiles, [], (), sym, threads, scalars, template=spec,
                    run_fallback=draw(st.sampled_from([False] * 4 + [True])),
                    data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="conv")
 
@@ -1356,6 +1379,7 @@ def conv_program(draw):
 
 FLOAT_LITS = ["0.5", "1.5", "2.0", "0.25", "3.0", "0.1", "1e-3", "7.75"]
 ALPHAS = [0.5, -1.25, 0.3, 3.0, 1e-3, 2.0]
+HALF_SCALARS = [0.1, -2.5, 1 / 3, 1000.7, 0.5]          # most of them change when rounded to 16 bits
 
 
 class Ctx:
@@ -1565,6 +1589,8 @@ def tile_program(draw):
     scalars = [("alpha", "f32", draw(st.sampled_from(ALPHAS))), ("n", "i32", draw(st.integers(0, 4)))]
     if draw(st.integers(0, 4)) == 0:
         scalars.append(("g", "f64", draw(st.sampled_from([0.1, -2.5, 1 / 3]))))
+    if draw(st.integers(0, 3)) == 0:             # read as float of the 16-bit value (language.md §2)
+        scalars.append(("h", draw(st.sampled_from(["f16", "bf16"])), draw(st.sampled_from(HALF_SCALARS))))
     floats = [n for n, dt, _ in scalars if dt != "i32"]
     tiles = []
     stmts = []

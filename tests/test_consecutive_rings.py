@@ -13,7 +13,7 @@ from tilec.compiler import lower
 from guard import guarded
 
 SRC = """kernel twice(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {
-    const BN = 128, WG = 1, PRODUCER = 0;
+    const BN = 128, WG = 1, PRODUCER = 0, S1 = 2, S2 = 3;
     grid (bx, by) = (cdiv(N, BN), cdiv(M, 64 * WG));
     threads 128 * WG;
     shared a: f16[64 * WG, 64];
@@ -22,12 +22,12 @@ SRC = """kernel twice(A: f16[M, K], B: f16[K, N], C: f16[M, N]) {
     shared b2: f16[64, BN];
     local acc: f32[64 * WG, BN];
     fill(acc, 0);
-    for k in pipelined(cdiv(K, 64), stages = 2, producer = PRODUCER) {
+    for k in pipelined(cdiv(K, 64), stages = S1, producer = PRODUCER) {
         copy(A[by * 64 * WG, k * 64], a);
         copy(B[k * 64, bx * BN], b);
         gemm(a, b, acc);
     }
-    for k in pipelined(cdiv(K, 64), stages = 3, producer = PRODUCER) {
+    for k in pipelined(cdiv(K, 64), stages = S2, producer = PRODUCER) {
         copy(A[by * 64 * WG, k * 64], SECOND_A);
         copy(B[k * 64, bx * BN], SECOND_B);
         gemm(SECOND_A, SECOND_B, acc);
@@ -39,7 +39,18 @@ SAME = SRC.replace("SECOND_A", "a").replace("SECOND_B", "b")
 OWN = SRC.replace("SECOND_A", "a2").replace("SECOND_B", "b2")
 CASES = {"same tiles": (SAME, {}), "same tiles, 2 warpgroups": (SAME, dict(WG=2)),
          "own tiles": (OWN, {}), "own tiles, producers": (OWN, dict(PRODUCER=1)),
-         "own tiles, producers, 2 warpgroups": (OWN, dict(PRODUCER=1, WG=2))}
+         "own tiles, producers, 2 warpgroups": (OWN, dict(PRODUCER=1, WG=2)),
+         "same tiles, fewer stages second": (SAME, dict(S1=3, S2=1)),
+         "same tiles, fewer stages second, 2 warpgroups": (SAME, dict(S1=4, S2=2, WG=2))}
+
+
+@pytest.mark.parametrize("s1, s2", [(2, 3), (3, 1), (4, 2), (1, 4)])
+def test_a_tile_two_rings_load_has_the_stages_of_the_longer(s1, s2):
+    """The ring that came last set the tiles' stages: a 3-stage ring then a 1-stage
+    one placed one copy of each tile, and the first ring's TMA loads wrote past
+    shared memory (CUDA_ERROR_ILLEGAL_ADDRESS; session 43's fuzzing)."""
+    k = lower(SAME, dict(S1=s1, S2=s2)).stages["plan-smem"]
+    assert {b.name: b.stages for b in k.buffers if b.name in "ab"} == {"a": max(s1, s2), "b": max(s1, s2)}
 
 
 def test_the_second_ring_waits_for_every_warpgroup_before_its_first_loads():

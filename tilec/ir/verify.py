@@ -39,6 +39,12 @@ def verify(k: ir.Kernel, after: str) -> None:
             fail(f"TMA store uses unknown tensor map {s.tensor_map}")
         if isinstance(s, (ir.ArriveExpectTx, ir.MbarrierWait, ir.FlipPhase)) and s.barrier not in bars:
             fail(f"{type(s).__name__} on unknown barrier {s.barrier}")
+        if isinstance(s, ir.For) and s.ring:
+            for x in ir.walk_stmts(s.body):
+                name = x.buffer if isinstance(x, ir.TmaLoad) else x.dst.name if isinstance(x, ir.Copy) else None
+                b = k.buffer(name) if name is not None else None
+                if b is not None and b.scope == "shared" and b.stages < s.stages:
+                    fail(f"a ring of {s.stages} stages loads '{name}', which has {b.stages}")
         if isinstance(s, ir.ArriveExpectTx) and not 0 < s.bytes < (1 << 20):
             fail(f"expect-tx of {s.bytes} bytes is outside TMA's 1..2^20-1")
         if folded:

@@ -6,8 +6,9 @@ global tensor or an im2col view into shared tiles) followed by gemms that read
 only those tiles can overlap the loads of later iterations with the gemms of
 this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
-S copies). A `pipelined` loop (stages >= 2) of any other body that starts with
-TMA loads and loads nothing after them is marked `rotate`, at any depth of
+S copies; the most stages of the rings that load it). A `pipelined` loop
+(stages >= 2) of any other body that starts with TMA loads and loads nothing
+after them is marked `rotate`, at any depth of
 loops: each tile it loads gets S copies (`ir.stage_tile`; the most stages of
 the loops that share it), iteration k using copy k % S, and insert-barriers
 issues each iteration's loads S - 1 iterations ahead; where those copies would
@@ -76,7 +77,7 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
                 raise SemanticError(f"producer = 1: the ring loads {reread[0]}, which the kernel also writes (other "
                                     "than in place, tile by tile); a producer warpgroup loads ahead of the "
                                     "consumers' writes, so it could read what they have not yet written", s.span)
-        stages.update({t: s.stages for t in tiles})
+        stages.update({t: max(s.stages, stages.get(t, 1)) for t in tiles})     # rings may share a tile
         return replace(s, ring=True)
 
     def block(body):
