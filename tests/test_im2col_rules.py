@@ -110,3 +110,50 @@ def test_im2col_compile_time_rules(params, error):
 
 def test_legal_im2col_compiles():
     lower(SRC.format(dt="f16", bm=128, bk=64, k="(3, 3)", s=2, p=1, d=2, k0="bx * BK"))
+
+
+TWO_VIEWS = """kernel two(X: f16[N, H, W, C1], Z: f16[N, H, W, C2], Wt: f16[9 * C1, F], Vt: f16[9 * C2, F], Y: f32[NP, F]) {
+    require NP == N * H * W;
+    let Xc = im2col(X, kernel = (3, 3), pad = (1, 1));
+    let Zc = im2col(Z, kernel = (3, 3), pad = (1, 1));
+    grid (bx, by) = (cdiv(F, 64), cdiv(NP, 64));
+    threads 128;
+    shared a: f16[64, 64];
+    shared b: f16[64, 64];
+    local acc: f32[64, 64];
+    fill(acc, 0);
+    for k in pipelined(cdiv(9 * C1, 64), stages = 2) {
+        copy(Xc[by * 64, k * 64], a);
+        copy(Wt[k * 64, bx * 64], b);
+        gemm(a, b, acc);
+    }
+    for k in pipelined(cdiv(9 * C2, 64), stages = 2) {
+        copy(Zc[by * 64, k * 64], a);
+        copy(Vt[k * 64, bx * 64], b);
+        gemm(a, b, acc);
+    }
+    copy(acc, Y[by * 64, bx * 64]);
+}
+"""
+
+
+@pytest.mark.parametrize("consts, error", [
+    ("C1 = 16, C2 = 32", "16 channels a tap: 32-byte chunks (line 13), 32 channels a tap: 64-byte chunks here"),
+    ("C1 = 32", "32 channels a tap: 64-byte chunks (line 13), 128-byte chunks here"),       # C2: a shape symbol
+    ("C1 = 128, C2 = 32", "128-byte chunks (line 13), 32 channels a tap: 64-byte chunks here"),
+])
+def test_one_operand_tile_from_views_of_different_tap_swizzles(consts, error):
+    """A gemm operand filled from two im2col views whose filter taps need different
+    swizzles (e.g. 16 and 32 channels of f16 in a 64-wide K tile) was refused with a
+    message about the second view's tile width (plan-tma: 'must be one swizzled chunk
+    ... not 64'); plan-gemm now names both views' needs."""
+    with pytest.raises(SemanticError) as err:
+        lower(TWO_VIEWS.replace("    require", f"    const {consts};\n    require", 1))
+    assert str(err.value).splitlines()[0] == (
+        "<string>:18:9: error: gemm operand 'a' is filled from im2col views that need different swizzles: "
+        + error + "; give each view a tile of its own")
+
+
+def test_one_operand_tile_from_views_of_one_tap_swizzle_compiles():
+    lower(TWO_VIEWS.replace("    require", "    const C1 = 16, C2 = 16;\n    require", 1))
+    lower(TWO_VIEWS)                      # both C symbols: 128-byte chunks, C % 64 checked at launch

@@ -393,9 +393,20 @@ def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
     fills from a tensor of C channels fixed at compile time, C < K depth, the bytes
     of C channels when those are 32 or 64 (each filter tap is then one swizzled
     chunk, one TMA load: plan-tma); else 128."""
+    first = None
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
-        c = im2col.tap_channels(k.param(v.tensor), kdepth) if v is not None else None
-        if c is not None and c * esize in (32, 64):
-            return c * esize
-    return 128
+        if v is None:
+            continue
+        c = im2col.tap_channels(k.param(v.tensor), kdepth)
+        swizzle = c * esize if c is not None and c * esize in (32, 64) else 128
+        if first is None:
+            first = (swizzle, c, s)
+        elif swizzle != first[0]:
+            def says(sw, c):
+                return f"{c} channels a tap: {sw}-byte chunks" if sw < 128 else f"{sw}-byte chunks"
+            at = f" (line {first[2].span.line})" if first[2].span is not None else ""
+            raise SemanticError(f"gemm operand '{tile.name}' is filled from im2col views that need different "
+                                f"swizzles: {says(first[0], first[1])}{at}, {says(swizzle, c)} here; give each "
+                                "view a tile of its own", s.span)
+    return 128 if first is None else first[0]
