@@ -1050,6 +1050,7 @@ class Gemm:
                          # in acc's rows, and subtracted from them (rv[i] read beside acc)
     rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
     twice: int = 0       # the stages of a second K loop after the first, over the same tiles (acc gets 2 A B)
+    own: bool = False    # ... over tiles of its own, a2 and b2 (a producer's rings must own theirs)
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1079,15 +1080,15 @@ class Gemm:
         params, decls, (n, m, k), a_region = self.head(prog)
         A, B, C = self.names
 
-        def k_loop(stages):
+        def k_loop(stages, a="a", b="b"):
             return (f"    for k in pipelined(cdiv({k}, BK), stages = {stages}"
                     + (", producer = 1" if self.producer else "") + ") {\n"
-                    + f"        copy({a_region}, {'a_in' if self.staged else 'a'});\n"
-                    f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], b);\n"
+                    + f"        copy({a_region}, {'a_in' if self.staged else a});\n"
+                    f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], {b});\n"
                     + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
                        f"            a[r, c] = a_in[r, c];\n"
                        f"        }}\n" if self.staged else "")
-                    + self.k_step(flags)
+                    + self.k_step(flags, a, b)
                     + "    }\n")
         grid = f"grid (bx, by) = (cdiv({n}, BN), cdiv({m}, BM))"
         if self.persistent:
@@ -1112,13 +1113,15 @@ class Gemm:
                 + (f"    shared a_in: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n" if self.staged else "")
                 + f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
+                + (f"    shared a2: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
+                   f"    shared b2: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n" if self.own else "")
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
                 + ("    local part2: f32[BM, BN];\n" if self.halves else "")
                 + ("    local rv: f32[BM];\n" if self.rows else "")
                 + self.init_text()
                 + k_loop(self.stages)
-                + (k_loop(self.twice) if self.twice else "")
+                + (k_loop(self.twice, *(("a2", "b2") if self.own else ())) if self.twice else "")
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
                    if self.rows and self.rows_step else "")
@@ -1127,12 +1130,13 @@ class Gemm:
                 + epilogue
                 + f"    copy({'out' if self.out else 'acc'}, {C}[by * BM, bx * BN]);\n}}\n")
 
-    def k_step(self, flags) -> str:
-        """A K step's gemm: into acc, or into `part` (and `part2`: halves) that threads add to acc."""
+    def k_step(self, flags, a="a", b="b") -> str:
+        """A K step's gemm of tiles a and b: into acc, or into `part` (and `part2`: halves)
+        that threads add to acc."""
         if not self.blocks:
-            return f"        gemm(a, b, acc{flags});\n"
+            return f"        gemm({a}, {b}, acc{flags});\n"
         parts, half = (("part", "part2"), " * 0.5") if self.halves else (("part",), "")
-        return "".join(f"        fill({p}, 0);\n        gemm(a, b, {p}{flags});\n" for p in parts) + \
+        return "".join(f"        fill({p}, 0);\n        gemm({a}, {b}, {p}{flags});\n" for p in parts) + \
             "".join(f"        parallel (i, j) in (BM, BN) {{\n            acc[i, j] = acc[i, j] + {p}[i, j]{half};\n"
                     "        }\n" for p in parts)
 
@@ -1282,10 +1286,17 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
     rows = not producer and not stream_k and bm % 64 == 0 and draw(st.integers(0, 2)) == 0
     rows = draw(st.sampled_from(["max", "min", "sum"])) if rows else ""
     rows_step = bool(rows) and draw(st.booleans())
-    # a second K loop over the same tiles (producer rings own their tiles; stream-K splits one loop)
-    twice = 0
-    if not producer and not stream_k and draw(st.integers(0, 4)) == 0:
+    # a second K loop over the same tiles or its own (a producer's rings own theirs; stream-K splits one loop)
+    twice, own = 0, False
+    if not stream_k and draw(st.integers(0, 4)) == 0:
         twice = draw(st.sampled_from([1, 2, 3] if big else [1, 2, 4]))
+        own = producer or (not staged and draw(st.booleans()))
+        if producer and twice < 2:
+            twice = 2
+        while own and twice > 1 and (stages + twice) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 > 232448:
+            twice -= 1
+        if own and (stages + twice) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 > 232448 or producer and twice < 2:
+            twice, own = 0, False
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
@@ -1298,7 +1309,7 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
                 init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a,
-                rows=rows, rows_step=rows_step, twice=twice), list(tiles.values())
+                rows=rows, rows_step=rows_step, twice=twice, own=own), list(tiles.values())
 
 
 def _scalars(draw):
