@@ -271,6 +271,7 @@ class Mbarrier:
     array: bool = False     # declared as an array, indexed by stage
     completes: str = "tx"
     span: Optional[Span] = SPAN
+    releases: tuple = ()    # 'arrivals': the tiles whose stage an arrive releases (its ring's; () for any)
 
 
 # ---------------------------------------------------------------- statements

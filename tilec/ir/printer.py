@@ -243,7 +243,8 @@ def kernel(k: ir.Kernel) -> str:
                    f"{' inner_dim rounded_to_16B' if t.inner_rounded else ''}")
     for b in k.barriers:
         count = f"[{b.count}]" if b.array else ""
-        out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop and not b.array else ''}")
+        out.append(f"  mbarrier {b.name}{count} arrivals {b.arrivals}{' phase register' if b.in_loop and not b.array else ''}"
+                   + (f" releases {', '.join(b.releases)}" if b.releases else ""))
     if k.smem_bytes:
         out.append(f"  dynamic_smem {k.smem_bytes} bytes")
     out.append("")

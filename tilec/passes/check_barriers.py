@@ -393,6 +393,7 @@ class _Checker:
         self.local = {b.name for b in k.buffers if b.scope == "local"}
         self.register_a = ir.register_a_tiles(k.body)
         self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
+        self.releases = {b.name: set(b.releases) for b in k.barriers if b.releases}   # a ring's empty barriers
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
         self.period = math.lcm(2, *(2 * n for n in rings))
@@ -699,8 +700,9 @@ class _Checker:
             name = self.bar_name(st, s.barrier, s.index, s)
             bar = self.bar(st, name, s)
             stage = evaluate(s.index, st.env)
+            ring = self.releases.get(s.barrier)       # another ring's tiles at this stage are not released
             for t in sorted(st.touched):      # sorted: dicts filled in an order no hash seed changes
-                if t.endswith(f"@{stage}"):
+                if t.endswith(f"@{stage}") and (ring is None or t.rsplit("@", 1)[0] in ring):
                     if any(t in group for group in st.wgmma):
                         _fail(f"stage {stage} is released on mbarrier {name} while a wgmma may still read '{t}'",
                               s.span)

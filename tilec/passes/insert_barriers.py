@@ -157,9 +157,11 @@ class _Inserter:
         dry.is_dry = True
         return dry
 
-    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx"):
+    def new_barrier(self, tiles, in_loop, span, count=1, arrivals=1, prefix="bar", array=False, completes="tx",
+                    releases=()):
         name = f"{prefix}{len(self.barriers)}"
-        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, array, completes, span=span))
+        self.barriers.append(ir.Mbarrier(name, arrivals, in_loop, count, array, completes, span=span,
+                                         releases=tuple(releases)))
         self.bar_tiles[name] = tuple(tiles)
         return self.barriers[-1]
 
@@ -343,7 +345,7 @@ class _Inserter:
         self.before_global_access({x.tensor for x in loads}, set(), st, out, s.span, tma=True)
         full = self.new_barrier(tiles, True, s.span, count=stages, arrivals=1, prefix="full", array=True)
         empty = self.new_barrier([], True, s.span, count=stages, arrivals=warpgroups, prefix="empty", array=True,
-                                 completes="arrivals")
+                                 completes="arrivals", releases=tiles)
         total = _expect_tx(loads) + self.skew
         k = ir.Var(s.var, "loop")
         n = s.extent
