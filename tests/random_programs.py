@@ -1051,6 +1051,7 @@ class Gemm:
     rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
     twice: int = 0       # the stages of a second K loop after the first, over the same tiles (acc gets 2 A B)
     own: bool = False    # ... over tiles of its own, a2 and b2 (a producer's rings must own theirs)
+    reps: str = ""       # the K loop(s) inside `for rep in range(reps)` ("n": the scalar, 0 to 4; or "2")
 
     def tiles(self):
         ts = [Tile("acc", "local", "f32", (self.bm, self.bn))]
@@ -1120,8 +1121,10 @@ class Gemm:
                 + ("    local part2: f32[BM, BN];\n" if self.halves else "")
                 + ("    local rv: f32[BM];\n" if self.rows else "")
                 + self.init_text()
+                + (f"    for rep in range({self.reps}) {{\n" if self.reps else "")
                 + k_loop(self.stages)
                 + (k_loop(self.twice, *(("a2", "b2") if self.own else ())) if self.twice else "")
+                + ("    }\n" if self.reps else "")
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
                    if self.rows and self.rows_step else "")
@@ -1187,7 +1190,9 @@ class Gemm:
         else:
             init = np.zeros((nb, BM, BN))
         tiles = self.tiles()
-        state = {"acc": (init + blocks * (2 if self.twice else 1)).astype(F32), "acc@mag": None}
+        reps = 1 if not self.reps else dict((n_, v) for n_, _, v in prog.scalars)["n"] if self.reps == "n" \
+            else int(self.reps)
+        state = {"acc": (init + blocks * (2 if self.twice else 1) * reps).astype(F32), "acc@mag": None}
         if self.rows:       # exact: acc holds multiples of 0.5 far below 2^23, and no -0.0
             acc = state["acc"].astype(F64)
             rv = {"max": acc.max(axis=2), "min": acc.min(axis=2), "sum": acc.sum(axis=2)}[self.rows]
@@ -1297,6 +1302,8 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
             twice -= 1
         if own and (stages + twice) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 > 232448 or producer and twice < 2:
             twice, own = 0, False
+    # the K loop(s) repeated by an outer loop: the rings' stages and phases go on (stream-K: one loop)
+    reps = "" if stream_k or draw(st.integers(0, 5)) else draw(st.sampled_from(["n", "2"]))
     tiles = {"acc": Tile("acc", "local", "f32", (bm, bn))}
     if out:
         tiles["out"] = Tile("out", "local", ct, (bm, bn))
@@ -1309,7 +1316,7 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
         epilogue = []
     return dict(stages=stages, producer=producer, persistent=persistent, stream_k=stream_k, group=group,
                 init=init, epilogue=epilogue, out=out, blocks=blocks, halves=halves, staged=staged, regs_a=regs_a,
-                rows=rows, rows_step=rows_step, twice=twice, own=own), list(tiles.values())
+                rows=rows, rows_step=rows_step, twice=twice, own=own, reps=reps), list(tiles.values())
 
 
 def _scalars(draw):
