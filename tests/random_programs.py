@@ -1051,6 +1051,7 @@ class Gemm:
     rows_step: bool = False  # ... rv[i] = rv[i] * 0.5 + f32(i % 3) first, a parallel over rv's rows
     twice: int = 0       # the stages of a second K loop after the first, over the same tiles (acc gets 2 A B)
     own: bool = False    # ... over tiles of its own, a2 and b2 (a producer's rings must own theirs)
+    bk2: int = 0         # own tiles: the second loop's K depth (BK2; 0: BK)
     reps: str = ""       # the K loop(s) inside `for rep in range(reps)` ("n": the scalar, 0 to 4; or "2")
 
     def tiles(self):
@@ -1081,11 +1082,11 @@ class Gemm:
         params, decls, (n, m, k), a_region = self.head(prog)
         A, B, C = self.names
 
-        def k_loop(stages, a="a", b="b"):
-            return (f"    for k in pipelined(cdiv({k}, BK), stages = {stages}"
+        def k_loop(stages, a="a", b="b", bk="BK"):
+            return (f"    for k in pipelined(cdiv({k}, {bk}), stages = {stages}"
                     + (", producer = 1" if self.producer else "") + ") {\n"
-                    + f"        copy({a_region}, {'a_in' if self.staged else a});\n"
-                    f"        copy({B}[{'bx * BN, k * BK' if self.tb else 'k * BK, bx * BN'}], {b});\n"
+                    + f"        copy({a_region.replace('k * BK', f'k * {bk}')}, {'a_in' if self.staged else a});\n"
+                    f"        copy({B}[{f'bx * BN, k * {bk}' if self.tb else f'k * {bk}, bx * BN'}], {b});\n"
                     + (f"        parallel (r, c) in ({'BK, BM' if self.ta else 'BM, BK'}) {{\n"
                        f"            a[r, c] = a_in[r, c];\n"
                        f"        }}\n" if self.staged else "")
@@ -1107,15 +1108,16 @@ class Gemm:
         scalars = "".join(f", {n}: {dt}" for n, dt, _ in prog.scalars)
         return (f"kernel {prog.name}({params}{scalars}) {{\n"
                 + decls
-                + f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk};\n"
+                + f"    const BM = {self.bm}, BN = {self.bn}, BK = {self.bk}{f', BK2 = {self.bk2}' if self.bk2 else ''};\n"
                 f"    {grid};\n"
                 f"    threads {self.threads};\n"
                 f"    {'local' if self.regs_a else 'shared'} a: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
                 + (f"    shared a_in: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n" if self.staged else "")
                 + f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
-                + (f"    shared a2: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n"
-                   f"    shared b2: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n" if self.own else "")
+                + (f"    shared a2: {self.dt}[{'BK2, BM' if self.ta else 'BM, BK2'}];\n"
+                   f"    shared b2: {self.dt}[{'BN, BK2' if self.tb else 'BK2, BN'}];\n" if self.own else "")
+                .replace("BK2", "BK2" if self.bk2 else "BK")
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
                 + ("    local part2: f32[BM, BN];\n" if self.halves else "")
@@ -1123,7 +1125,8 @@ class Gemm:
                 + self.init_text()
                 + (f"    for rep in range({self.reps}) {{\n" if self.reps else "")
                 + k_loop(self.stages)
-                + (k_loop(self.twice, *(("a2", "b2") if self.own else ())) if self.twice else "")
+                + (k_loop(self.twice, *(("a2", "b2", "BK2" if self.bk2 else "BK") if self.own else ()))
+                   if self.twice else "")
                 + ("    }\n" if self.reps else "")
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
@@ -1344,6 +1347,11 @@ def gemm_program(draw):
     ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
     scalars = _scalars(draw)
     sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta)
+    if sched["own"] and not f8 and draw(st.booleans()):    # the second loop's tiles of another K depth
+        bk2 = draw(st.sampled_from([d for d in (16, 32, 48, 64) if d != bk]))
+        ring = lambda d, n: n * (bm * d + d * bn) * ELSIZE[dt]      # noqa: E731
+        if ring(bk, sched["stages"]) + ring(bk2, sched["twice"]) + 1024 <= 232448:
+            sched["bk2"] = bk2
     spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 
     def size(t):
