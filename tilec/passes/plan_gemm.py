@@ -392,7 +392,8 @@ def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
     """The widest swizzle a K-major operand may take: for a tile that an im2col copy
     fills from a tensor of C channels fixed at compile time, C < K depth, the bytes
     of C channels when those are 32 or 64 (each filter tap is then one swizzled
-    chunk, one TMA load: plan-tma); else 128."""
+    chunk, one TMA load: plan-tma); else 128. A tile that views of different needs
+    fill is an error naming both."""
     first = None
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
