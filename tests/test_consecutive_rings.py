@@ -49,6 +49,16 @@ CASES = {"same tiles": (SAME, {}), "same tiles, 2 warpgroups": (SAME, dict(WG=2)
                                     dict(S1=3, S2=2))}
 
 
+def test_the_verifier_refuses_a_ring_over_fewer_copies():
+    from dataclasses import replace
+    from tilec.ir.verify import VerifyError, verify
+    k = lower(SAME, dict(S1=3, S2=1)).stages["plan-pipeline"]
+    verify(k, "plan-pipeline")
+    fewer = replace(k, buffers=tuple(replace(b, stages=1) if b.name == "a" else b for b in k.buffers))
+    with pytest.raises(VerifyError, match="after plan-pipeline: a ring of 3 stages loads 'a', which has 1"):
+        verify(fewer, "plan-pipeline")
+
+
 def test_a_release_frees_its_own_rings_tiles_only():
     """With a persistent grid and producer warpgroups, the consumers' release of
     ring 2's stage 0 also counted as the release of ring 1's stage 0 in
