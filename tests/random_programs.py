@@ -1301,9 +1301,12 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
         own = producer or (not staged and draw(st.booleans()))
         if producer and twice < 2:
             twice = 2
-        while own and twice > 1 and (stages + twice) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 > 232448:
+        # shared memory: both rings and, in a persistent producer kernel, acc's staging (at most all of it)
+        smem = lambda n: (stages + n) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 + \
+            (bm * bn * 4 if producer and persistent else 0)           # noqa: E731
+        while own and twice > 1 and smem(twice) > 232448:
             twice -= 1
-        if own and (stages + twice) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 > 232448 or producer and twice < 2:
+        if own and smem(twice) > 232448 or producer and twice < 2:
             twice, own = 0, False
     # the K loop(s) repeated by an outer loop: the rings' stages and phases go on (stream-K: one loop)
     reps = "" if stream_k or draw(st.integers(0, 5)) else draw(st.sampled_from(["n", "2"]))
@@ -1350,7 +1353,8 @@ def gemm_program(draw):
     if sched["own"] and not f8 and draw(st.booleans()):    # the second loop's tiles of another K depth
         bk2 = draw(st.sampled_from([d for d in (16, 32, 48, 64) if d != bk]))
         ring = lambda d, n: n * (bm * d + d * bn) * ELSIZE[dt]      # noqa: E731
-        if ring(bk, sched["stages"]) + ring(bk2, sched["twice"]) + 1024 <= 232448:
+        staging = bm * bn * 4 if sched["producer"] and sched["persistent"] else 0
+        if ring(bk, sched["stages"]) + ring(bk2, sched["twice"]) + 1024 + staging <= 232448:
             sched["bk2"] = bk2
     spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 
