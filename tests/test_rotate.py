@@ -254,7 +254,7 @@ def test_each_plain_loop_gives_its_own_reason():
          "counts in 1024-byte steps); a Hopper block has at most 232448 bytes of shared memory)"],
         ["this pipelined loop (stages = 2) runs as a plain loop", "tile 'b', which it loads, is used outside the "
          "loop as well (line 23), where it could read what the loop leaves in it (elsewhere it may be used only "
-         "in loops whose bodies start by loading it)"]], said
+         "in loops whose bodies start by loading it and hold no gemm)"]], said
     assert [m.split(": ")[0] for m in said] == ["<string>:11:5", "<string>:17:5"]
 
 
@@ -356,7 +356,7 @@ def test_a_tile_read_where_a_rotation_left_it_runs_plain(src, line, loop):
     said = [m for m in plain_loop_warnings(src) if f":{loop}: " in m]
     assert len(said) == 1 and said[0].endswith(
         f"tile 'a', which it loads, is used outside the loop as well (line {line}), where it could read what the "
-        "loop leaves in it (elsewhere it may be used only in loops whose bodies start by loading it)"), said
+        "loop leaves in it (elsewhere it may be used only in loops whose bodies start by loading it and hold no gemm)"), said
     assert not any(n.startswith("tl_a_stage") for n in buffers(src))
 
 
@@ -377,7 +377,7 @@ def test_a_disk_cache_hit_says_it_again(tmp_path, monkeypatch):
         plain = [str(w.message) for w in said if issubclass(w.category, tilec.PipelineWarning)]
         assert plain == ["ksum.tile:9:5: this pipelined loop (stages = 2) runs as a plain loop: tile 'a', which it "
                          "loads, is used outside the loop as well (line 15), where it could read what the loop "
-                         "leaves in it (elsewhere it may be used only in loops whose bodies start by loading it)"], plain
+                         "leaves in it (elsewhere it may be used only in loops whose bodies start by loading it and hold no gemm)"], plain
 
 
 @pytest.mark.parametrize("src", [ksum(None), ksum(1), ksum(2), ksum(3), RMW], ids=["range", "one stage", "2", "3", "rmw"])
@@ -889,4 +889,4 @@ def test_a_read_after_the_loop_without_a_reload_still_stops_it():
     assert plain_loop_warnings(src) == [
         "<string>:10:5: this pipelined loop (stages = 2) runs as a plain loop: tile 'a', which it loads, is used "
         "outside the loop as well (line 17), where it could read what the loop leaves in it (elsewhere it may be "
-        "used only in loops whose bodies start by loading it)"]
+        "used only in loops whose bodies start by loading it and hold no gemm)"]

@@ -135,7 +135,7 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
             at = f" (line {use.span.line})" if use.span is not None else ""
             return [], f"tile '{t}', which it loads, is used outside the loop as well{at}, where it could read " \
                        "what the loop leaves in it (elsewhere it may be used only in loops whose bodies start by " \
-                       "loading it)"
+                       "loading it and hold no gemm)"
         if any(b.alias == t or (b.name == t and b.alias) for b in k.buffers):
             return [], f"tile '{t}', which it loads, shares its memory with another tile"
     # loads issued S - 1 iterations early must not read what an iteration before them writes
