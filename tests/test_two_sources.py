@@ -96,3 +96,59 @@ def test_on_the_gpu(case, size):
     torch.cuda.synchronize()
     y.check()
     assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+
+
+COLS = """kernel cols(X: f16[N, H, W, 16], Z: f16[N, H, W, 32], Y: f16[NP, 144], V: f16[NP, 288]) {
+    require NP == N * H * W;
+    let Xc = im2col(X, kernel = (3, 3), pad = (1, 1));
+    let Zc = im2col(Z, kernel = (3, 3), pad = (1, 1));
+    grid (bx, by) = (cdiv(288, 64), cdiv(NP, 64));
+    threads 128;
+    shared t: f16[64, 64];
+    FIRST
+    SECOND
+}
+"""
+X_TO_Y = "if (bx * 64 < 144) {\n        copy(Xc[by * 64, bx * 64], t);\n        copy(t, Y[by * 64, bx * 64]);\n    }"
+Z_TO_V = "copy(Zc[by * 64, bx * 64], t);\n    copy(t, V[by * 64, bx * 64]);"
+ORDERS = {"16 then 32 channels": COLS.replace("FIRST", X_TO_Y).replace("SECOND", Z_TO_V),
+          "32 then 16 channels": COLS.replace("FIRST", Z_TO_V).replace("SECOND", X_TO_Y)}
+
+
+def cols_problem(like):
+    rng = np.random.default_rng(5)
+    x = rng.integers(-9, 9, (2, 5, 6, 16)).astype(np.float16)
+    z = rng.integers(-9, 9, (2, 5, 6, 32)).astype(np.float16)
+    args = [x, z]
+    if like == "torch":
+        import torch
+        args = [torch.from_numpy(a).cuda() for a in args]
+    return args, guarded((60, 144), "f16", like=like), guarded((60, 288), "f16", like=like), im2col(x), im2col(z)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_tile_of_taps_from_views_of_16_and_32_channels(order):
+    """A tile (not a gemm operand) filled from im2col views of 16 and 32 channels in
+    a 64-wide K tile: it took the last view's chunks of 32 channels, and the launch
+    refused the 16-channel view ("16 channels is not a multiple of the K tile width
+    32", then the thread-copy variant ran). Its chunks are now 16 channels: a TMA
+    load each, both views exact."""
+    from tilec.compiler import lower
+    assert [(b.layout, b.chunk) for b in lower(ORDERS[order]).stages["plan-tma"].buffers] == [("cols", 16)]
+    args, y, v, want_y, want_v = cols_problem("numpy")
+    tilec.compile(ORDERS[order], backend="interpret", fallback=False)(*args, y.view, v.view)
+    y.check(), v.check()
+    assert np.array_equal(y.view.astype(np.float64), want_y)
+    assert np.array_equal(v.view.astype(np.float64), want_v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_tile_of_taps_from_two_views_on_the_gpu(order):
+    import torch
+    args, y, v, want_y, want_v = cols_problem("torch")
+    tilec.compile(ORDERS[order], fallback=False)(*args, y.view, v.view)
+    torch.cuda.synchronize()
+    y.check(), v.check()
+    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want_y)
+    assert np.array_equal(v.view.cpu().numpy().astype(np.float64), want_v)

@@ -80,7 +80,9 @@ def _tap_chunked_tiles(k):
     """A shared tile that an im2col copy fills with K columns spanning several
     filter taps (a channel count C fixed at compile time, C < BK, C | BK) gets the
     'cols' layout, column chunks of C: each tap is then one dense TMA box. (With
-    C a shape symbol, the launch checks that C is a multiple of BK instead.)"""
+    C a shape symbol, the launch checks that C is a multiple of BK instead.) A tile
+    that views of several such C fill gets chunks of their greatest common divisor:
+    each chunk still lies inside one tap of every view."""
     chunked = {}
     for s in ir.walk_stmts(k.body):
         if not (isinstance(s, ir.TmaLoad) and s.view):
@@ -91,6 +93,7 @@ def _tap_chunked_tiles(k):
         if buf.layout != "row" or c is None:
             continue
         esize = x.dtype.size
+        c = math.gcd(c, chunked.get(buf.name, c))
         if (c * esize) % 16 or (bm * c * esize) % 128:
             continue        # TMA cannot: the launch check names the rule (and the fallback runs)
         chunked[buf.name] = c
