@@ -1081,6 +1081,7 @@ class Gemm:
     def text(self, prog):
         params, decls, (n, m, k), a_region = self.head(prog)
         A, B, C = self.names
+        bk2 = "BK2" if self.bk2 else "BK"         # the second loop's K depth (tiles of its own)
 
         def k_loop(stages, a="a", b="b", bk="BK"):
             return (f"    for k in pipelined(cdiv({k}, {bk}), stages = {stages}"
@@ -1115,9 +1116,8 @@ class Gemm:
                 + (f"    shared a_in: {self.dt}[{'BK, BM' if self.ta else 'BM, BK'}];\n" if self.staged else "")
                 + f"    shared b: {self.dt}[{'BN, BK' if self.tb else 'BK, BN'}];\n"
                 f"    local acc: f32[BM, BN];\n"
-                + (f"    shared a2: {self.dt}[{'BK2, BM' if self.ta else 'BM, BK2'}];\n"
-                   f"    shared b2: {self.dt}[{'BN, BK2' if self.tb else 'BK2, BN'}];\n" if self.own else "")
-                .replace("BK2", "BK2" if self.bk2 else "BK")
+                + (f"    shared a2: {self.dt}[{f'{bk2}, BM' if self.ta else f'BM, {bk2}'}];\n"
+                   f"    shared b2: {self.dt}[{f'BN, {bk2}' if self.tb else f'{bk2}, BN'}];\n" if self.own else "")
                 + (f"    local out: {self.ct}[BM, BN];\n" if self.out else "")
                 + ("    local part: f32[BM, BN];\n" if self.blocks else "")
                 + ("    local part2: f32[BM, BN];\n" if self.halves else "")
@@ -1125,8 +1125,7 @@ class Gemm:
                 + self.init_text()
                 + (f"    for rep in range({self.reps}) {{\n" if self.reps else "")
                 + k_loop(self.stages)
-                + (k_loop(self.twice, *(("a2", "b2", "BK2" if self.bk2 else "BK") if self.own else ()))
-                   if self.twice else "")
+                + (k_loop(self.twice, *(("a2", "b2", bk2) if self.own else ())) if self.twice else "")
                 + ("    }\n" if self.reps else "")
                 + (f"    reduce(acc, rv, axis = 1, op = {self.rows});\n" if self.rows else "")
                 + ("    parallel (i) in (BM) {\n        rv[i] = rv[i] * 0.5 + f32(i % 3);\n    }\n"
@@ -1193,8 +1192,10 @@ class Gemm:
         else:
             init = np.zeros((nb, BM, BN))
         tiles = self.tiles()
-        reps = 1 if not self.reps else dict((n_, v) for n_, _, v in prog.scalars)["n"] if self.reps == "n" \
-            else int(self.reps)
+        if self.reps == "n":
+            reps = next(v for n_, _, v in prog.scalars if n_ == "n")
+        else:
+            reps = int(self.reps or 1)
         state = {"acc": (init + blocks * (2 if self.twice else 1) * reps).astype(F32), "acc@mag": None}
         if self.rows:       # exact: acc holds multiples of 0.5 far below 2^23, and no -0.0
             acc = state["acc"].astype(F64)
@@ -1257,6 +1258,14 @@ class Conv(Gemm):
 BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
 
 
+SMEM = 232448       # a Hopper block's shared memory
+
+
+def _ring_bytes(bm, bn, bk, dt, stages):
+    """Shared memory of a ring of `stages` copies of a [BM, BK] and a [BK, BN] tile."""
+    return stages * (bm * bk + bk * bn) * ELSIZE[dt]
+
+
 def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
     """Drawn pipeline and grid options, the accumulator's start and the epilogue (reading the
     float `scalars`), as Gemm's fields."""
@@ -1268,7 +1277,7 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
     if producer and stages < 2:
         stages = 2
     # stream-K keeps a partial f32 tile in shared memory beside the ring
-    while stream_k and stages > 2 and stages * (bm * bk + bk * bn) * ELSIZE[dt] + bm * bn * 4 + 1024 > 232448:
+    while stream_k and stages > 2 and _ring_bytes(bm, bn, bk, dt, stages) + bm * bn * 4 + 1024 > SMEM:
         stages -= 1
     group = draw(st.sampled_from([0, 0, 1, 2, 8]))
     init = draw(st.sampled_from([("zero",)] * 3 + [("fill", "1.5"), ("fill", "-2.0")]
@@ -1302,11 +1311,10 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
         if producer and twice < 2:
             twice = 2
         # shared memory: both rings and, in a persistent producer kernel, acc's staging (at most all of it)
-        smem = lambda n: (stages + n) * (bm * bk + bk * bn) * ELSIZE[dt] + 1024 + \
-            (bm * bn * 4 if producer and persistent else 0)           # noqa: E731
-        while own and twice > 1 and smem(twice) > 232448:
+        staging = bm * bn * 4 if producer and persistent else 0
+        while own and twice > 1 and _ring_bytes(bm, bn, bk, dt, stages + twice) + 1024 + staging > SMEM:
             twice -= 1
-        if own and smem(twice) > 232448 or producer and twice < 2:
+        if own and _ring_bytes(bm, bn, bk, dt, stages + twice) + 1024 + staging > SMEM or producer and twice < 2:
             twice, own = 0, False
     # the K loop(s) repeated by an outer loop: the rings' stages and phases go on (stream-K: one loop)
     reps = "" if stream_k or draw(st.integers(0, 5)) else draw(st.sampled_from(["n", "2"]))
@@ -1352,9 +1360,9 @@ def gemm_program(draw):
     sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta)
     if sched["own"] and not f8 and draw(st.booleans()):    # the second loop's tiles of another K depth
         bk2 = draw(st.sampled_from([d for d in (16, 32, 48, 64) if d != bk]))
-        ring = lambda d, n: n * (bm * d + d * bn) * ELSIZE[dt]      # noqa: E731
         staging = bm * bn * 4 if sched["producer"] and sched["persistent"] else 0
-        if ring(bk, sched["stages"]) + ring(bk2, sched["twice"]) + 1024 + staging <= 232448:
+        if _ring_bytes(bm, bn, bk, dt, sched["stages"]) + _ring_bytes(bm, bn, bk2, dt, sched["twice"]) + 1024 \
+                + staging <= SMEM:
             sched["bk2"] = bk2
     spec = Gemm(dt, ct, bm, bn, bk, threads, ta, tb, **sched)
 

@@ -394,6 +394,8 @@ def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
     of C channels when those are 32 or 64 (each filter tap is then one swizzled
     chunk, one TMA load: plan-tma); else 128. A tile that views of different needs
     fill is an error naming both."""
+    def says(sw, c):
+        return f"{c} channels a tap: {sw}-byte chunks" if sw < 128 else f"{sw}-byte chunks"
     first = None
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
@@ -404,8 +406,6 @@ def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
         if first is None:
             first = (swizzle, c, s)
         elif swizzle != first[0]:
-            def says(sw, c):
-                return f"{c} channels a tap: {sw}-byte chunks" if sw < 128 else f"{sw}-byte chunks"
             at = f" (line {first[2].span.line})" if first[2].span is not None else ""
             raise SemanticError(f"gemm operand '{tile.name}' is filled from im2col views that need different "
                                 f"swizzles: {says(first[0], first[1])}{at}, {says(swizzle, c)} here; give each "
