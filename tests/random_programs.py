@@ -1256,6 +1256,7 @@ class Conv(Gemm):
 
 # (BM, BN, BK, threads) beyond tests/gemm_shapes.py's: the shipped examples' big tiles
 BIG_GEMM_TILES = [(128, 256, 64, 256), (192, 128, 64, 384), (128, 64, 64, 256), (64, 256, 64, 128)]
+WIDE_K_TILES = [(128, 128, 128, 256), (64, 64, 96, 128)]     # K tiles of two or three swizzled chunks
 
 
 SMEM = 232448       # a Hopper block's shared memory
@@ -1276,8 +1277,8 @@ def _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta=False):
     stages = draw(st.sampled_from([2, 3, 4] if big else [1, 2, 3, 4, 6]))
     if producer and stages < 2:
         stages = 2
-    # stream-K keeps a partial f32 tile in shared memory beside the ring
-    while stream_k and stages > 2 and _ring_bytes(bm, bn, bk, dt, stages) + bm * bn * 4 + 1024 > SMEM:
+    # the ring fits in shared memory, with stream-K beside a partial f32 tile
+    while stages > 2 and _ring_bytes(bm, bn, bk, dt, stages) + bm * bn * 4 * stream_k + 1024 > SMEM:
         stages -= 1
     group = draw(st.sampled_from([0, 0, 1, 2, 8]))
     init = draw(st.sampled_from([("zero",)] * 3 + [("fill", "1.5"), ("fill", "-2.0")]
@@ -1387,7 +1388,7 @@ def conv_program(draw):
     from gemm_shapes import SHAPES, refused
     spatial = draw(st.sampled_from([1, 2, 2, 3]))
     dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
-    bm, bn, bk, threads = draw(st.sampled_from([x for x in SHAPES + BIG_GEMM_TILES if x[2] != 48]))  # one chunk
+    bm, bn, bk, threads = draw(st.sampled_from(SHAPES + BIG_GEMM_TILES + WIDE_K_TILES))
     tb = draw(st.booleans())
     if refused(bn, threads, bm, tb):
         tb = not tb

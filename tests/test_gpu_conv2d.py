@@ -88,3 +88,18 @@ def test_k_tiles_spanning_filter_taps(case, tiles):
     kern = run(*case, src=src, **tiles)[0]
     ir_text = kern.ir("plan-smem")
     assert f"channels_per_pixel {c} " in ir_text and f"swizzle {c * 2}B" in ir_text
+
+
+@pytest.mark.parametrize("case, bk", [
+    ((2, 13, 17, 64, 64, 3, 1, 1, 1), 128), ((2, 15, 9, 128, 128, 3, 2, 0, 1), 128),
+    ((2, 11, 11, 64, 64, 3, 1, 1, 1), 48), ((2, 9, 9, 32, 64, 3, 1, 1, 1), 96),
+], ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c) if isinstance(c, tuple) else f"bk{c}")
+def test_im2col_k_tiles_of_several_chunks(case, bk):
+    """conv2d.tile with a K tile wider than one swizzled chunk: BK = 128 is two
+    128-byte chunks of 64 channels, BK = 48 three 32-byte chunks of 16 channels
+    (96 bytes take no wider swizzle), BK = 96 three 64-byte chunks of 32, one TMA
+    im2col load each; C need only be a multiple of the chunk (64 channels over
+    BK = 48 tiles: the chunks of a K tile fall in two filter taps)."""
+    kern = run(*case, BK=bk)[0]
+    width = {128: 64, 48: 16, 96: 32}[bk]
+    assert f"channels_per_pixel {width} " in kern.ir("plan-smem")

@@ -129,7 +129,7 @@ def test_im2col_channels_error_without_fallback():
     kern = tilec.compile(source(2, "f16"), BK=8, fallback=False)
     x = torch.randn(2, 9, 9, 3, device="cuda").half()
     y = torch.zeros(2 * 81, 27, device="cuda", dtype=torch.float16)
-    with pytest.raises(tilec.LaunchError, match="argument X: 3 channels is not a multiple of the K tile width 8"):
+    with pytest.raises(tilec.LaunchError, match="argument X: 3 channels is not a multiple of the 8 channels of one im2col load"):
         kern(x, y)
 
 

@@ -283,10 +283,10 @@ def test_gemm_epilogue_needs_aligned_rows_of_c():
                                   (2, 15, 9, 64, 128, 3, 2, 0, 1), (2, 12, 12, 64, 64, 3, 1, 2, 2),
                                   (2, 9, 9, 64, 200, 1, 1, 0, 1)],
                          ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c))
-def test_conv2d_example(case):
+def test_conv2d_example(case, **consts):
     """Implicit GEMM: TMA im2col loads into swizzled tiles of a pipelined ring, wgmma."""
     n, h, w, c, f, k, s, p, d = case
-    kern = interp(EXAMPLES / "conv2d.tile", KH=k, KW=k, S=s, P=p, D=d)
+    kern = interp(EXAMPLES / "conv2d.tile", KH=k, KW=k, S=s, P=p, D=d, **consts)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((n, h, w, c)).astype(np.float16)
     wt = (rng.standard_normal((k * k * c, f)) / math.sqrt(k * k * c)).astype(np.float16)
@@ -296,6 +296,15 @@ def test_conv2d_example(case):
         kern(x, wt, y.view)
     np.testing.assert_allclose(y.view.astype(np.float32), want, rtol=2e-3, atol=3e-3)
     y.check()
+
+
+@pytest.mark.parametrize("case, bk", [((2, 9, 7, 64, 128, 3, 1, 1, 1), 128), ((2, 9, 7, 64, 64, 3, 1, 1, 1), 48),
+                                      ((1, 5, 5, 32, 64, 3, 2, 1, 1), 96)],
+                         ids=lambda c: "n{}-{}x{}-c{}-f{}-k{}-s{}-p{}-d{}".format(*c) if isinstance(c, tuple) else f"bk{c}")
+def test_conv2d_example_k_tiles_of_several_chunks(case, bk):
+    """K tiles of two 128-byte chunks (BK = 128) or of three 32- or 64-byte chunks
+    (BK = 48, 96), one im2col load each, the chunks of a BK = 48 tile in two taps."""
+    test_conv2d_example(case, BK=bk)
 
 
 # ---------------------------------------------------------------- copies of every rank and dtype
@@ -653,7 +662,7 @@ def test_im2col_channels_not_a_multiple_of_bk_fall_back():
     x = rand((2, 9, 9, 3), "f16", np.random.default_rng(11))     # 3 channels: 6-byte pixels
     want = im2col_reference(x, 3, 1, 1, 1)
     y = output(want.shape, np.float16)
-    with pytest.warns(tilec.TmaFallbackWarning, match="3 channels is not a multiple of the K tile width 8"):
+    with pytest.warns(tilec.TmaFallbackWarning, match="3 channels is not a multiple of the 8 channels of one im2col load"):
         kern(x, y.view)
     assert same_bits(y.view, want)
     y.check()

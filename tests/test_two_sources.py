@@ -1,9 +1,10 @@
 """One gemm operand tile filled by two K loops from different sources: two im2col
 views (two convolutions summed into one accumulator, as a residual branch of
 another channel count is) or a view and a plain tensor. Where the views' filter
-taps need the same swizzle this runs (the interpreter and the GPU against numpy,
-outputs in sentinel-filled buffers); where they need different ones it is an error
-naming both (tests/test_im2col_rules.py)."""
+taps need different swizzles (16 and 32 channels in a K tile of 64) the tile takes
+the widest swizzle whose chunks tile both (tests/test_im2col_rules.py). The
+interpreter and the GPU run each case against numpy, outputs in sentinel-filled
+buffers."""
 import numpy as np
 import pytest
 
@@ -39,7 +40,12 @@ VIEWS = (SRC.replace("SECOND", "f16[N, H, W, C2]").replace("VIEW", "let Zc = im2
          .replace("SOURCE", "Zc"))
 PLAIN = SRC.replace("SECOND", "f16[NP, 9 * C2]").replace("    VIEW\n", "").replace("SOURCE", "Z")
 CASES = {"two views": (VIEWS, dict(S1=2, S2=3)), "two views, fewer stages second": (VIEWS, dict(S1=4, S2=1)),
-         "a view and a tensor": (PLAIN, dict(S1=3, S2=2)), "32 channels": (VIEWS, dict(C1=32, C2=32, S1=2, S2=2))}
+         "a view and a tensor": (PLAIN, dict(S1=3, S2=2)), "32 channels": (VIEWS, dict(C1=32, C2=32, S1=2, S2=2)),
+         # taps of different widths: the widest swizzle whose chunks tile both (32 and 64 bytes)
+         "16 and 32 channels": (VIEWS, dict(C1=16, C2=32, S1=2, S2=3)),
+         "128 and 32 channels": (VIEWS, dict(C1=128, C2=32, S1=3, S2=2)),
+         # K tiles of 128 channels: two 128-byte chunks, one TMA load each
+         "K tiles of 128": (VIEWS, dict(C1=128, C2=64, BK=128, S1=2, S2=2))}
 SIZES = [(2, 5, 6, 64), (3, 7, 9, 136)]
 
 

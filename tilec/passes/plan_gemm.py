@@ -389,25 +389,17 @@ def _swizzle(extent, esize, widest=128) -> int:
 
 
 def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
-    """The widest swizzle a K-major operand may take: for a tile that an im2col copy
-    fills from a tensor of C channels fixed at compile time, C < K depth, the bytes
-    of C channels when those are 32 or 64 (each filter tap is then one swizzled
-    chunk, one TMA load: plan-tma); else 128. A tile that views of different needs
-    fill is an error naming both."""
-    def says(sw, c):
-        return f"{c} channels a tap: {sw}-byte chunks" if sw < 128 else f"{sw}-byte chunks"
-    first = None
+    """The widest swizzle a K-major operand may take: 128 bytes, narrowed by each
+    im2col copy that fills the tile from a tensor of C channels fixed at compile
+    time, C < K depth, to the widest swizzle whose chunks tile C: each chunk then
+    lies inside one filter tap of every view and is one TMA load (plan-tma), e.g.
+    32 bytes for views of 16 and 32 f16 channels. Taps of fewer than 32 bytes
+    narrow nothing: no swizzled chunk fits one, and the launch check sends such a
+    tensor to the thread-copy variant."""
+    widest = 128
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
-        if v is None:
-            continue
-        c = im2col.tap_channels(k.param(v.tensor), kdepth)
-        swizzle = c * esize if c is not None and c * esize in (32, 64) else 128
-        if first is None:
-            first = (swizzle, c, s)
-        elif swizzle != first[0]:
-            at = f" (line {first[2].span.line})" if first[2].span is not None else ""
-            raise SemanticError(f"gemm operand '{tile.name}' is filled from im2col views that need different "
-                                f"swizzles: {says(first[0], first[1])}{at}, {says(swizzle, c)} here; give each "
-                                "view a tile of its own", s.span)
-    return 128 if first is None else first[0]
+        c = im2col.tap_channels(k.param(v.tensor), kdepth) if v is not None else None
+        if c is not None:
+            widest = _swizzle(c, esize, widest) or widest
+    return widest

@@ -104,10 +104,12 @@ def _tap_chunked_tiles(k):
 
 
 def _plan_im2col(k, s, maps):
-    """One TMA im2col load per filter tap: the tile [BM, BK] at view coordinates
-    (m0, k0) is output pixels m0 .. m0+BM-1 (walking ow, then oh, then n) and
-    channels c0 .. c0+BK-1 of tap k0 / C. Needs C % BK == 0 (checked at launch)
-    so that a K tile never straddles two taps."""
+    """TMA im2col loads of a tile [BM, BK] at view coordinates (m0, k0): output
+    pixels m0 .. m0+BM-1 (walking ow, then oh, then n) by view columns k0 ..
+    k0+BK-1, in loads of `width` columns, each channels c0 .. c0+width-1 of filter
+    tap kt / C: the whole K tile, or one column chunk of a chunked tile (a gemm
+    operand's swizzled chunks; a 'cols' tile's chunks). Needs C % width == 0
+    (checked at launch) so that a load never straddles two taps."""
     v = k.view(s.view)
     x = k.param(v.tensor)
     buf = k.buffer(s.buffer)
@@ -115,13 +117,18 @@ def _plan_im2col(k, s, maps):
     rank = len(x.shape)
     m0, k0 = s.origin
     esize = x.dtype.size
-    if bk > MAX_CHANNELS_PER_PIXEL or (bk * esize) % 16:
-        raise SemanticError(f"an im2col load of {bk} channels moves {bk * esize} bytes per pixel; TMA needs "
+    swizzle, width = "none", bk
+    if buf.swizzle:                 # a gemm operand: one load per swizzled chunk, each inside one tap (plan-gemm)
+        width, swizzle = buf.swizzle // esize, f"{buf.swizzle}B"
+    elif buf.layout == "cols":      # several taps: one load of `chunk` channels each
+        width = buf.chunk
+    if width > MAX_CHANNELS_PER_PIXEL or (width * esize) % 16:
+        raise SemanticError(f"an im2col load of {width} channels moves {width * esize} bytes per pixel; TMA needs "
                             f"1 .. {MAX_CHANNELS_PER_PIXEL} channels and a multiple of 16 bytes", s.span)
     if bm > MAX_PIXELS_PER_COLUMN:
         raise SemanticError(f"an im2col load of {bm} pixels; TMA loads at most {MAX_PIXELS_PER_COLUMN}", s.span)
-    if bm * bk * esize > MAX_IM2COL_LOAD_BYTES:
-        raise SemanticError(f"an im2col load of {bm} x {bk} x {esize} = {bm * bk * esize} bytes; the driver "
+    if bm * width * esize > MAX_IM2COL_LOAD_BYTES:
+        raise SemanticError(f"an im2col load of {bm} x {width} x {esize} = {bm * width * esize} bytes; the driver "
                             f"encodes at most {MAX_IM2COL_LOAD_BYTES} bytes per im2col load", s.span)
     if divisor(k0) % bk:
         raise SemanticError(f"cannot prove the view column '{show(k0)}' is a multiple of the tile width {bk}; "
@@ -138,18 +145,6 @@ def _plan_im2col(k, s, maps):
             raise SemanticError(f"an im2col stride of {st}: TMA element strides are at most {MAX_ELEMENT_STRIDE}",
                                 v.span)
     n, origins = im2col.row(v, x, m0)
-    swizzle, width = "none", bk
-    if buf.swizzle:                 # a gemm operand: one swizzled chunk per pixel row, or per tap (plan-gemm)
-        c = im2col.tap_channels(x, bk)
-        if c is not None and c * esize == buf.swizzle:
-            width = c               # a K tile of several filter taps: one load of a chunk each
-        elif bk * esize != buf.swizzle:
-            raise SemanticError(f"an im2col tile read by gemm must be one swizzled chunk of 32, 64 or 128 bytes "
-                                f"({', '.join(str(w // esize) for w in (32, 64, 128))} channels of {x.dtype.name}), "
-                                f"not {bk}", s.span)
-        swizzle = f"{buf.swizzle}B"
-    elif buf.layout == "cols":      # several taps: one load of `chunk` channels each
-        width = buf.chunk
     key = (x.name, "im2col", v.name, bm, width, swizzle)
     if key not in maps:
         maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),

@@ -165,8 +165,8 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
     channels = arg.shape[-1]
     problems = []
     if channels % channels_per_pixel:
-        problems.append(f"{channels} channels is not a multiple of the K tile width {channels_per_pixel} "
-                        "(a TMA im2col K tile must not straddle two filter taps; pad the channels to a multiple "
+        problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one im2col "
+                        "load (a TMA im2col load must not straddle two filter taps; pad the channels to a multiple "
                         f"of {channels_per_pixel} or choose a K tile that divides {channels})")
     problems += im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
                                 channels_per_pixel, pixels_per_column, element_strides)
