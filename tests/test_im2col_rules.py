@@ -142,7 +142,10 @@ TWO_VIEWS = """kernel two(X: f16[N, H, W, C1], Z: f16[N, H, W, C2], Wt: f16[9 * 
     ("C1 = 16, C2 = 32", 32), ("C1 = 32, C2 = 16", 32),
     ("C1 = 32", 64),            # C2: a shape symbol, a multiple of 32 checked at launch
     ("C1 = 128, C2 = 32", 64),  # 128 channels: two 32-channel chunks of one tap a K tile
-    ("C1 = 8, C2 = 16", 32),    # 8 channels (16 bytes) fit no swizzled chunk: the launch check refuses X
+    ("C1 = 8, C2 = 16", 16),    # 16-byte chunks, not swizzled (wgmma's interleaved layout)
+    ("C1 = 24, C2 = 24", 16),   # 48 bytes a tap: three 16-byte chunks, the K tile no multiple of C
+    ("C1 = 96, C2 = 64", 64),   # 192 bytes a tap: three 64-byte chunks
+    ("C1 = 4, C2 = 32", 64),    # 8 bytes a tap fit no TMA load: the launch check refuses X
 ])
 def test_one_operand_tile_from_views_of_different_tap_swizzles(consts, swizzle):
     """A gemm operand filled from two im2col views whose filter taps need different
@@ -152,8 +155,9 @@ def test_one_operand_tile_from_views_of_different_tap_swizzles(consts, swizzle):
     k = lower(TWO_VIEWS.replace("    require", f"    const {consts};\n    require", 1)).stages["plan-tma"]
     assert k.buffer("a").swizzle == swizzle
     width = swizzle // 2
+    tma = f"{swizzle}B" if swizzle > 16 else "none"
     assert {(m.name, m.box, m.swizzle) for m in k.tensor_maps if m.kind == "im2col"} == {
-        ("tmap_Xc", (64, width), f"{swizzle}B"), ("tmap_Zc", (64, width), f"{swizzle}B")}
+        ("tmap_Xc", (64, width), tma), ("tmap_Zc", (64, width), tma)}
     loads = [s for s in walk_stmts(k.body) if isinstance(s, TmaLoad) and s.view == "Xc"]
     assert [(s.bytes, s.smem_offset) for s in loads] == [(64 * width * 2, t * 64 * width * 2)
                                                           for t in range(64 // width)]

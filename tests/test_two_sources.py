@@ -45,7 +45,12 @@ CASES = {"two views": (VIEWS, dict(S1=2, S2=3)), "two views, fewer stages second
          "16 and 32 channels": (VIEWS, dict(C1=16, C2=32, S1=2, S2=3)),
          "128 and 32 channels": (VIEWS, dict(C1=128, C2=32, S1=3, S2=2)),
          # K tiles of 128 channels: two 128-byte chunks, one TMA load each
-         "K tiles of 128": (VIEWS, dict(C1=128, C2=64, BK=128, S1=2, S2=2))}
+         "K tiles of 128": (VIEWS, dict(C1=128, C2=64, BK=128, S1=2, S2=2)),
+         # taps of 8 and 24 channels: 16-byte chunks, not swizzled (wgmma's interleaved layout)
+         "8 channels": (VIEWS, dict(C1=8, C2=8, S1=2, S2=2)),
+         "8 and 24 channels": (VIEWS, dict(C1=8, C2=24, S1=3, S2=2)),
+         # 96 channels, no multiple of the K tile: 64-byte chunks
+         "96 and 64 channels": (VIEWS, dict(C1=96, C2=64, S1=2, S2=3))}
 SIZES = [(2, 5, 6, 64), (3, 7, 9, 136)]
 
 

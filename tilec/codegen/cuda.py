@@ -466,7 +466,8 @@ class _Printer:
         transpose_b); each in column chunks whose rows are `swizzle` bytes
         (TMA's swizzle of that size): a descriptor's stride byte offset is the
         distance between 8-row groups (8 rows of a chunk) and, for the M/N-major
-        operand, its leading byte offset the distance between chunks. Swapped
+        operand or a K-major one in 16-byte chunks, its leading byte offset the
+        distance between chunks. Swapped
         (`s.swapped`), the product is acc^T += b^T @ a^T: b is wgmma's a and a its b."""
         a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
         ta, tb = s.transpose_a, s.transpose_b
@@ -496,7 +497,8 @@ class _Printer:
             if tb:                  # [N, K]: chunks of wb K columns, N rows each
                 chunk, within = divmod(k0, wb)
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, 16, {8 * sb}, {sb})"
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, {_lead(n, sb)}, " \
+                         f"{8 * sb}, {sb})"
             else:                   # [K, N]: chunks of wb N columns, K rows each
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
                 b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {kdim * sb}, {8 * sb}, {sb})"
@@ -509,7 +511,7 @@ class _Printer:
                 else:               # [M, K]: chunks of wa K columns, M rows each
                     chunk, within = divmod(k0, wa)
                     a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
-                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, 16, {8 * sa}, {sa})"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
                 first = "_zero" if s.zero and kk == 0 else ""
                 out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
@@ -1160,6 +1162,13 @@ def _fragment_col(acc: ir.Buffer, threads: int) -> str:
     """The first column of the warpgroup's share ('' when one warpgroup spans N), ending in ' + '."""
     _, nw = ir.fragment_tiles(acc, threads)
     return "" if acc.wg_cols == 1 else f"({_warpgroup_col(acc.wg_cols)}) * {nw} + "
+
+
+def _lead(rows: int, swizzle: int) -> int:
+    """A K-major operand's leading byte offset: with 16-byte chunks (not swizzled)
+    a K step's 32 bytes are two chunks, `rows` rows of 16 bytes apart; swizzled
+    chunks hold a whole K step, and wgmma ignores the field (1, in 16-byte units)."""
+    return rows * swizzle if swizzle == 16 else 16
 
 
 def _warpgroup_row(wg_cols: int) -> str:

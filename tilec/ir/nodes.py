@@ -140,7 +140,7 @@ class ScalarParam:
 
 
 # swizzled shared layouts (gemm operands) -> bytes per row of a column chunk
-SWIZZLED = {"sw128": 128, "sw64": 64, "sw32": 32}
+SWIZZLED = {"sw128": 128, "sw64": 64, "sw32": 32, "sw16": 16}
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,9 @@ class Buffer:
     layout: 'row' (shared: row-major; local: element e of the flattened tile in
     thread e % threads), 'sw128' / 'sw64' / 'sw32' (shared, a gemm operand:
     column chunks whose rows are 128 / 64 / 32 bytes, in TMA's swizzle of that
-    size, what wgmma descriptors read), 'wgmma' (local, a gemm accumulator:
+    size, what wgmma descriptors read; 'sw16': chunks of 16-byte rows, not
+    swizzled, wgmma's interleaved layout, for a K-major operand whose im2col
+    filter taps are 16 bytes), 'wgmma' (local, a gemm accumulator:
     wgmma's m64nNk16 fragment layout; `wg_cols` warpgroups split its columns),
     'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
     K tile of an im2col view that spans several filter taps, one TMA load each),
@@ -179,6 +181,11 @@ class Buffer:
     def swizzle(self) -> int:
         """Bytes per row of a swizzled layout's column chunk (0: not swizzled)."""
         return SWIZZLED.get(self.layout, 0)
+
+    @property
+    def tma_swizzle(self) -> str:
+        """The swizzle of the TMA loads that fill this layout's chunks."""
+        return f"{self.swizzle}B" if self.swizzle > 16 else "none"
 
     @property
     def elements(self) -> int:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ..arch import get as get_arch
 from ..errors import SemanticError
-from ..ir import effects, im2col, printer
+from ..ir import effects, printer
 from ..ir import nodes as ir
 from ..ir.exprs import map_body, walk_expr
 
@@ -86,8 +86,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
-        a_sw = 0 if regs_a else _swizzle(pm // rows if ta else ka, esize, 128 if ta else _tap_bytes(k, wa, ka, esize))
-        b_sw = _swizzle(ka if tb else pn // cols, esize, _tap_bytes(k, wb, ka, esize) if tb else 128)
+        a_sw = 0 if regs_a else _swizzle(pm // rows, esize) if ta else _k_major_swizzle(k, wa, ka, esize)
+        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
         if not b_sw and swap:
             raise SemanticError(f"{_swapped_note(m, n)}an M-major a ([K, M]) is read in swizzled chunks of 16 to "
                                 f"64 columns; each warpgroup's {pn // cols} columns of it are not a multiple of "
@@ -383,23 +383,26 @@ def _split(wg, m, n, span, swapped=""):
     return rows, cols
 
 
-def _swizzle(extent, esize, widest=128) -> int:
-    """The widest swizzle (128, 64 or 32 bytes; at most `widest`) whose rows tile `extent` elements; 0 if none."""
-    return next((sw for sw in (128, 64, 32) if sw <= widest and extent * esize % sw == 0), 0)
+def _swizzle(extent, esize, widest=128, narrowest=32) -> int:
+    """The widest swizzle (128, 64 or 32 bytes, or 16: rows of 16 bytes, not swizzled;
+    from `narrowest` to `widest`) whose rows tile `extent` elements; 0 if none."""
+    return next((sw for sw in (128, 64, 32, 16) if narrowest <= sw <= widest and extent * esize % sw == 0), 0)
 
 
-def _tap_bytes(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
-    """The widest swizzle a K-major operand may take: 128 bytes, narrowed by each
-    im2col copy that fills the tile from a tensor of C channels fixed at compile
-    time, C < K depth, to the widest swizzle whose chunks tile C: each chunk then
-    lies inside one filter tap of every view and is one TMA load (plan-tma), e.g.
-    32 bytes for views of 16 and 32 f16 channels. Taps of fewer than 32 bytes
-    narrow nothing: no swizzled chunk fits one, and the launch check sends such a
-    tensor to the thread-copy variant."""
+def _k_major_swizzle(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
+    """A K-major operand's swizzle: the widest whose chunks tile its K depth and,
+    for each im2col copy that fills the tile from a tensor of C channels fixed at
+    compile time, tile C too: each chunk then lies inside one filter tap of every
+    view and is one TMA load (plan-tma). E.g. 32 bytes for views of 16 and 32 f16
+    channels, 64 for 96 channels, 16 (chunks not swizzled, wgmma's interleaved
+    layout) for 8 or 24. Taps that are no multiple of 16 bytes narrow nothing: TMA
+    cannot load them, and the launch check sends such a tensor to the thread-copy
+    variant. (With C a shape symbol, the launch checks that C is a multiple of
+    the chunk.)"""
     widest = 128
     for s in ir.walk_stmts(k.body):
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
-        c = im2col.tap_channels(k.param(v.tensor), kdepth) if v is not None else None
-        if c is not None:
-            widest = _swizzle(c, esize, widest) or widest
-    return widest
+        c = k.param(v.tensor).shape[-1] if v is not None else None
+        if isinstance(c, ir.Int):
+            widest = _swizzle(c.value, esize, widest, 16) or widest
+    return _swizzle(kdepth, esize, widest, 16)

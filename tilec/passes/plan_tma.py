@@ -40,10 +40,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buf = k.buffer(s.buffer)
         rank = len(tensor.shape)
         shape = tuple(buf.shape)
-        swizzle = f"{buf.swizzle}B" if buf.swizzle else "none"
+        swizzle = buf.tma_swizzle
         if buf.swizzle or buf.layout == "cols":
             # one box per column chunk, the chunks one after another: rows of 128, 64 or 32 bytes in
-            # TMA's swizzle of that size (what wgmma reads), or a tile of several im2col filter taps
+            # TMA's swizzle of that size, or of 16 bytes unswizzled (what wgmma reads), or a tile of
+            # several im2col filter taps
             width = buf.swizzle // tensor.dtype.size if buf.swizzle else buf.chunk
             full, shape = shape, shape[:-1] + (width,)
             boxes = [((0,) * (len(shape) - 1) + (c * width,), c * math.prod(shape)) for c in range(full[-1] // width)]
@@ -119,7 +120,7 @@ def _plan_im2col(k, s, maps):
     esize = x.dtype.size
     swizzle, width = "none", bk
     if buf.swizzle:                 # a gemm operand: one load per swizzled chunk, each inside one tap (plan-gemm)
-        width, swizzle = buf.swizzle // esize, f"{buf.swizzle}B"
+        width, swizzle = buf.swizzle // esize, buf.tma_swizzle
     elif buf.layout == "cols":      # several taps: one load of `chunk` channels each
         width = buf.chunk
     if width > MAX_CHANNELS_PER_PIXEL or (width * esize) % 16:
