@@ -1222,7 +1222,8 @@ class Gemm:
 class Conv(Gemm):
     """A convolution as implicit gemm (examples/conv2d.tile's form): A is an im2col
     view of an N, spatial..., C input (1-3 spatial dims, any kernel, stride, pad and
-    dilation), B the [taps * C, F] weights (or [F, taps * C], transpose_b)."""
+    dilation), B the [taps * C, F] weights (or [F, taps * C], transpose_b). `fixed`:
+    the header says C's value (plan-gemm then fits the swizzle's chunks to its taps)."""
     spatial: int = 2
     n: int = 1
     sizes: tuple = ()
@@ -1232,6 +1233,7 @@ class Conv(Gemm):
     s: int = 1
     p: int = 1
     d: int = 1
+    fixed: bool = False
     names = ("X", "Wt", "Y")
 
     def view(self):
@@ -1240,10 +1242,11 @@ class Conv(Gemm):
 
     def head(self, prog):
         dims, taps, statements = self.view().declarations()
-        w = f"F, {taps} * C" if self.tb else f"{taps} * C, F"
-        params = f"X: {self.dt}[N, {', '.join(dims)}, C], Wt: {self.dt}[{w}], Y: {self.ct}[NP, F]"
+        c = self.c if self.fixed else "C"
+        w = f"F, {taps} * {c}" if self.tb else f"{taps} * {c}, F"
+        params = f"X: {self.dt}[N, {', '.join(dims)}, {c}], Wt: {self.dt}[{w}], Y: {self.ct}[NP, F]"
         decls = "".join(f"    {x}\n" for x in statements)
-        return params, decls, ("F", "NP", f"{taps} * C"), "Xc[by * BM, k * BK]"
+        return params, decls, ("F", "NP", f"{taps} * {c}"), "Xc[by * BM, k * BK]"
 
     def may_fall_back(self, prog, views):
         return True          # the im2col view's pixel box may break a launch rule
@@ -1396,13 +1399,14 @@ def conv_program(draw):
     scalars = _scalars(draw)
     sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars)
     c = draw(st.sampled_from([4, 8, 16, 24, 32, 64, 72, 128]))
+    fixed = draw(st.integers(0, 2)) == 0
     f = draw(st.sampled_from([8, 16, 24, 64, 100, 128, 136, 264]))
     k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))
     s_, p_, d_ = draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([0, 1, 1, 2])), draw(st.sampled_from([1, 1, 2]))
     n = draw(st.integers(1, 3))
     sizes = tuple(draw(st.sampled_from([1, 4, 7, 9, 13] if spatial < 3 else [1, 4, 5])) for _ in range(spatial))
     spec = Conv(dt, ct, bm, bn, bk, threads, False, tb, **sched, spatial=spatial, n=n, sizes=sizes, c=c, f=f, k=k,
-                s=s_, p=p_, d=d_)
+                s=s_, p=p_, d=d_, fixed=fixed)
     dims = SPATIAL[spatial]
     sym = dict(zip(("N", *dims, "C", "F"), (n, *sizes, c, f)))
     sym["NP"] = n * math.prod(max(0, o) for o in spec.view().outs())
