@@ -86,6 +86,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
+        # (a K-major one's chunks tile its im2col taps too, 16 bytes unswizzled if need be)
         a_sw = 0 if regs_a else _swizzle(pm // rows, esize) if ta else _k_major_swizzle(k, wa, ka, esize)
         b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
         if not b_sw and swap:
