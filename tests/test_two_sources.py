@@ -49,6 +49,7 @@ CASES = {"two views": (VIEWS, dict(S1=2, S2=3)), "two views, fewer stages second
          # taps of 8 and 24 channels: 16-byte chunks, not swizzled (wgmma's interleaved layout)
          "8 channels": (VIEWS, dict(C1=8, C2=8, S1=2, S2=2)),
          "8 and 24 channels": (VIEWS, dict(C1=8, C2=24, S1=3, S2=2)),
+         "a view of 8 channels and a tensor": (PLAIN, dict(C1=8, S1=2, S2=3)),     # tiled loads of 16 bytes
          # 96 channels, no multiple of the K tile: 64-byte chunks
          "96 and 64 channels": (VIEWS, dict(C1=96, C2=64, S1=2, S2=3))}
 SIZES = [(2, 5, 6, 64), (3, 7, 9, 136)]
