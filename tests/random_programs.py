@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -928,6 +928,12 @@ class Im2col:
     d: int
     bm: int
     scale: bool          # a parallel body t = t * alpha + t[i, j] (an element op on the loaded tile)
+    fixed: bool = False  # the header says C's value ...
+    bk: int = 0          # ... and the K tile may span filter taps (BK = 64 > C: chunks of C); 0: min(C, 64)
+
+    @property
+    def width(self):
+        return self.bk or min(self.c, 64)
 
     def may_fall_back(self, prog, views):
         return True          # its pixel box may break a launch rule
@@ -955,11 +961,12 @@ class Im2col:
         if self.scale:
             body = ("\n    parallel (i, j) in (BM, BK) {\n"
                     "        t[i, j] = t[i, j] * alpha + f32(i % 3 - j % 2);\n    }")
-        return f"""kernel {prog.name}(X: {self.dt}[N, {', '.join(dims)}, C], Y: {self.dt}[NP, {ks} * C], alpha: f32) {{
+        c = self.c if self.fixed else "C"
+        return f"""kernel {prog.name}(X: {self.dt}[N, {', '.join(dims)}, {c}], Y: {self.dt}[NP, {ks} * {c}], alpha: f32) {{
     {consts}
-    const BM = {self.bm}, BK = {min(self.c, 64)};
+    const BM = {self.bm}, BK = {self.width};
     {require}
-    grid (bx, by) = (cdiv({ks} * C, BK), cdiv(NP, BM));
+    grid (bx, by) = (cdiv({ks} * {c}, BK), cdiv(NP, BM));
     threads 128;
     {let}
     shared t: {self.dt}[BM, BK];
@@ -989,7 +996,7 @@ class Im2col:
         rows, cols = m.shape
         alpha = np.float32(prog.scalars[0][2])
         v = decode(m, self.dt).astype(F32)
-        extra = ((np.arange(rows) % self.bm % 3)[:, None] - (np.arange(cols) % min(self.c, 64) % 2)[None, :])
+        extra = ((np.arange(rows) % self.bm % 3)[:, None] - (np.arange(cols) % self.width % 2)[None, :])
         out = fma(v, np.broadcast_to(alpha, v.shape), extra.astype(F32), F32)
         return {"Y": (encode(out, self.dt), None)}
 
@@ -1003,13 +1010,15 @@ def im2col_program(draw):
     k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))
     s, p, d = draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([0, 1, 2, 3])), draw(st.sampled_from([1, 2]))
     spec = Im2col(spatial, dt, n, sizes, c, k, s, p, d, draw(st.sampled_from([32, 64, 128])), draw(st.booleans()))
+    if draw(st.integers(0, 2)) == 0:
+        spec = replace(spec, fixed=True, bk=draw(st.sampled_from([0, 64])))
     dims = SPATIAL[spatial]
     sym = dict(zip(("N", *dims, "C"), (n, *sizes, c)))
     rows = n * math.prod(max(0, o) for o in spec.outs())
     sym["NP"] = rows
     x = Tensor("X", dt, ["N", *dims, "C"], "in", align=draw(st.sampled_from([True] * 5 + [False])))
     y = Tensor("Y", dt, ["NP", f"{k ** spatial} * C"], "out", align=draw(st.sampled_from([True] * 5 + [False])))
-    return Program("im2col_r", [x, y], [Tile("t", "shared", dt, (spec.bm, min(c, 64)))], [], (), sym, 128,
+    return Program("im2col_r", [x, y], [Tile("t", "shared", dt, (spec.bm, spec.width))], [], (), sym, 128,
                    scalars=[("alpha", "f32", draw(st.sampled_from([0.5, -1.25, 3.0])))], template=spec,
                    run_fallback=draw(st.sampled_from([False] * 4 + [True])),
                    data_seed=draw(st.integers(0, 2 ** 32 - 1)), kind="im2col")
