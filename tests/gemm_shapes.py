@@ -1,5 +1,6 @@
 """Generated gemm kernels over the wgmma tile shapes plan-gemm takes: tile sizes,
-K depths (128-, 64- and 32-byte swizzled operand rows), warpgroups split over M
+K depths (128-, 64- and 32-byte swizzled operand rows; 16-byte rows, not
+swizzled, for a warpgroup's 8 or 24 M/N-major columns), warpgroups split over M
 or N, and each operand in either major order. Shared by the CPU and GPU tests."""
 
 GEMM = """
@@ -32,12 +33,13 @@ SHAPES = [
     (64, 192, 64, 256),     # over N, 96 columns each
     (192, 128, 64, 384),    # 3 warpgroups over M
     (128, 256, 32, 256),    # wide and shallow
-    (64, 48, 48, 256),      # 24 columns per warpgroup: K-major b only; K = 48: 32-byte swizzle, 3 chunks
+    (64, 48, 48, 256),      # 24 columns per warpgroup: an N-major b in 16-byte chunks, not swizzled; K = 48:
+                            # 32-byte swizzle, 3 chunks
     # M not a multiple of 64: swapped, wgmma computes acc^T = b^T @ a^T (B's columns on its rows, M its N)
     (16, 128, 64, 128),     # one warpgroup, 2 m64 tiles of B's columns, m64n16
     (16, 128, 64, 256),     # 2 warpgroups over B's columns
-    (16, 64, 64, 256),      # 2 warpgroups over M: m64n8 each; K-major a only (M-major needs 16 columns)
-    (8, 64, 64, 128),       # m64n8: K-major a only
+    (16, 64, 64, 256),      # 2 warpgroups over M: m64n8 each; an M-major a in 16-byte chunks, not swizzled
+    (8, 64, 64, 128),       # m64n8
     (32, 256, 32, 256),     # K depth 32: 64-byte swizzle
     (96, 128, 64, 256),     # 96 rows: m64n96
     (48, 192, 16, 384),     # 3 warpgroups over B's columns, K depth 16
@@ -68,17 +70,9 @@ def split(bm, bn, threads):
     return m, n, wg // rows
 
 
-def refused(bn, threads, bm, transpose_b, transpose_a=False) -> bool:
-    """wgmma's N-major operand (b [K, N]; swapped, a [K, M]) needs each warpgroup's
-    columns in whole 32-byte (16-element) rows."""
-    _, n, over_n = split(bm, bn, threads)
-    n_major = transpose_a if swapped(bm) else not transpose_b
-    return n_major and (n // over_n) % 16 != 0
-
-
 def swizzle(row_bytes) -> int:
-    """The widest swizzle whose rows tile `row_bytes`."""
-    return next(s for s in (128, 64, 32) if row_bytes % s == 0)
+    """The widest swizzle whose rows tile `row_bytes` (16: 16-byte rows, not swizzled)."""
+    return next(s for s in (128, 64, 32, 16) if row_bytes % s == 0)
 
 
 def cases():

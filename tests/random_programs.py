@@ -1355,7 +1355,7 @@ def _scalars(draw):
 
 @st.composite
 def gemm_program(draw):
-    from gemm_shapes import SHAPES, refused
+    from gemm_shapes import SHAPES
     f8 = draw(st.integers(0, 5)) == 0
     if f8:
         dt = draw(st.sampled_from(["f8e4m3", "f8e5m2"]))
@@ -1365,9 +1365,6 @@ def gemm_program(draw):
         dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
         bm, bn, bk, threads = draw(st.sampled_from(SHAPES + BIG_GEMM_TILES))
         ta, tb = draw(st.booleans()), draw(st.booleans())
-        if refused(bn, threads, bm, tb, ta):
-            tb = not tb if not refused(bn, threads, bm, not tb, ta) else tb
-            ta = ta if not refused(bn, threads, bm, tb, ta) else not ta
     ct = draw(st.sampled_from(["f32", "f16", "bf16"]))
     scalars = _scalars(draw)
     sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars, ta)
@@ -1397,13 +1394,11 @@ def gemm_program(draw):
 @st.composite
 def conv_program(draw):
     """examples/conv2d.tile's implicit gemm over 1-3 spatial dims, random geometry and tiles."""
-    from gemm_shapes import SHAPES, refused
+    from gemm_shapes import SHAPES
     spatial = draw(st.sampled_from([1, 2, 2, 3]))
     dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
     bm, bn, bk, threads = draw(st.sampled_from(SHAPES + BIG_GEMM_TILES + WIDE_K_TILES))
     tb = draw(st.booleans())
-    if refused(bn, threads, bm, tb):
-        tb = not tb
     ct = draw(st.sampled_from(["f16", "f16", "f32", "bf16"]))
     scalars = _scalars(draw)
     sched, tiles = _schedule(draw, bm, bn, bk, threads, ct, dt, scalars)

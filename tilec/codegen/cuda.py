@@ -467,7 +467,8 @@ class _Printer:
         (TMA's swizzle of that size): a descriptor's stride byte offset is the
         distance between 8-row groups (8 rows of a chunk) and, for the M/N-major
         operand or a K-major one in 16-byte chunks, its leading byte offset the
-        distance between chunks. Swapped
+        distance between chunks (an M/N-major one in 16-byte chunks the other way
+        round: _mn_major). Swapped
         (`s.swapped`), the product is acc^T += b^T @ a^T: b is wgmma's a and a its b."""
         a, b, acc = self.k.buffer(s.a), self.k.buffer(s.b), self.k.buffer(s.acc)
         ta, tb = s.transpose_a, s.transpose_b
@@ -501,13 +502,13 @@ class _Printer:
                          f"{8 * sb}, {sb})"
             else:                   # [K, N]: chunks of wb N columns, K rows each
                 col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {kdim * sb}, {8 * sb}, {sb})"
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {_mn_major(kdim, sb)}, {sb})"
             for t in range(s.m_tiles):
                 if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
                     a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
                 elif ta:            # [K, M]: chunks of wa M columns, K rows each
                     a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
-                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {kdim * sa}, {8 * sa}, {sa})"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
                 else:               # [M, K]: chunks of wa K columns, M rows each
                     chunk, within = divmod(k0, wa)
                     a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
@@ -1162,6 +1163,15 @@ def _fragment_col(acc: ir.Buffer, threads: int) -> str:
     """The first column of the warpgroup's share ('' when one warpgroup spans N), ending in ' + '."""
     _, nw = ir.fragment_tiles(acc, threads)
     return "" if acc.wg_cols == 1 else f"({_warpgroup_col(acc.wg_cols)}) * {nw} + "
+
+
+def _mn_major(kdim: int, swizzle: int) -> str:
+    """An M/N-major operand's leading and stride byte offsets: swizzled, the
+    distance between column chunks (`kdim` rows each) and between 8-row groups;
+    in 16-byte chunks, not swizzled, wgmma takes them the other way round (its
+    interleaved layout: the stride offset steps M/N, the leading one K)."""
+    chunks, groups = kdim * swizzle, 8 * swizzle
+    return f"{groups}, {chunks}" if swizzle == 16 else f"{chunks}, {groups}"
 
 
 def _lead(rows: int, swizzle: int) -> int:

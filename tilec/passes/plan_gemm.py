@@ -85,20 +85,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         # wgmma's operands: [pm, K] (M-major when transposed) and [K, pn] (K-major when transposed)
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
-        # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent
-        # (a K-major one's chunks tile its im2col taps too, 16 bytes unswizzled if need be)
-        a_sw = 0 if regs_a else _swizzle(pm // rows, esize) if ta else _k_major_swizzle(k, wa, ka, esize)
-        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
-        if not b_sw and swap:
-            raise SemanticError(f"{_swapped_note(m, n)}an M-major a ([K, M]) is read in swizzled chunks of 16 to "
-                                f"64 columns; each warpgroup's {pn // cols} columns of it are not a multiple of "
-                                f"{32 // esize}: make M a multiple of 16 per warpgroup, or declare a as [M, K] "
-                                "without transpose_a", s.span)
-        if not b_sw:
-            raise SemanticError(f"gemm: an N-major b ([K, N]) is read in swizzled chunks of 16 to 64 columns; "
-                                f"each warpgroup's {n // cols} columns are not a multiple of {32 // esize}: "
-                                "make N a multiple of 16 per warpgroup, or declare b as [N, K] and write "
-                                "transpose_b = true", s.span)
+        # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent, or
+        # 16-byte chunks not swizzled (a warpgroup's 8, 24, ... M/N-major columns; a K-major operand's chunks
+        # tile its im2col taps too); 16-bit M/N-major operands only, a warpgroup's share a multiple of 8 (_split)
+        a_sw = 0 if regs_a else _swizzle(pm // rows, esize, 128, 16) if ta else _k_major_swizzle(k, wa, ka, esize)
+        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize, 128, 16)
         for t, lay in ((wa, "wgmma" if regs_a else f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
