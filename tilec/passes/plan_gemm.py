@@ -88,8 +88,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent, or
         # 16-byte chunks not swizzled (a warpgroup's 8, 24, ... M/N-major columns; a K-major operand's chunks
         # tile its im2col taps too); 16-bit M/N-major operands only, a warpgroup's share a multiple of 8 (_split)
-        a_sw = 0 if regs_a else _swizzle(pm // rows, esize, 128, 16) if ta else _k_major_swizzle(k, wa, ka, esize)
-        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize, 128, 16)
+        a_sw = 0 if regs_a else _swizzle(pm // rows, esize) if ta else _k_major_swizzle(k, wa, ka, esize)
+        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
         for t, lay in ((wa, "wgmma" if regs_a else f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
@@ -375,10 +375,10 @@ def _split(wg, m, n, span, swapped=""):
     return rows, cols
 
 
-def _swizzle(extent, esize, widest=128, narrowest=32) -> int:
+def _swizzle(extent, esize, widest=128) -> int:
     """The widest swizzle (128, 64 or 32 bytes, or 16: rows of 16 bytes, not swizzled;
-    from `narrowest` to `widest`) whose rows tile `extent` elements; 0 if none."""
-    return next((sw for sw in (128, 64, 32, 16) if narrowest <= sw <= widest and extent * esize % sw == 0), 0)
+    at most `widest`) whose rows tile `extent` elements; 0 if none."""
+    return next((sw for sw in (128, 64, 32, 16) if sw <= widest and extent * esize % sw == 0), 0)
 
 
 def _k_major_swizzle(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> int:
@@ -396,5 +396,5 @@ def _k_major_swizzle(k: ir.Kernel, tile: ir.Buffer, kdepth: int, esize: int) -> 
         v = k.view(s.src.name) if isinstance(s, ir.Copy) and s.dst.name == tile.name else None
         c = k.param(v.tensor).shape[-1] if v is not None else None
         if isinstance(c, ir.Int):
-            widest = _swizzle(c.value, esize, widest, 16) or widest
-    return _swizzle(kdepth, esize, widest, 16)
+            widest = _swizzle(c.value, esize, widest) or widest
+    return _swizzle(kdepth, esize, widest)
