@@ -43,3 +43,56 @@ def test_on_the_gpu(size):
     torch.cuda.synchronize()
     y.check()
     assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+
+
+F8 = """kernel eight_bit(X: f8e4m3[N, H, W, 16], Wt: f8e4m3[F, 9 * 16], Y: f32[NP, F]) {
+    require NP == N * H * W;
+    let Xc = im2col(X, kernel = (3, 3), pad = (1, 1));
+    grid (bx, by) = (cdiv(F, 64), cdiv(NP, 64));
+    threads 128;
+    shared a: f8e4m3[64, 128];
+    shared b: f8e4m3[64, 128];
+    local acc: f32[64, 64];
+    fill(acc, 0);
+    for k in pipelined(cdiv(9 * 16, 128), stages = 2) {
+        copy(Xc[by * 64, k * 128], a);
+        copy(Wt[bx * 64, k * 128], b);
+        gemm(a, b, acc, transpose_b = true);
+    }
+    copy(acc, Y[by * 64, bx * 64]);
+}
+"""
+
+
+def f8_problem(n, h, w, f, like):
+    """16 f8e4m3 channels a tap (16 bytes): 'a' in 16-byte chunks, a K step of 32 bytes two of them."""
+    import ml_dtypes
+    rng = np.random.default_rng(n * h * w + f)
+    x = rng.integers(-2, 3, (n, h, w, 16)).astype(ml_dtypes.float8_e4m3fn)
+    wt = rng.integers(-2, 3, (f, 144)).astype(ml_dtypes.float8_e4m3fn)
+    want = im2col(x.astype(np.float64)) @ wt.astype(np.float64).T
+    args = [x, wt]
+    if like == "torch":
+        import torch
+        args = [torch.from_numpy(a.view(np.uint8)).cuda().view(torch.float8_e4m3fn) for a in args]
+    return args, guarded((n * h * w, f), "f32", like=like), want
+
+
+def test_eight_bit_operand_in_the_interpreter():
+    from tilec.compiler import lower
+    assert lower(F8).stages["plan-tma"].buffer("a").layout == "sw16"
+    args, y, want = f8_problem(*SIZES[0], "numpy")
+    tilec.compile(F8, backend="interpret", fallback=False)(*args, y.view)
+    y.check()
+    assert np.array_equal(y.view.astype(np.float64), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", SIZES)
+def test_eight_bit_operand_on_the_gpu(size):
+    import torch
+    args, y, want = f8_problem(*size, "torch")
+    tilec.compile(F8, fallback=False)(*args, y.view)
+    torch.cuda.synchronize()
+    y.check()
+    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
