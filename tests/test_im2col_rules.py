@@ -2,6 +2,7 @@
 parameter sets (from tma-reference.md §3, several verified on the H100 by
 ../shared/probes/encode_rules_probe.py), and the compile-time checks."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tilec.compiler import lower
 from tilec.errors import SemanticError
@@ -166,3 +167,26 @@ def test_one_operand_tile_from_views_of_different_tap_swizzles(consts, swizzle):
 def test_one_operand_tile_from_views_of_one_tap_swizzle_compiles():
     lower(TWO_VIEWS.replace("    require", "    const C1 = 16, C2 = 16;\n    require", 1))
     lower(TWO_VIEWS)                      # both C symbols: 128-byte chunks, C % 64 checked at launch
+
+
+CHANNELS = st.one_of(st.none(), st.integers(1, 40).map(lambda c: 8 * c), st.integers(1, 300))   # None: a symbol
+
+
+@settings(max_examples=60, deadline=None)
+@given(c1=CHANNELS, c2=CHANNELS, bk=st.sampled_from([16, 32, 48, 64, 96, 128]))
+def test_an_operand_takes_the_widest_swizzle_that_fits_every_tap(c1, c2, bk):
+    """Property: a gemm operand that im2col views of channel counts C1, C2 (fixed
+    in the header, or shape symbols) fill takes the widest chunk (128, 64, 32 or 16
+    bytes) that divides its K tile's bytes and every fixed C's bytes that TMA can
+    load at all (multiples of 16), and each view loads one chunk a TMA load."""
+    from test_two_sources import VIEWS
+    fixed = ", ".join(f"{n} = {c}" for n, c in (("C1", c1), ("C2", c2)) if c is not None)
+    old = "const C1 = 16, C2 = 16, BM = 64"
+    assert VIEWS.count(old) == 1
+    src = VIEWS.replace(old, f"const {fixed + ', ' if fixed else ''}BM = 64")
+    k = lower(src, {"BK": bk}).stages["plan-tma"]
+    loadable = [2 * c for c in (c1, c2) if c is not None and 2 * c % 16 == 0]
+    want = max(sw for sw in (128, 64, 32, 16) if 2 * bk % sw == 0 and all(b % sw == 0 for b in loadable))
+    assert k.buffer("a").swizzle == want
+    assert {(m.box, m.swizzle) for m in k.tensor_maps if m.kind == "im2col"} == {
+        ((64, want // 2), f"{want}B" if want > 16 else "none")}
