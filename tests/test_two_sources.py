@@ -164,3 +164,56 @@ def test_a_tile_of_taps_from_two_views_on_the_gpu(order):
     y.check(), v.check()
     assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want_y)
     assert np.array_equal(v.view.cpu().numpy().astype(np.float64), want_v)
+
+
+ONE = """kernel one(X: f16[N, H, W, {c}], Y: f16[NP, {k}]) {{
+    require NP == N * H * W;
+    let Xc = im2col(X, kernel = (3, 3), pad = (1, 1));
+    grid (bx, by) = (cdiv({k}, 64), cdiv(NP, 64));
+    threads 128;
+    shared t: f16[64, 64];
+    copy(Xc[by * 64, bx * 64], t);
+    copy(t, Y[by * 64, bx * 64]);
+}}
+"""
+STRADDLING = {24: 8, 96: 32, 40: 8}       # channels -> the chunk, gcd(C, 64)
+
+
+def torch_cuda(a):
+    import torch
+    return torch.from_numpy(a).cuda()
+
+
+def one_problem(c, like):
+    rng = np.random.default_rng(c)
+    x = rng.integers(-9, 9, (2, 5, 6, c)).astype(np.float16)
+    args = [torch_cuda(x)] if like == "torch" else [x]
+    return args, guarded((60, 9 * c), "f16", like=like), im2col(x)
+
+
+
+@pytest.mark.parametrize("c", STRADDLING)
+def test_a_tile_whose_k_tiles_straddle_taps(c):
+    """A tile (not a gemm operand) filled from an im2col view whose fixed channel
+    count is no multiple of the K tile (24, 40 or 96 channels in a 64-wide tile):
+    its loads would straddle filter taps, so the launch refused the view and the
+    thread-copy variant ran. It now takes chunks of gcd(C, 64) channels, one TMA
+    load each."""
+    from tilec.compiler import lower
+    src = ONE.format(c=c, k=9 * c)
+    assert [(b.layout, b.chunk) for b in lower(src).stages["plan-tma"].buffers] == [("cols", STRADDLING[c])]
+    args, y, want = one_problem(c, "numpy")
+    tilec.compile(src, backend="interpret", fallback=False)(*args, y.view)
+    y.check()
+    assert np.array_equal(y.view.astype(np.float64), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", STRADDLING)
+def test_a_tile_whose_k_tiles_straddle_taps_on_the_gpu(c):
+    import torch
+    args, y, want = one_problem(c, "torch")
+    tilec.compile(ONE.format(c=c, k=9 * c), fallback=False)(*args, y.view)
+    torch.cuda.synchronize()
+    y.check()
+    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)

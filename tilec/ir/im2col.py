@@ -30,13 +30,6 @@ def row(v: ir.Im2colView, x: ir.TensorParam, m) -> tuple:
     return rest, tuple(origins)
 
 
-def tap_channels(x: ir.TensorParam, width: int):
-    """C, when x's channel count is fixed at compile time and a K tile of `width`
-    view columns spans whole filter taps (C < width, width % C == 0); else None."""
-    c = x.shape[-1]
-    return c.value if isinstance(c, ir.Int) and c.value < width and width % c.value == 0 else None
-
-
 def column(v: ir.Im2colView, x: ir.TensorParam, k) -> tuple:
     """(channel, tap offsets...) of view column k: offset = tap index * dilation."""
     channels = x.shape[-1]

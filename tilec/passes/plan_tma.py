@@ -78,26 +78,27 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
 
 def _tap_chunked_tiles(k):
-    """A shared tile that an im2col copy fills with K columns spanning several
-    filter taps (a channel count C fixed at compile time, C < BK, C | BK) gets the
-    'cols' layout, column chunks of C: each tap is then one dense TMA box. (With
-    C a shape symbol, the launch checks that C is a multiple of BK instead.) A tile
-    that views of several such C fill gets chunks of their greatest common divisor:
-    each chunk still lies inside one tap of every view."""
+    """A shared tile that an im2col copy fills with K columns that may straddle
+    filter taps (a channel count C fixed at compile time that is no multiple of
+    BK: 16 channels a tap in a K tile of 64, or 24, or 96) gets the 'cols' layout,
+    column chunks of gcd(C, BK) channels: each chunk lies inside one tap and is
+    one dense TMA box. (With C a shape symbol, the launch checks that C is a
+    multiple of BK instead.) A tile that views of several such C fill gets
+    chunks of the greatest common divisor of them all."""
     chunked = {}
     for s in ir.walk_stmts(k.body):
         if not (isinstance(s, ir.TmaLoad) and s.view):
             continue
         buf, x = k.buffer(s.buffer), k.param(k.view(s.view).tensor)
         bm, bk = buf.shape
-        c = im2col.tap_channels(x, bk)
-        if buf.layout != "row" or c is None:
+        c = x.shape[-1]
+        if buf.layout != "row" or not isinstance(c, ir.Int) or c.value % bk == 0:
             continue
         esize = x.dtype.size
-        c = math.gcd(c, chunked.get(buf.name, c))
-        if (c * esize) % 16 or (bm * c * esize) % 128:
+        chunk = math.gcd(c.value, bk, chunked.get(buf.name, bk))
+        if (chunk * esize) % 16 or (bm * chunk * esize) % 128:
             continue        # TMA cannot: the launch check names the rule (and the fallback runs)
-        chunked[buf.name] = c
+        chunked[buf.name] = chunk
     if not chunked:
         return k
     return replace(k, buffers=tuple(replace(b, layout="cols", chunk=chunked[b.name]) if b.name in chunked else b
