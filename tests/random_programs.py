@@ -1004,7 +1004,8 @@ class Im2col:
 @st.composite
 def im2col_program(draw):
     spatial = draw(st.sampled_from([1, 2, 2, 3]))
-    dt, c = draw(st.sampled_from([("f16", 8), ("f16", 16), ("f16", 64), ("f32", 4), ("f32", 8)]))
+    dt, c = draw(st.sampled_from([("f16", 8), ("f16", 16), ("f16", 64), ("f32", 4), ("f32", 8), ("f16", 24),
+                                  ("f16", 96)]))
     n = draw(st.integers(1, 3))
     sizes = tuple(draw(st.sampled_from([1, 4, 7, 9] if spatial < 3 else [1, 4, 5])) for _ in range(spatial))
     k = draw(st.sampled_from([1, 2, 3, 5]) if spatial < 3 else st.sampled_from([1, 2, 3]))
