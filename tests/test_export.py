@@ -274,7 +274,7 @@ CHECK-NEXT:   const CUresult r = cuLaunchKernel(f, static_cast<unsigned>(grid[0]
 """,
     "im2col": """
 CHECK:      int encode_im2col(
-CHECK:        if (channels % m.channels_per_pixel)
+CHECK:        if (channels % m.channels_per_pixel) {
 CHECK:          p.add(channels, " channels is not a multiple of the ", m.channels_per_pixel,
 CHECK:        tiled_problems(p, m.elsize, address, m.rank, shape, tma);
 CHECK:            p.add("spatial dim ", d + 1, ": the pixel box ", shape[d + 1], " - (", m.lower_corner[d], ") + (",
@@ -1049,7 +1049,14 @@ BAD = {
     "granule": ("copy2d", [t(0x7f0000000000, (100, 2), (4, 1)), t(0x7f0000100000, (100, 2), (4, 1))], 2,
                 "argument B: its rows are 2 x 4 bytes, less than the 16-byte granule a TMA store writes"),
     "im2col channels": ("im2col", [t(0x7f0000000000, (2, 9, 10, 32)), t(0x7f0000100000, (180, 288))], 2,
-                        "argument X: 32 channels is not a multiple of the 64 channels of one im2col load"),
+                        "argument X: 32 channels is not a multiple of the 64 channels of one im2col load (a TMA "
+                        "im2col load must not straddle two filter taps; pad the channels to a multiple of 64, choose "
+                        "a K tile that divides 32, or declare the 32 channels in the kernel's header, where its "
+                        "loads fit the taps)"),
+    "im2col channels of 8 bytes": ("im2col", [t(0x7f0000000000, (2, 9, 10, 4)), t(0x7f0000100000, (180, 36))], 2,
+                                   "argument X: 4 channels is not a multiple of the 64 channels of one im2col load "
+                                   "(a TMA im2col load must not straddle two filter taps; pad the channels to a "
+                                   "multiple of 64 or choose a K tile that divides 4)"),
     "floor below zero": ("weird", [t(0x7f0000000000, (32, 65)), t(0x7f0000100000, (32, 65)), 2, 1.0], 1,
                          "require (N - 70) / 4 >= -1 failed (N = 65)"),
     "comparisons of comparisons": ("weird", [t(0x7f0000000000, (34, 128)), t(0x7f0000100000, (34, 128)), 2, 1.0],

@@ -165,9 +165,12 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
     channels = arg.shape[-1]
     problems = []
     if channels % channels_per_pixel:
+        # channels of whole 16-byte units: declared in the header, plan-gemm / plan-tma fit the loads to them
+        fit = f", or declare the {channels} channels in the kernel's header, where its loads fit the taps" \
+            if channels * DTYPES[arg.dtype].size % 16 == 0 else ""
         problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one im2col "
                         "load (a TMA im2col load must not straddle two filter taps; pad the channels to a multiple "
-                        f"of {channels_per_pixel} or choose a K tile that divides {channels})")
+                        f"of {channels_per_pixel}{',' if fit else ' or'} choose a K tile that divides {channels}{fit})")
     problems += im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
                                 channels_per_pixel, pixels_per_column, element_strides)
     if problems:
