@@ -63,6 +63,30 @@ def im2col(x):
         .reshape(n * h * w, 9 * c)
 
 
+def on(like, arrays):
+    """The input arrays as the kernel takes them: numpy for the interpreter
+    (`like` "numpy"), torch tensors on the GPU ("torch")."""
+    if like == "numpy":
+        return list(arrays)
+    import torch
+    return [torch.from_numpy(a).cuda() for a in arrays]
+
+
+def run_exactly(src, like, args, outputs, wants, scalars=(), **consts):
+    """Run `src` (the interpreter's kernel, or the GPU's: `like` "numpy" or
+    "torch") on `args`, the guarded `outputs`' views and `scalars`; then
+    nothing outside the views is written and each view equals its want exactly."""
+    backend = {"backend": "interpret"} if like == "numpy" else {}
+    tilec.compile(src, fallback=False, **backend, **consts)(*args, *(o.view for o in outputs), *scalars)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    for out, want in zip(outputs, wants):
+        out.check()
+        got = out.view if like == "numpy" else out.view.cpu().numpy()
+        assert np.array_equal(got.astype(np.float64), want)
+
+
 def problem(case, n, h, w, f, like):
     """The inputs (small integers: every sum is exact), a guarded output and the
     expected result."""
@@ -73,11 +97,7 @@ def problem(case, n, h, w, f, like):
     z = rng.integers(-2, 3, (n, h, w, c2) if src is VIEWS else (n * h * w, 9 * c2)).astype(np.float16)
     wt, vt = (rng.integers(-2, 3, (9 * c, f)).astype(np.float16) for c in (c1, c2))
     want = im2col(x) @ wt.astype(np.float64) + (im2col(z) if src is VIEWS else z.astype(np.float64)) @ vt
-    args = [x, z, wt, vt]
-    if like == "torch":
-        import torch
-        args = [torch.from_numpy(a).cuda() for a in args]
-    return args, guarded((n * h * w, f), "f32", like=like), want
+    return on(like, [x, z, wt, vt]), guarded((n * h * w, f), "f32", like=like), want
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -85,9 +105,7 @@ def problem(case, n, h, w, f, like):
 def test_in_the_interpreter(case, size):
     src, consts = CASES[case]
     args, y, want = problem(case, *size, "numpy")
-    tilec.compile(src, backend="interpret", fallback=False, **consts)(*args, y.view)
-    y.check()
-    assert np.array_equal(y.view.astype(np.float64), want)
+    run_exactly(src, "numpy", args, [y], [want], **consts)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -101,13 +119,9 @@ def test_compiles_to_a_cubin(case):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("size", SIZES)
 def test_on_the_gpu(case, size):
-    import torch
     src, consts = CASES[case]
     args, y, want = problem(case, *size, "torch")
-    tilec.compile(src, fallback=False, **consts)(*args, y.view)
-    torch.cuda.synchronize()
-    y.check()
-    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+    run_exactly(src, "torch", args, [y], [want], **consts)
 
 
 COLS = """kernel cols(X: f16[N, H, W, 16], Z: f16[N, H, W, 32], Y: f16[NP, 144], V: f16[NP, 288]) {
@@ -131,11 +145,8 @@ def cols_problem(like):
     rng = np.random.default_rng(5)
     x = rng.integers(-9, 9, (2, 5, 6, 16)).astype(np.float16)
     z = rng.integers(-9, 9, (2, 5, 6, 32)).astype(np.float16)
-    args = [x, z]
-    if like == "torch":
-        import torch
-        args = [torch.from_numpy(a).cuda() for a in args]
-    return args, guarded((60, 144), "f16", like=like), guarded((60, 288), "f16", like=like), im2col(x), im2col(z)
+    return on(like, [x, z]), [guarded((60, 144), "f16", like=like), guarded((60, 288), "f16", like=like)], \
+        [im2col(x), im2col(z)]
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -147,23 +158,13 @@ def test_a_tile_of_taps_from_views_of_16_and_32_channels(order):
     load each, both views exact."""
     from tilec.compiler import lower
     assert [(b.layout, b.chunk) for b in lower(ORDERS[order]).stages["plan-tma"].buffers] == [("cols", 16)]
-    args, y, v, want_y, want_v = cols_problem("numpy")
-    tilec.compile(ORDERS[order], backend="interpret", fallback=False)(*args, y.view, v.view)
-    y.check(), v.check()
-    assert np.array_equal(y.view.astype(np.float64), want_y)
-    assert np.array_equal(v.view.astype(np.float64), want_v)
+    run_exactly(ORDERS[order], "numpy", *cols_problem("numpy"))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_tile_of_taps_from_two_views_on_the_gpu(order):
-    import torch
-    args, y, v, want_y, want_v = cols_problem("torch")
-    tilec.compile(ORDERS[order], fallback=False)(*args, y.view, v.view)
-    torch.cuda.synchronize()
-    y.check(), v.check()
-    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want_y)
-    assert np.array_equal(v.view.cpu().numpy().astype(np.float64), want_v)
+    run_exactly(ORDERS[order], "torch", *cols_problem("torch"))
 
 
 ONE = """kernel one(X: f16[N, H, W, {c}], Y: f16[NP, {k}]) {{
@@ -179,16 +180,10 @@ ONE = """kernel one(X: f16[N, H, W, {c}], Y: f16[NP, {k}]) {{
 STRADDLING = {24: 8, 96: 32, 40: 8}       # channels -> the chunk, gcd(C, 64)
 
 
-def torch_cuda(a):
-    import torch
-    return torch.from_numpy(a).cuda()
-
-
 def one_problem(c, like):
     rng = np.random.default_rng(c)
     x = rng.integers(-9, 9, (2, 5, 6, c)).astype(np.float16)
-    args = [torch_cuda(x)] if like == "torch" else [x]
-    return args, guarded((60, 9 * c), "f16", like=like), im2col(x)
+    return on(like, [x]), [guarded((60, 9 * c), "f16", like=like)], [im2col(x)]
 
 
 
@@ -202,18 +197,10 @@ def test_a_tile_whose_k_tiles_straddle_taps(c):
     from tilec.compiler import lower
     src = ONE.format(c=c, k=9 * c)
     assert [(b.layout, b.chunk) for b in lower(src).stages["plan-tma"].buffers] == [("cols", STRADDLING[c])]
-    args, y, want = one_problem(c, "numpy")
-    tilec.compile(src, backend="interpret", fallback=False)(*args, y.view)
-    y.check()
-    assert np.array_equal(y.view.astype(np.float64), want)
+    run_exactly(src, "numpy", *one_problem(c, "numpy"))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", STRADDLING)
 def test_a_tile_whose_k_tiles_straddle_taps_on_the_gpu(c):
-    import torch
-    args, y, want = one_problem(c, "torch")
-    tilec.compile(ONE.format(c=c, k=9 * c), fallback=False)(*args, y.view)
-    torch.cuda.synchronize()
-    y.check()
-    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+    run_exactly(ONE.format(c=c, k=9 * c), "torch", *one_problem(c, "torch"))

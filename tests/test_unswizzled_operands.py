@@ -6,10 +6,9 @@ sentinel-filled buffer."""
 import numpy as np
 import pytest
 
-import tilec
 from conftest import ROOT
 from guard import guarded
-from test_two_sources import im2col
+from test_two_sources import im2col, on, run_exactly
 
 SRC = (ROOT / "tests/filecheck/gemm_unswizzled_taps.tile").read_text()
 SIZES = [(2, 5, 6, 64), (3, 7, 9, 136)]
@@ -20,29 +19,7 @@ def problem(n, h, w, f, like):
     x = rng.integers(-2, 3, (n, h, w, 8)).astype(np.float16)
     wt = rng.integers(-2, 3, (72, f)).astype(np.float16)
     want = 0.5 * (im2col(x) @ wt.astype(np.float64))
-    args = [x, wt]
-    if like == "torch":
-        import torch
-        args = [torch.from_numpy(a).cuda() for a in args]
-    return args, guarded((n * h * w, f), "f32", like=like), want
-
-
-def test_in_the_interpreter():
-    args, y, want = problem(*SIZES[0], "numpy")
-    tilec.compile(SRC, backend="interpret", fallback=False)(*args, y.view, 0.5)
-    y.check()
-    assert np.array_equal(y.view.astype(np.float64), want)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("size", SIZES)
-def test_on_the_gpu(size):
-    import torch
-    args, y, want = problem(*size, "torch")
-    tilec.compile(SRC, fallback=False)(*args, y.view, 0.5)
-    torch.cuda.synchronize()
-    y.check()
-    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+    return on(like, [x, wt]), [guarded((n * h * w, f), "f32", like=like)], [want], (0.5,)
 
 
 F8 = """kernel eight_bit(X: f8e4m3[N, H, W, 16], Wt: f8e4m3[F, 9 * 16], Y: f32[NP, F]) {
@@ -75,24 +52,23 @@ def f8_problem(n, h, w, f, like):
     if like == "torch":
         import torch
         args = [torch.from_numpy(a.view(np.uint8)).cuda().view(torch.float8_e4m3fn) for a in args]
-    return args, guarded((n * h * w, f), "f32", like=like), want
+    return args, [guarded((n * h * w, f), "f32", like=like)], [want], ()
 
 
-def test_eight_bit_operand_in_the_interpreter():
+KERNELS = {"f16, 8 channels, scaled": (SRC, problem), "f8e4m3, 16 channels": (F8, f8_problem)}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_in_the_interpreter(kernel):
     from tilec.compiler import lower
-    assert lower(F8).stages["plan-tma"].buffer("a").layout == "sw16"
-    args, y, want = f8_problem(*SIZES[0], "numpy")
-    tilec.compile(F8, backend="interpret", fallback=False)(*args, y.view)
-    y.check()
-    assert np.array_equal(y.view.astype(np.float64), want)
+    src, make = KERNELS[kernel]
+    assert lower(src).stages["plan-tma"].buffer("a").layout == "sw16"
+    run_exactly(src, "numpy", *make(*SIZES[0], "numpy"))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("size", SIZES)
-def test_eight_bit_operand_on_the_gpu(size):
-    import torch
-    args, y, want = f8_problem(*size, "torch")
-    tilec.compile(F8, fallback=False)(*args, y.view)
-    torch.cuda.synchronize()
-    y.check()
-    assert np.array_equal(y.view.cpu().numpy().astype(np.float64), want)
+def test_on_the_gpu(kernel, size):
+    src, make = KERNELS[kernel]
+    run_exactly(src, "torch", *make(*size, "torch"))
