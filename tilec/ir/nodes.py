@@ -151,8 +151,9 @@ class Buffer:
     thread e % threads), 'sw128' / 'sw64' / 'sw32' (shared, a gemm operand:
     column chunks whose rows are 128 / 64 / 32 bytes, in TMA's swizzle of that
     size, what wgmma descriptors read; 'sw16': chunks of 16-byte rows, not
-    swizzled, wgmma's interleaved layout, for a K-major operand whose im2col
-    filter taps are 16 bytes), 'wgmma' (local, a gemm accumulator:
+    swizzled, wgmma's interleaved layout, where a chunk of 32 bytes does not fit:
+    im2col filter taps of 16 or 48 bytes, a warpgroup's 8 or 24 M/N-major
+    columns), 'wgmma' (local, a gemm accumulator:
     wgmma's m64nNk16 fragment layout; `wg_cols` warpgroups split its columns),
     'cols' (shared: column chunks of `chunk` elements, each chunk row-major: a
     K tile of an im2col view that spans several filter taps, one TMA load each),
