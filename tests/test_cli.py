@@ -271,7 +271,9 @@ def test_check_with_define():
     ("=4", "error: -D takes NAME=VALUE, got '=4'\n"),
     ("BM=x", "error: -D BM: 'x' is not an integer\n"),
     ("BM=", "error: -D BM: '' is not an integer\n"),
-    ("NOPE=3", "error: kernel 'copy2d' has no const 'NOPE' to override (its consts: BM, BN)\n"),
+    ("NOPE=3", "error: kernel 'copy2d' has no const or shape symbol 'NOPE' to override (its consts: BM, BN; "
+               "its shape symbols: M, N)\n"),
+    ("M=0", "error: shape symbol 'M' must be fixed to a positive integer, got 0\n"),
 ])
 @pytest.mark.parametrize("emit", ["ir", "cuda"])
 def test_bad_define(define, message, emit):

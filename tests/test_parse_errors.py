@@ -953,7 +953,8 @@ kernel copy2d(A: f32[M, N], B: f32[M, N]) {
 
 def test_override_of_unknown_const():
     err = error_of(COPY2D, {"NOPE": 3})
-    assert str(err) == "error: kernel 'copy2d' has no const 'NOPE' to override (its consts: BM, BN)"
+    assert str(err) == ("error: kernel 'copy2d' has no const or shape symbol 'NOPE' to override (its consts: BM, "
+                        "BN; its shape symbols: M, N)")
 
 
 def test_override_with_a_value_that_breaks_a_rule_points_at_the_use():

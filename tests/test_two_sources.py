@@ -204,3 +204,55 @@ def test_a_tile_whose_k_tiles_straddle_taps(c):
 @pytest.mark.parametrize("c", STRADDLING)
 def test_a_tile_whose_k_tiles_straddle_taps_on_the_gpu(c):
     run_exactly(ONE.format(c=c, k=9 * c), "torch", *one_problem(c, "torch"))
+
+
+RING = """kernel ring(X: f16[N, H, W, {c}], Y: f32[NP, 64]) {{
+    require NP == N * H * W;
+    let Xc = im2col(X, kernel = (3, 3), pad = (1, 1));
+    grid (bx, by) = (1, cdiv(NP, 64));
+    threads 128;
+    shared t: f16[64, 64];
+    local acc: f32[64, 64];
+    fill(acc, 0);
+    for k in pipelined(cdiv(9 * {c}, 64), stages = {stages}) {{
+        copy(Xc[by * 64, k * 64], t);
+        parallel (i, j) in (64, 64) {{
+            acc[i, j] = acc[i, j] + f32(t[i, j]);
+        }}
+    }}
+    copy(acc, Y[by * 64, 0]);
+}}
+"""
+RINGS = [(c, stages) for c in STRADDLING for stages in (2, 3)]
+
+
+def ring_problem(c, like):
+    """The K tiles of the view summed: the last one ends past its 9 * C columns,
+    which read zero (the tile's columns past them are another tap's channels if
+    the tap index wraps)."""
+    rng = np.random.default_rng(c)
+    x = rng.integers(-9, 9, (2, 5, 6, c)).astype(np.float16)
+    tiles = -(-9 * c // 64)
+    cols = np.zeros((60, tiles * 64))
+    cols[:, :9 * c] = im2col(x)
+    return on(like, [x]), [guarded((60, 64), "f32", like=like)], [cols.reshape(60, tiles, 64).sum(axis=1)]
+
+
+@pytest.mark.parametrize("c, stages", RINGS)
+def test_a_ring_of_tiles_whose_k_tiles_straddle_taps(c, stages):
+    """The same chunked tile in a rotating pipelined loop: its copies (t's stage
+    tiles) are chunked alike (they were row-major, so the threads read the
+    chunks in the wrong places), and the last K tile reads zeros past the view's
+    last column (a tap index that wrapped read the first tap's channels)."""
+    from tilec.compiler import lower
+    src = RING.format(c=c, stages=stages)
+    tiles = [(b.name, b.layout, b.chunk) for b in lower(src).kernel.buffers if b.scope == "shared"]
+    assert tiles == [("t", "cols", STRADDLING[c])] + [(f"tl_t_stage{j}", "cols", STRADDLING[c])
+                                                     for j in range(1, stages)]
+    run_exactly(src, "numpy", *ring_problem(c, "numpy"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c, stages", RINGS)
+def test_a_ring_of_tiles_whose_k_tiles_straddle_taps_on_the_gpu(c, stages):
+    run_exactly(RING.format(c=c, stages=stages), "torch", *ring_problem(c, "torch"))

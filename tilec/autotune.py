@@ -981,6 +981,15 @@ class TunedKernel:
         return cands, (f"{left} other candidate{'s' if left > 1 else ''}: not tried, the tune condition "
                        f"`{self._where.text}` is false for them at {_describe(names)}" if left else None)
 
+    def _compile_fixed(self, fix: dict, cands: list):
+        """The programs of `cands` with the shape symbols of `fix` fixed, compiled in
+        parallel: what their launches on these arguments run (runtime.host.Call.fall_back),
+        else compiled one by one as each warms up. A refused one is refused again there."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PipelineWarning)
+            compile_candidates(self.source, [{**self._consts, **cfg, **fix} for cfg in cands], self.arch,
+                               self._fallback_allowed, self.debug)
+
     def _tune_now(self, kv, args, stream):
         self._refuse_tuned_and_given(self._tune)      # it would refuse every candidate
         cands, pruned = self._meeting(kv)
@@ -1009,10 +1018,15 @@ class TunedKernel:
             raise
         saved = {i: _save(args[i]) for i in writes}
         ready, reference, mismatched, failed = [], None, {}, []
+        fixing = True
         try:
             for i in sorted(compiled):
                 try:
+                    compiled[i].last_fix = {}
                     _run(compiled[i], args, stream)     # warm-up: module load, tensor maps
+                    if compiled[i].last_fix and fixing:     # it ran compiled with a shape symbol fixed:
+                        fixing = False                      # so will the others, compiled in parallel now
+                        self._compile_fixed(compiled[i].last_fix, [cands[j] for j in compiled if j > i])
                 except TilecError as e:        # a launch the candidate refuses (e.g. a grid too big for the shape)
                     refused[i] = e
                     if isinstance(e, DeviceError):  # the driver refused what the compiler accepted: a tilec bug

@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     e.add_argument("file")
     e.add_argument("--emit", choices=EMITS, default="cuda")
     e.add_argument("--after", help="with --emit ir: the pass to print the IR after (default: the last)")
-    e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help="override a const")
+    e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE",
+                   help="override a const, or fix a shape symbol (-D C=24: the kernel takes 24 only)")
     e.add_argument("--arch", help=ARCH_HELP)
     e.set_defaults(run=_cmd_emit)
     c = sub.add_parser("check", help="parse, check and compile (with a tune statement, every candidate); exit 0 "

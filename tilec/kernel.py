@@ -43,6 +43,7 @@ class Kernel(Program):
         self._loaded = {}
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
+        self.last_fix = {}          # the shape symbols the last launch that needed them fixed (_launcher_fixed)
         disk_key = _disk_key(source, self._overrides, arch, tma, debug)
         hit = None if built is not None else cache.load(disk_key)
         self.from_disk_cache = hit is not None
@@ -143,10 +144,28 @@ class Kernel(Program):
                                             debug=self.debug)
         return self._fallback
 
+    def fixed(self, **symbols) -> "Kernel":
+        """This program compiled with shape symbols fixed (k.fixed(C=24) is
+        tilec.compile(src, C=24) with this kernel's consts): what a launch runs
+        whose im2col loads break a rule only while the channel count is a symbol
+        (runtime.host.Call.fall_back). Compiled on first use, cached."""
+        overrides = {**self._overrides, **symbols}
+        return cached(program_key(self.source, overrides, arch=self.arch, fallback=self._fallback_allowed,
+                                  debug=self.debug),
+                      lambda: Kernel(self.source, overrides, self.arch, self._fallback_allowed, debug=self.debug))
+
     def _call(self, stream, fallback, args):
         """The runtime.host.Call through which the host wrapper makes one launch of `args`."""
         return host.Call(self.name, self._module, stream, self._writes, self._debug_info, fallback,
-                         home=host.home_device(args))
+                         home=host.home_device(args), fixed=self._launcher_fixed)
+
+    def _launcher(self, *args, stream=None):
+        """Launch `args` (checked by the caller's __call__), as a fall-back target does."""
+        return self._launch(self._call(stream, self._run_fallback if self._fallback_allowed else None, args), *args)
+
+    def _launcher_fixed(self, symbols):
+        self.last_fix = dict(symbols)       # autotuning compiles the other candidates' fixed programs at once
+        return self.fixed(**symbols)._launcher
 
     def _run_fallback(self, *args, stream=None):
         fb = self.fallback
@@ -162,9 +181,8 @@ class Kernel(Program):
                 return None
         if _capturing():
             raise self._capture_error()
-        fb = self._run_fallback if self._fallback_allowed else None
         with driver.context_kept():     # the arguments' device's context for the while, then the caller's again
-            prepared = self._launch(self._call(stream, fb, args), *args)
+            prepared = self._launcher(*args, stream=stream)
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()
@@ -190,7 +208,8 @@ class Kernel(Program):
 
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
-        return f"<tilec.Kernel {self.name}({consts}) for {self.arch}>"
+        fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
+        return f"<tilec.Kernel {self.name}({consts}{'; ' + fixed if fixed else ''}) for {self.arch}>"
 
 
 def _compile_host(host_source: str, name: str):

@@ -32,7 +32,6 @@ from .compiler import program_key
 from .errors import LaunchError, TilecError
 from .ir import nodes as ir
 from .ir.effects import written_tensors
-from .ir.printer import expr as tile_expr
 from .kernel import Kernel
 from .runtime import host as rt
 
@@ -136,7 +135,7 @@ def fake_impl(k: ir.Kernel):
     binds = [(b.symbol, b.tensor, b.dim) for b in bound]
     checks = [(c.tensor, c.dim, builtins.compile(py_expr(c.expr), "<shape>", "eval"),
                f"{c.expr.name} = {{}} (from {c.bound_from})" if c.bound_from
-               else f"the declaration says {tile_expr(c.expr)} = {{}}") for c in dims]
+               else f"the declaration says {c.says}") for c in dims]
     params = k.params
 
     def fake(*args):

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..ir import nodes as ir
 from ..ir.effects import names_used
+from ..ir.printer import expr as tile_expr
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class DimCheck:
     dim: int
     expr: ir.Expr
     bound_from: str
+    says: str = ""      # (bound_from "") what its message says the declaration is, "{}" where the value goes
+
 
 
 def shape_bindings(k: ir.Kernel) -> tuple:
@@ -39,9 +42,19 @@ def shape_bindings(k: ir.Kernel) -> tuple:
             if isinstance(e, ir.Var) and e.name not in bound:
                 bound[e.name] = f"{t.name} dim {d}"
                 binds.append(Bind(e.name, t.name, d))
+            elif isinstance(e, ir.Var):
+                checks.append(DimCheck(t.name, d, e, bound[e.name]))
             else:
-                checks.append(DimCheck(t.name, d, e, bound[e.name] if isinstance(e, ir.Var) else ""))
+                checks.append(DimCheck(t.name, d, e, "", _says(k, e)))
     return binds, checks
+
+
+def _says(k: ir.Kernel, e: ir.Expr) -> str:
+    """A declared dim as its check's message says it: "9 * C = {}", or a number
+    alone, with the shape symbols fixed at compile time where the kernel has any."""
+    if not isinstance(e, ir.Int):
+        return f"{tile_expr(e)} = {{}}"
+    return str(e.value) + (f" (compiled with {k.fixed_text})" if k.fixed else "")
 
 
 @dataclass(frozen=True)

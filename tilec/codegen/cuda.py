@@ -1115,6 +1115,8 @@ def _hoist_coordinates(loop: ir.For):
             return ir.Call("fastdiv" if e.op == "/" else "fastmod", (hoist(e.lhs), ir.Var(divisors[key][0], "let")))
         if isinstance(e, ir.BinOp):
             return ir.BinOp(e.op, hoist(e.lhs), hoist(e.rhs))
+        if isinstance(e, ir.Call) and e.func in ("min", "max"):     # an im2col column's tap, clamped
+            return replace(e, args=tuple(hoist(a) for a in e.args))
         return e
 
     def stmt(x):
@@ -1354,9 +1356,8 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
     if pr.uses_stream_k:
         prologue.append(f"unsigned* const tl_slot_ready = reinterpret_cast<unsigned*>(tl_workspace);  // a flag per "
                         f"block; the blocks' slots of partial sums start at byte {WORKSPACE_FLAG_BYTES}")
-    consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     return _env().get_template("kernel.cu.j2").render(
-        version=__version__, source_name=source_name, kernel_name=k.name, consts=consts, arch=arch,
+        version=__version__, source_name=source_name, kernel_name=k.name, consts=k.consts_text, arch=arch,
         primitives=_primitives(k, pr.uses_math, pr.debug, pr, arch), launch_bounds=_launch_bounds(k),
         params=[_param_decl(k, p) for p in kernel_params(k, pr.debug)] or ["void"],
         prologue=prologue, body=body)

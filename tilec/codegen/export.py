@@ -309,8 +309,9 @@ def generate(kernel, fallback: bool = True) -> Export:
             checks.append(fail("TILEC_EARG", f"argument {c.tensor}: dim {c.dim} is ", ("v", got),
                                f" but {c.expr.name} = ", ("v", c.expr.name), f" (from {c.bound_from})"))
         else:
+            says, value_follows, _ = c.says.partition("{}")     # "9 * C = {}", or a number alone
             checks.append(fail("TILEC_EARG", f"argument {c.tensor}: dim {c.dim} is ", ("v", got),
-                               f" but the declaration says {tile_expr(c.expr)} = ", ("v", value)))
+                               f" but the declaration says {says}", *([("v", value)] if value_follows else [])))
     if checks:
         lines.append("  // every other appearance of a symbol, and the dims declared as expressions")
         lines += checks
@@ -414,7 +415,6 @@ def generate(kernel, fallback: bool = True) -> Export:
             doc.append(f"{p.name}: {p.dtype.name}{note}")
     args = ["CUstream stream"] + (["CUdeviceptr workspace", "size_t workspace_bytes"] if k.stream_k else []) + \
         args + ["char* err", "size_t err_len"]
-    consts = ", ".join(f"{n} = {v}" for n, v in k.consts)
     kinds = {t.kind for t in k.tensor_maps}
     variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{k.name}.cubin", kernel.cubin, k.smem_bytes,
                  k.launch_threads, "the TMA variant" if k.tensor_maps else "the kernel")]
@@ -422,7 +422,7 @@ def generate(kernel, fallback: bool = True) -> Export:
         variants.append(("thread_copy_variant", f"{k.name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, function=function,
-                  consts=consts, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
+                  consts=k.consts_text, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
                   has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H",
                   stream_k=bool(k.stream_k), flag_bytes=WORKSPACE_FLAG_BYTES, slot_bytes=slot_bytes)
     header = _env().get_template("export.h.j2").render(**common)

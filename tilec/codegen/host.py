@@ -61,6 +61,9 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
               ("oobFill", '"NONE"')]
     if t.kind == "im2col":
         v = next(v for v in k.views if v.tensor == x.name)
+        # a symbol's channel count may break the load's rule where a fixed one would not (runtime.host)
+        channels = x.shape[-1]
+        symbol = [("channelSymbol", f'"{channels.name}"')] if isinstance(channels, ir.Var) else []
         return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeIm2col",
                     comment=[f"{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
                              f"per load (copies at {where})"],
@@ -69,7 +72,7 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
                                    ("pixelBoxLowerCorner", _tuple(t.lower_corner)),
                                    ("pixelBoxUpperCorner", _tuple(t.upper_corner)),
                                    ("channelsPerPixel", str(t.box[1])), ("pixelsPerColumn", str(t.box[0])),
-                                   ("elementStrides", _tuple(t.element_strides))] + layout)
+                                   ("elementStrides", _tuple(t.element_strides))] + layout + symbol)
     box = ", ".join(map(str, t.box))
     rows = ["its rows cut at their last whole 16-byte granule (TMA stores write whole granules;",
             "the kernel's store tail writes the rest)"] if t.inner_rounded else []
@@ -108,7 +111,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     bound, dims = shape_bindings(k)
     binds = [f"{b.symbol} = arg_{b.tensor}.shape[{b.dim}]" for b in bound]
     checks = [f'call.bind(arg_{c.tensor}, {c.dim}, {c.expr.name}, "{c.expr.name}", "{c.bound_from}")'
-              if c.bound_from else f'call.expect(arg_{c.tensor}, {c.dim}, {py_expr(c.expr)}, "{tile_expr(c.expr)}")'
+              if c.bound_from else f'call.expect(arg_{c.tensor}, {c.dim}, {py_expr(c.expr)}, "{c.says}")'
               for c in dims]
     for r in k.requires:
         values = "{" + ", ".join(f'"{n}": {n}' for n in sorted(free_names(r.cond))) + "}"
@@ -120,7 +123,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     params = kernel_params(k, debug)
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
                                                     if isinstance(p, ir.TensorParam) else "")
-                    for p in k.params)
+                    for p in k.params) + (f"; compiled with {k.fixed_text}" if k.fixed else "")
     return _env().get_template("host.py.j2").render(
         version=__version__, source_name=source_name, kernel_name=k.name, threads=k.launch_threads,
         smem_bytes=k.smem_bytes, writes=written_tensors(k), overlaps=overlaps,

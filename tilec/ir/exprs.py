@@ -239,7 +239,11 @@ def fold(e, division: str = "floor"):
         if isinstance(x, ir.BinOp) and x.op in ("/", "%") and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
             return x.lhs if x.op == "/" else ir.Int(0, span=x.span)
         if isinstance(x, ir.BinOp):
-            # x * 1, x + 0, 0 * x: keep generated index math short.
+            # x * 1, x + 0, 0 * x, 0 / x: keep generated index math short (0 / x is 0 for the x = 0 of an
+            # empty tensor too, which launches nothing)
+            if x.op in ("*", "/", "%") and isinstance(x.lhs, ir.Int) and x.lhs.value == 0 or \
+                    x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 0:
+                return ir.Int(0, span=x.span)
             if x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
                 return x.lhs
             if x.op == "*" and isinstance(x.lhs, ir.Int) and x.lhs.value == 1:

@@ -31,13 +31,21 @@ def row(v: ir.Im2colView, x: ir.TensorParam, m) -> tuple:
 
 
 def column(v: ir.Im2colView, x: ir.TensorParam, k) -> tuple:
-    """(channel, tap offsets...) of view column k: offset = tap index * dilation."""
+    """(channel, tap offsets...) of view column k: offset = tap index * dilation.
+    A column past the view's last (a K tile that ends past KH * KW * C) is channel
+    C or more of the last tap: outside X, so a TMA load reads zeros there, as the
+    thread copies do, not another tap's channels."""
     channels = x.shape[-1]
-    offsets, tap = [], _b("/", k, channels)
+    taps = 1
+    for n in v.kernel:
+        taps *= n
+    first = taps == 1 or k == ir.Int(0)
+    tap = ir.Int(0) if first else fold(ir.Call("min", (_b("/", k, channels), ir.Int(taps - 1))))
+    offsets, rest = [], tap
     for d in reversed(range(len(v.kernel))):
-        offsets.insert(0, _b("*", _b("%", tap, ir.Int(v.kernel[d])), ir.Int(v.dilation[d])))
-        tap = _b("/", tap, ir.Int(v.kernel[d]))
-    return _b("%", k, channels), tuple(offsets)
+        offsets.insert(0, _b("*", _b("%", rest, ir.Int(v.kernel[d])), ir.Int(v.dilation[d])))
+        rest = _b("/", rest, ir.Int(v.kernel[d]))
+    return _b("-", k, _b("*", tap, channels)), tuple(offsets)
 
 
 def element(v: ir.Im2colView, x: ir.TensorParam, starts, names) -> tuple:

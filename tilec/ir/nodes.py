@@ -841,6 +841,21 @@ class Kernel:
     pipeline_notes: tuple = ()  # plan-pipeline: the pipelined loops (2 or more stages) that run as plain loops,
                                 # and why, as messages: tilec.PipelineWarning at every compile, disk-cache hits
                                 # included
+    fixed: tuple = ()           # fold-consts: ((shape symbol, int), ...) fixed at compile time by an override
+                                # (tilec.compile(src, C=24), -D C=24, or a launch that needs it: runtime.host),
+                                # their values in every shape and expression since
+
+    @property
+    def fixed_text(self) -> str:
+        """The fixed shape symbols as messages and generated files say them: "C = 24"."""
+        return ", ".join(f"{n} = {v}" for n, v in self.fixed)
+
+    @property
+    def consts_text(self) -> str:
+        """The consts as the generated files' headers say them, then any fixed shape symbols."""
+        consts = ", ".join(f"{n} = {v}" for n, v in self.consts)
+        fixed = f"shape symbols fixed at compile time: {self.fixed_text}" if self.fixed else ""
+        return "; ".join(t for t in (consts, fixed) if t)
 
     def param(self, name):
         return next((p for p in self.params if p.name == name), None)

@@ -199,6 +199,8 @@ def kernel(k: ir.Kernel) -> str:
     out.append(f"kernel {k.name}({', '.join(params)}) {{")
     for c in k.consts:
         out.append(f"  const {c[0]} = {_const_value(c[1])}")
+    for name, value in k.fixed:
+        out.append(f"  fixed {name} = {value}  // a shape symbol fixed at compile time")
     if k.tune:
         where = "" if k.tune_where is None else f" where {expr(k.tune_where.cond)}"
         out.append("  tune " + ", ".join(f"{name} in ({', '.join(map(str, values))})" for name, values in k.tune)

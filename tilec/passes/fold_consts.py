@@ -17,10 +17,17 @@ MAX_STAGES = 8
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     overrides = opts.consts
     declared = {c[0] for c in k.consts}
+    params = {p.name for p in k.params}
+    symbols = []        # shape symbols: a tensor's dims that are a name, no const or parameter
+    for t in k.tensors:
+        for d in t.shape:
+            if isinstance(d, ir.Var) and d.name not in declared and d.name not in params and d.name not in symbols:
+                symbols.append(d.name)
     for name in overrides:
-        if name not in declared:
-            raise TilecError(f"kernel '{k.name}' has no const '{name}' to override"
-                             f" (its consts: {', '.join(sorted(declared)) or 'none'})")
+        if name not in declared and name not in symbols:
+            raise TilecError(f"kernel '{k.name}' has no const or shape symbol '{name}' to override"
+                             f" (its consts: {', '.join(sorted(declared)) or 'none'}; its shape symbols: "
+                             f"{', '.join(symbols) or 'none'})")
 
     # consts, in order; an override replaces the declared value
     values: dict = {}
@@ -42,15 +49,21 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         values[name] = ir.Int(v, span=span)
         consts.append((name, v))
 
+    # shape symbols fixed by an override: their value in every shape and expression
+    fixed = []
+    for name in symbols:
+        if name in overrides:
+            v = overrides[name]
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= INT_MAX:
+                raise TilecError(f"shape symbol '{name}' must be fixed to a positive integer, got {v!r}")
+            values[name] = ir.Int(v)
+            fixed.append((name, v))
+
     # names and their kinds
     kinds = {}
     for p in k.params:
         kinds[p.name] = "tensor" if isinstance(p, ir.TensorParam) else "scalar"
-    symbols = []
-    for t in k.tensors:
-        for d in t.shape:
-            if isinstance(d, ir.Var) and d.name not in values and d.name not in kinds and d.name not in symbols:
-                symbols.append(d.name)
+    symbols = [s for s in symbols if s not in values]
     for s in symbols:
         kinds[s] = "symbol"
     for g in k.grid_vars:
@@ -118,7 +131,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         raise SemanticError(f"group = {group} numbers the tiles of {group} rows (the grid's second index) "
                             "together: it needs a grid of 2 or 3 dims", k.group.span)
     body = _resolve_body(k.body, lambda e, bound: resolve(e, bound, "trunc"), {})   # device code: C++'s / and %
-    return replace(k, params=tuple(params), consts=tuple(consts), lets=tuple(lets), persistent=persistent,
+    return replace(k, params=tuple(params), consts=tuple(consts), fixed=tuple(fixed), lets=tuple(lets),
+                   persistent=persistent,
                    stream_k=stream_k, group=group,
                    requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,

@@ -20,6 +20,7 @@ from ..ir.tma import (CORNER_RANGE, MAX_BOX, MAX_CHANNELS_PER_PIXEL, MAX_ELEMENT
                       MAX_PIXELS_PER_COLUMN)
 from ..ir.exprs import divisor, fold, map_body
 from ..ir.printer import expr as show
+from .fold_consts import MAX_STAGES
 
 NAME = "plan-tma"
 
@@ -101,6 +102,9 @@ def _tap_chunked_tiles(k):
         chunked[buf.name] = chunk
     if not chunked:
         return k
+    # a rotating loop's copies of the tile (plan-pipeline made them, insert-barriers loads them) alike
+    chunked.update({ir.stage_tile(name, j): chunk for name, chunk in list(chunked.items())
+                    for j in range(1, MAX_STAGES)})
     return replace(k, buffers=tuple(replace(b, layout="cols", chunk=chunked[b.name]) if b.name in chunked else b
                                     for b in k.buffers))
 

@@ -8,7 +8,7 @@ import functools
 import numbers
 import sys
 
-from ..errors import DeviceError, LaunchError
+from ..errors import DeviceError, LaunchError, TilecError
 from ..ir.nodes import DTYPES
 from . import driver, overlap
 from .driver import check
@@ -270,10 +270,13 @@ class Call:
     """The state of one launch: its arguments, device, stream, and host copies.
     A generated host wrapper's `launch(call, *args)` reads, checks, encodes and
     launches through it. `fallback`: what runs the kernel's thread-copy variant
-    on the same arguments when a TMA rule rules a map out (None: raise)."""
+    on the same arguments when a TMA rule rules a map out (None: raise).
+    `fixed`: fixed(symbols) -> what runs the program compiled with those shape
+    symbols fixed (TmaRuleError.fix), on the same arguments (None: never)."""
 
-    def __init__(self, kernel_name, loaded, stream, writes, debug=None, fallback=None, home=None):
+    def __init__(self, kernel_name, loaded, stream, writes, debug=None, fallback=None, home=None, fixed=None):
         self.fallback = fallback
+        self.fixed = fixed
         self.home = home            # the device of the GPU tensors among the arguments (home_device)
         self.debug = debug          # debug build: (barrier names, source name), else None
         self.record = None
@@ -436,10 +439,12 @@ class Call:
             raise LaunchError(f"argument {arg.name}: dim {dim} is {got} but {symbol} = {value} "
                               f"(from {bound_from})")
 
-    def expect(self, arg, dim, value, text):
+    def expect(self, arg, dim, value, says):
+        """Dim `dim` of `arg` is declared `value`; `says`: the declaration, "{}" where the value goes."""
         got = arg.shape[dim]
         if got != value:
-            raise LaunchError(f"argument {arg.name}: dim {dim} is {got} but the declaration says {text} = {value}")
+            raise LaunchError(f"argument {arg.name}: dim {dim} is {got} but the declaration says "
+                              + says.format(value))
 
     def require(self, ok, text, values):
         if not ok:
@@ -473,11 +478,13 @@ class Call:
 
     def cuTensorMapEncodeIm2col(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
                                 pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
-                                elementStrides, interleave, swizzle, l2Promotion, oobFill):
-        """An im2col tensor map of channels-last `arg`, its rules checked first."""
+                                elementStrides, interleave, swizzle, l2Promotion, oobFill, channelSymbol=None):
+        """An im2col tensor map of channels-last `arg`, its rules checked first.
+        `channelSymbol`: the shape symbol of `arg`'s channels, where one is (not a
+        driver argument: a TmaRuleError's fix, tensormap.check_im2col)."""
         self._not_empty(arg)
         check_im2col(arg, pixelsPerColumn, channelsPerPixel, tuple(reversed(pixelBoxLowerCorner)),
-                     tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)))
+                     tuple(reversed(pixelBoxUpperCorner)), tuple(reversed(elementStrides)), channelSymbol)
         return self._encoded(encode_im2col, arg.name, tensorDataType, tensorRank, globalAddress, globalDim,
                              globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel,
                              pixelsPerColumn, elementStrides, interleave, swizzle, l2Promotion, oobFill)
@@ -519,10 +526,21 @@ class Call:
         self._finish()
 
     def fall_back(self, err, *args):
-        """Run the thread-copy variant instead (numpy copies are redone by it)."""
+        """Run the program compiled with the shape symbols the rule needs fixed, where
+        that makes the launch legal (an im2col channel count: TmaRuleError.fix), else
+        the thread-copy variant (numpy copies are redone by either)."""
         self.keep = [k for k in self.keep if isinstance(k, int)]
         self.args = [a for a in self.args if a.host is None]
         self._finish()
+        if err.fix and self.fixed is not None:
+            fixed = ", ".join(f"{n} = {v}" for n, v in err.fix.items())
+            try:
+                run = self.fixed(err.fix)
+            except TilecError as e:     # plan-gemm / plan-tma refuse it: the thread copies, or the first error
+                err = TmaRuleError(f"{err.message}; compiled with {fixed}, the kernel does not compile either "
+                                   f"({e.message})")
+            else:
+                return run(*args, stream=self.stream_arg)
         if self.fallback is None:
             raise err
         if (self.kernel_name, err.message) not in _WARNED:

@@ -16,7 +16,14 @@ from .driver import check
 
 
 class TmaRuleError(LaunchError):
-    """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead."""
+    """An argument breaks a TMA rule; the kernel's thread-copy variant can run instead.
+    `fix`: shape symbols whose values, fixed at compile time, make the launch legal
+    ({"C": 24}: the im2col loads of a program compiled for 24 channels fit the filter
+    taps), or {} where none do."""
+
+    def __init__(self, message: str, fix: dict | None = None):
+        super().__init__(message)
+        self.fix = dict(fix or {})
 
 
 def tiled_problems(dtype_size, address, shape, strides, box, element_strides, swizzle="none"):
@@ -160,10 +167,14 @@ def im2col_problems(dtype_size, address, shape, strides, lower, upper, channels_
     return out
 
 
-def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides):
-    """Raise TmaRuleError naming every rule an im2col map of `arg` would break."""
+def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, element_strides, channel_symbol=None):
+    """Raise TmaRuleError naming every rule an im2col map of `arg` would break.
+    `channel_symbol`: the shape symbol that is `arg`'s channel count, if one is:
+    where the channels are the only problem and whole 16-byte units, the error's
+    `fix` fixes that symbol (plan-gemm / plan-tma then fit the loads to the taps)."""
     channels = arg.shape[-1]
     problems = []
+    fix = {}
     if channels % channels_per_pixel:
         # channels of whole 16-byte units: declared in the header, plan-gemm / plan-tma fit the loads to them
         fit = f", or declare the {channels} channels in the kernel's header, where its loads fit the taps" \
@@ -171,10 +182,12 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
         problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one im2col "
                         "load (a TMA im2col load must not straddle two filter taps; pad the channels to a multiple "
                         f"of {channels_per_pixel}{',' if fit else ' or'} choose a K tile that divides {channels}{fit})")
-    problems += im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
-                                channels_per_pixel, pixels_per_column, element_strides)
-    if problems:
-        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems))
+        if fit and channel_symbol:
+            fix = {channel_symbol: channels}
+    others = im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
+                             channels_per_pixel, pixels_per_column, element_strides)
+    if problems or others:
+        raise TmaRuleError(f"argument {arg.name}: " + "; ".join(problems + others), {} if others else fix)
 
 
 def encode_im2col(arg_name, data_type, rank, address, global_dim, global_strides, lower_corner, upper_corner,

@@ -124,13 +124,24 @@ class InterpretedKernel(Program):
         fb = self.fallback
         return fb._launch(InterpretCall(fb.kernel_ir, None), *args)
 
+    def fixed(self, **symbols) -> "InterpretedKernel":
+        """This program with shape symbols fixed, as Kernel.fixed."""
+        return interpret(self.source, {**self._overrides, **symbols}, self._fallback_allowed, self.arch)
+
+    def _launcher(self, *args, stream=None):
+        return self._launch(InterpretCall(self.kernel_ir, self._run_fallback if self._fallback_allowed else None,
+                                          self._launcher_fixed), *args)
+
+    def _launcher_fixed(self, symbols):
+        return self.fixed(**symbols)._launcher
+
     def __call__(self, *args, stream=None):
         k = self.kernel_ir
         if len(args) != len(k.params):
             raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
                             f"({', '.join(p.name for p in k.params)}), got {len(args)}")
         host.mark_written(args, self._written_params, k.name)
-        return self._launch(InterpretCall(k, self._run_fallback if self._fallback_allowed else None), *args)
+        return self._launcher(*args)
 
     def tune_report(self, key=None) -> str:
         """What TunedKernel.tune_report() is for a GPU kernel: here that nothing
@@ -146,8 +157,9 @@ class InterpretedKernel(Program):
 
     def __repr__(self):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
+        fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
         variant = ", thread-copy variant" if not self._tma else ""
-        return f"<tilec.InterpretedKernel {self.name}({consts}) on the CPU{variant}>"
+        return f"<tilec.InterpretedKernel {self.name}({consts}{'; ' + fixed if fixed else ''}) on the CPU{variant}>"
 
     # ---- a launch: the kernel's own host wrapper, with a Call that runs the blocks
     @functools.cached_property
@@ -174,8 +186,8 @@ class InterpretCall(host.Call):
     read as numpy views, tensor maps checked but not encoded, and the launch
     running the kernel's blocks on the CPU."""
 
-    def __init__(self, k: ir.Kernel, fallback):
-        super().__init__(k.name, None, None, written_tensors(k), fallback=fallback)
+    def __init__(self, k: ir.Kernel, fallback, fixed=None):
+        super().__init__(k.name, None, None, written_tensors(k), fallback=fallback, fixed=fixed)
         self.k = k
         self.tensors, self.scalars = {}, {}
 

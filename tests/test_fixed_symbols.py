@@ -1,0 +1,183 @@
+"""Shape symbols fixed at compile time (tilec.compile(src, C=24), -D C=24:
+tests/filecheck/fixed_symbol.tile pins the IR and the wrappers), and the launch
+that fixes one itself: examples/conv2d.tile, whose channel count C is a shape
+symbol and whose K tile is 64 channels, called with 24, 96, 8 or 40 channels
+runs the program compiled for them (its im2col loads fit the filter taps, on
+TMA), not the thread-copy variant, and with fallback=False too. Channels that
+are no whole 16-byte units, or an X that breaks another rule, still run the
+thread-copy variant, with the warning. The interpreter and the GPU against
+numpy, each output in a sentinel-filled buffer."""
+import warnings
+
+import numpy as np
+import pytest
+
+import tilec
+from tilec.runtime import host
+from tilec.runtime.interpret import InterpretedKernel
+from tilec.runtime.tensormap import check_im2col
+
+from conftest import ROOT
+from guard import guarded
+from test_two_sources import on
+
+CONV = (ROOT / "examples/conv2d.tile").read_text()
+COPY2D = (ROOT / "examples/copy2d.tile").read_text()
+FIXABLE = [24, 96, 8, 40]       # chunks of 8, 32, 8, 8 channels: 16-, 64-, 16-, 16-byte rows
+
+
+def conv_problem(n, h, w, c, f, like, x_channels=None):
+    """conv2d.tile's arguments for a 3x3, pad-1 convolution of c channels (values
+    -1..1: every sum exact in f16), the guarded output and the expected result.
+    `x_channels`: X as the first c channels of a wider tensor (its pixels that far apart)."""
+    rng = np.random.default_rng(n * h * w * c + f)
+    x = rng.integers(-1, 2, (n, h, w, x_channels or c)).astype(np.float16)
+    wt = rng.integers(-1, 2, (9 * c, f)).astype(np.float16)
+    padded = np.zeros((n, h + 2, w + 2, c))
+    padded[:, 1:-1, 1:-1] = x[..., :c]
+    cols = np.concatenate([padded[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], axis=-1)
+    want = cols.reshape(n * h * w, 9 * c) @ wt.astype(np.float64)
+    x, wt = on(like, [x, wt])
+    return [x[..., :c], wt], guarded((n * h * w, f), "f16", like=like), want
+
+
+def run(k, args, y, want, like):
+    k(*args, y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want)
+
+
+def backend(like):
+    return {"backend": "interpret"} if like == "numpy" else {}
+
+
+def fixes_the_channels(like, c, fallback):
+    """conv2d.tile on c channels: no warning, the exact result, and the program
+    that ran is the one compiled for c channels, on TMA."""
+    k = tilec.compile(CONV, fallback=fallback, tune=False, **backend(like))
+    args, y, want = conv_problem(1, 5, 6, c, 64, like)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        run(k, args, y, want, like)
+    fixed = k.fixed(C=c)
+    assert fixed.kernel_ir.fixed == (("C", c),)
+    assert "im2col" in fixed.tma_table() and "channelSymbol" not in fixed.host_source
+    assert f"; C={c})" in repr(fixed)
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+@pytest.mark.parametrize("c", FIXABLE)
+def test_a_launch_fixes_the_channels_in_the_interpreter(c, fallback):
+    fixes_the_channels("numpy", c, fallback)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fallback", [True, False])
+@pytest.mark.parametrize("c", FIXABLE)
+def test_a_launch_fixes_the_channels_on_the_gpu(c, fallback):
+    fixes_the_channels("torch", c, fallback)
+
+
+@pytest.mark.gpu
+def test_the_tuned_example_fixes_the_channels_of_every_candidate():
+    """conv2d.tile as shipped (its tune statement) on 24 channels: every candidate
+    runs compiled for them (the others' programs compiled in parallel once the
+    first needed it), none on thread copies; the choice is right and fixed too."""
+    k = tilec.compile(CONV, where="BM == 128 && PRODUCER == 0 && PERSISTENT == 0")
+    args, y, want = conv_problem(2, 14, 14, 24, 64, "torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        run(k, args, y, want, "torch")
+        run(k, args, y, want, "torch")         # the tuned choice, again
+    assert k.best_config["BM"] == 128
+
+
+def test_a_channel_count_of_no_whole_16_bytes_runs_the_thread_copies():
+    """20 f16 channels are 40 bytes a pixel: no im2col load fits them, fixed or not."""
+    k = tilec.compile(CONV, backend="interpret", tune=False)
+    args, y, want = conv_problem(1, 4, 5, 20, 64, "numpy")
+    with pytest.warns(tilec.TmaFallbackWarning, match=r"argument X: 20 channels is not a multiple of the 64 "
+                      r"channels of one im2col load \(a TMA im2col load must not straddle two filter taps; pad the "
+                      r"channels to a multiple of 64 or choose a K tile that divides 20\); dim 1 stride"):
+        run(k, args, y, want, "numpy")
+    with pytest.raises(tilec.LaunchError, match="20 channels is not a multiple of the 64 channels"):
+        tilec.compile(CONV, backend="interpret", tune=False, fallback=False)(*args, y.view)
+
+
+@pytest.mark.parametrize("strides, fix", [
+    ((30 * 24, 6 * 24, 24, 1), {"C": 24}),
+    ((30 * 28, 6 * 28, 28, 1), {}),         # pixels 56 bytes apart: no tensor map describes X, C fixed or not
+])
+def test_the_fix_is_offered_only_where_the_channels_are_the_only_problem(strides, fix):
+    x = host.TensorArg("X", 0x7f0000000000, (1, 5, 6, 24), strides, "f16", 0)
+    with pytest.raises(tilec.TmaRuleError) as err:
+        check_im2col(x, 128, 64, (-1, -1), (-1, -1), (1, 1, 1, 1), channel_symbol="C")
+    assert err.value.fix == fix
+    with pytest.raises(tilec.TmaRuleError) as err:
+        check_im2col(x, 128, 64, (-1, -1), (-1, -1), (1, 1, 1, 1))    # 24 channels, declared in the header
+    assert err.value.fix == {}
+
+
+@pytest.mark.gpu
+def test_an_x_that_breaks_another_rule_runs_the_thread_copies():
+    """24 channels of a 28-channel tensor, passed as the view it is: its pixels are
+    56 bytes apart, which no tensor map describes, so fixing C would not help."""
+    k = tilec.compile(CONV, tune=False)
+    args, y, want = conv_problem(1, 4, 5, 24, 64, "torch", x_channels=28)
+    with pytest.warns(tilec.TmaFallbackWarning, match=r"24 channels is not a multiple of the 64 channels .*; "
+                      r"dim 2 stride 56 bytes is not a multiple of 16"):
+        run(k, args, y, want, "torch")
+
+
+def test_a_fixed_program_that_does_not_compile_runs_the_thread_copies(monkeypatch):
+    def refuse(self, **symbols):
+        raise tilec.TilecError("refused here")
+    monkeypatch.setattr(InterpretedKernel, "fixed", refuse)
+    k = tilec.compile(CONV, backend="interpret", tune=False)
+    args, y, want = conv_problem(1, 4, 5, 24, 64, "numpy")
+    with pytest.warns(tilec.TmaFallbackWarning, match=r"choose a K tile that divides 24, or declare the 24 channels "
+                      r"in the kernel's header, where its loads fit the taps\); compiled with C = 24, the kernel does "
+                      r"not compile either \(refused here\): TMA cannot copy it"):
+        run(k, args, y, want, "numpy")
+    with pytest.raises(tilec.LaunchError, match=r"compiled with C = 24, the kernel does not compile either"):
+        tilec.compile(CONV, backend="interpret", tune=False, fallback=False)(*args, y.view)
+
+
+def test_a_fixed_symbol_is_checked_at_launch():
+    k = tilec.compile(COPY2D, backend="interpret", N=48)
+    a = np.arange(6 * 48, dtype=np.float32).reshape(6, 48)
+    b = guarded((6, 48), "f32", like="numpy")
+    k(a, b.view)
+    b.check()
+    assert np.array_equal(b.view, a)
+    with pytest.raises(tilec.LaunchError) as err:
+        k(a[:, :40], b.view[:, :40])
+    assert err.value.message == "argument A: dim 1 is 40 but the declaration says 48 (compiled with N = 48)"
+    assert repr(k).endswith("(BM=64, BN=128; N=48) on the CPU>")
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, "shape symbol 'N' must be fixed to a positive integer, got 0"),
+    (True, "shape symbol 'N' must be fixed to a positive integer, got True"),
+    (2**63, "shape symbol 'N' must be fixed to a positive integer, got 9223372036854775808"),
+])
+def test_a_shape_symbol_is_fixed_to_a_positive_integer(value, message):
+    with pytest.raises(tilec.TilecError) as err:
+        tilec.compile(COPY2D, backend="interpret", N=value)
+    assert err.value.message == message
+
+
+def test_the_tuned_example_with_its_channels_fixed_by_the_caller():
+    """tilec.compile(conv2d.tile, C=24): the tune statement's kernel, for 24 channels only."""
+    k = tilec.compile(CONV, backend="interpret", C=24)
+    assert k.kernel_ir.fixed == (("C", 24),)
+    args, y, want = conv_problem(1, 3, 4, 24, 64, "numpy")
+    run(k, args, y, want, "numpy")
+    args, y, want = conv_problem(1, 3, 4, 16, 64, "numpy")
+    with pytest.raises(tilec.LaunchError, match=r"argument X: dim 3 is 16 but the declaration says 24 \(compiled "
+                                                r"with C = 24\)"):
+        k(*args, y.view)
