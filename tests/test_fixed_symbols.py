@@ -96,16 +96,23 @@ def test_the_tuned_example_fixes_the_channels_of_every_candidate():
     assert k.best_config["BM"] == 128
 
 
+def runs_the_thread_copies(c, warning, error):
+    """conv2d.tile on c channels in the interpreter: the thread-copy variant runs,
+    warning `warning` (a regular expression), and without it the launch raises `error`."""
+    k = tilec.compile(CONV, backend="interpret", tune=False)
+    args, y, want = conv_problem(1, 4, 5, c, 64, "numpy")
+    with pytest.warns(tilec.TmaFallbackWarning, match=warning):
+        run(k, args, y, want, "numpy")
+    with pytest.raises(tilec.LaunchError, match=error):
+        tilec.compile(CONV, backend="interpret", tune=False, fallback=False)(*args, y.view)
+
+
 def test_a_channel_count_of_no_whole_16_bytes_runs_the_thread_copies():
     """20 f16 channels are 40 bytes a pixel: no im2col load fits them, fixed or not."""
-    k = tilec.compile(CONV, backend="interpret", tune=False)
-    args, y, want = conv_problem(1, 4, 5, 20, 64, "numpy")
-    with pytest.warns(tilec.TmaFallbackWarning, match=r"argument X: 20 channels is not a multiple of the 64 "
-                      r"channels of one im2col load \(a TMA im2col load must not straddle two filter taps; pad the "
-                      r"channels to a multiple of 64 or choose a K tile that divides 20\); dim 1 stride"):
-        run(k, args, y, want, "numpy")
-    with pytest.raises(tilec.LaunchError, match="20 channels is not a multiple of the 64 channels"):
-        tilec.compile(CONV, backend="interpret", tune=False, fallback=False)(*args, y.view)
+    runs_the_thread_copies(20, r"argument X: 20 channels is not a multiple of the 64 channels of one im2col load "
+                               r"\(a TMA im2col load must not straddle two filter taps; pad the channels to a "
+                               r"multiple of 64 or choose a K tile that divides 20\); dim 1 stride",
+                           "20 channels is not a multiple of the 64 channels")
 
 
 @pytest.mark.parametrize("strides, fix", [
@@ -137,14 +144,10 @@ def test_a_fixed_program_that_does_not_compile_runs_the_thread_copies(monkeypatc
     def refuse(self, **symbols):
         raise tilec.TilecError("refused here")
     monkeypatch.setattr(InterpretedKernel, "fixed", refuse)
-    k = tilec.compile(CONV, backend="interpret", tune=False)
-    args, y, want = conv_problem(1, 4, 5, 24, 64, "numpy")
-    with pytest.warns(tilec.TmaFallbackWarning, match=r"choose a K tile that divides 24, or declare the 24 channels "
-                      r"in the kernel's header, where its loads fit the taps\); compiled with C = 24, the kernel does "
-                      r"not compile either \(refused here\): TMA cannot copy it"):
-        run(k, args, y, want, "numpy")
-    with pytest.raises(tilec.LaunchError, match=r"compiled with C = 24, the kernel does not compile either"):
-        tilec.compile(CONV, backend="interpret", tune=False, fallback=False)(*args, y.view)
+    runs_the_thread_copies(24, r"choose a K tile that divides 24, or declare the 24 channels in the kernel's header, "
+                               r"where its loads fit the taps\); compiled with C = 24, the kernel does not compile "
+                               r"either \(refused here\): TMA cannot copy it",
+                           "compiled with C = 24, the kernel does not compile either")
 
 
 def test_a_fixed_symbol_is_checked_at_launch():
