@@ -19,7 +19,7 @@ from tilec.runtime.tensormap import check_im2col
 
 from conftest import ROOT
 from guard import guarded
-from test_two_sources import on
+from test_two_sources import VIEWS, im2col, on
 
 CONV = (ROOT / "examples/conv2d.tile").read_text()
 COPY2D = (ROOT / "examples/copy2d.tile").read_text()
@@ -184,3 +184,34 @@ def test_the_tuned_example_with_its_channels_fixed_by_the_caller():
     with pytest.raises(tilec.LaunchError, match=r"argument X: dim 3 is 16 but the declaration says 24 \(compiled "
                                                 r"with C = 24\)"):
         k(*args, y.view)
+
+
+# two convolutions summed into one accumulator, their channel counts shape symbols
+TWO = VIEWS.replace("const C1 = 16, C2 = 16, ", "const ")
+
+
+def two_problem(c1, c2, like):
+    rng = np.random.default_rng(c1 * c2)
+    x, z = (rng.integers(-2, 3, (2, 5, 6, c)).astype(np.float16) for c in (c1, c2))
+    wt, vt = (rng.integers(-2, 3, (9 * c, 64)).astype(np.float16) for c in (c1, c2))
+    want = im2col(x) @ wt.astype(np.float64) + im2col(z) @ vt.astype(np.float64)
+    return on(like, [x, z, wt, vt]), guarded((60, 64), "f32", like=like), want
+
+
+def fixes_both(like):
+    """24 and 40 channels: the launch fixes C1, whose program's launch fixes C2."""
+    k = tilec.compile(TWO, fallback=False, **backend(like))
+    args, y, want = two_problem(24, 40, like)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        run(k, args, y, want, like)
+    assert k.fixed(C1=24).fixed(C2=40).kernel_ir.fixed == (("C1", 24), ("C2", 40))
+
+
+def test_a_launch_fixes_two_views_channels_in_the_interpreter():
+    fixes_both("numpy")
+
+
+@pytest.mark.gpu
+def test_a_launch_fixes_two_views_channels_on_the_gpu():
+    fixes_both("torch")
