@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tilec
+from tilec.kernel import Kernel
 from tilec.runtime import host
 from tilec.runtime.interpret import InterpretedKernel
 from tilec.runtime.tensormap import check_im2col
@@ -215,3 +216,29 @@ def test_a_launch_fixes_two_views_channels_in_the_interpreter():
 @pytest.mark.gpu
 def test_a_launch_fixes_two_views_channels_on_the_gpu():
     fixes_both("torch")
+
+
+def test_a_call_with_channels_fixed_before_goes_straight_to_that_program(monkeypatch):
+    """The GPU backend's Kernel (nothing launches here: the wrapper and the fixed
+    program are stood in): once a launch fixed C = 24, a call with 24 channels
+    runs k.fixed(C=24) at once, not the wrapper whose im2col check would fail
+    first; a call with other channels runs the wrapper."""
+    k = tilec.compile(CONV, arch="sm_90a", tune=False)
+    assert k._fixable == {"C": (0, 3)}
+    monkeypatch.setattr(k, "_fixes", [])
+    calls = []
+
+    class Fixed:
+        def _launcher(self, *args, stream=None):
+            calls.append(("fixed", args[0].shape[3]))
+    monkeypatch.setattr(Kernel, "fixed", lambda self, **symbols: Fixed())
+    monkeypatch.setattr(Kernel, "_call", lambda self, stream, fallback, args: None)
+    monkeypatch.setattr(Kernel, "_launch", property(lambda self: lambda call, *args: calls.append(
+        ("wrapper", args[0].shape[3]))))
+    x24, x32 = np.zeros((1, 5, 6, 24), np.float16), np.zeros((1, 5, 6, 32), np.float16)
+    k._launcher(x24, None, None)
+    k._launcher_fixed({"C": 24})(x24, None, None)      # what Call.fall_back does after the wrapper's check
+    k._launcher(x24, None, None)
+    k._launcher(x32, None, None)
+    assert calls == [("wrapper", 24), ("fixed", 24), ("fixed", 24), ("wrapper", 32)]
+    assert k._fixes == [{"C": 24}] and k.last_fix == {"C": 24}

@@ -44,6 +44,7 @@ class Kernel(Program):
         self._load_lock = threading.Lock()
         self._prepared = {}         # launch key -> runtime.host.Prepared
         self.last_fix = {}          # the shape symbols the last launch that needed them fixed (_launcher_fixed)
+        self._fixes = []            # every such {symbol: value} so far: a call with them goes straight there
         disk_key = _disk_key(source, self._overrides, arch, tma, debug)
         hit = None if built is not None else cache.load(disk_key)
         self.from_disk_cache = hit is not None
@@ -79,7 +80,8 @@ class Kernel(Program):
             namespace = {}
             exec(self._host_code_object(), namespace)
             launch, writes = namespace["launch"], namespace["WRITES"]
-            w = self._wrapper = (launch, writes, namespace.get("DEBUG"), host.written_params(launch, writes))
+            w = self._wrapper = (launch, writes, namespace.get("DEBUG"), host.written_params(launch, writes),
+                                 namespace.get("FIXABLE", {}))
         return w
 
     def _host_code_object(self):
@@ -108,6 +110,11 @@ class Kernel(Program):
     def _written_params(self):
         """((position, name), ...) of the tensors the kernel writes (host.mark_written)."""
         return self._host()[3]
+
+    @property
+    def _fixable(self):
+        """{shape symbol: (argument, dim)}: the symbols a launch may fix, where each is read."""
+        return self._host()[4]
 
     # ---- inspection
     @property
@@ -160,12 +167,20 @@ class Kernel(Program):
                          home=host.home_device(args), fixed=self._launcher_fixed)
 
     def _launcher(self, *args, stream=None):
-        """Launch `args` (checked by the caller's __call__), as a fall-back target does."""
+        """Launch `args` (checked by the caller's __call__), as a fall-back target does:
+        where an earlier launch fixed shape symbols to the values these arguments
+        have, that program at once (its wrapper checks the arguments), else this one."""
+        for fix in self._fixes:
+            if _has(args, fix, self._fixable):
+                return self._launcher_fixed(fix)(*args, stream=stream)
         return self._launch(self._call(stream, self._run_fallback if self._fallback_allowed else None, args), *args)
 
     def _launcher_fixed(self, symbols):
         self.last_fix = dict(symbols)       # autotuning compiles the other candidates' fixed programs at once
-        return self.fixed(**symbols)._launcher
+        run = self.fixed(**symbols)._launcher
+        if symbols not in self._fixes:
+            self._fixes.append(dict(symbols))
+        return run
 
     def _run_fallback(self, *args, stream=None):
         fb = self.fallback
@@ -210,6 +225,15 @@ class Kernel(Program):
         consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
         fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
         return f"<tilec.Kernel {self.name}({consts}{'; ' + fixed if fixed else ''}) for {self.arch}>"
+
+
+def _has(args, symbols: dict, where: dict) -> bool:
+    """Whether `args` have these shape symbols' values, each read at where[symbol]
+    = (argument, dim) (an argument without a shape: no)."""
+    try:
+        return all(args[where[s][0]].shape[where[s][1]] == v for s, v in symbols.items())
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return False
 
 
 def _compile_host(host_source: str, name: str):

@@ -50,6 +50,13 @@ def _tuple(values) -> str:
     return repr(tuple(reversed(values)))
 
 
+def _channel_symbol(k: ir.Kernel, t: ir.TensorMap):
+    """The shape symbol that is an im2col map's channel count, if one is: its value
+    may break the load's rule where a fixed one would not (runtime.host.Call.fall_back)."""
+    channels = k.param(t.tensor).shape[-1]
+    return channels.name if t.kind == "im2col" and isinstance(channels, ir.Var) else None
+
+
 def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
     """One tensor map's encode call: the driver's argument names and values."""
     x = k.param(t.tensor)
@@ -61,9 +68,8 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
               ("oobFill", '"NONE"')]
     if t.kind == "im2col":
         v = next(v for v in k.views if v.tensor == x.name)
-        # a symbol's channel count may break the load's rule where a fixed one would not (runtime.host)
-        channels = x.shape[-1]
-        symbol = [("channelSymbol", f'"{channels.name}"')] if isinstance(channels, ir.Var) else []
+        symbol = _channel_symbol(k, t)
+        symbol = [("channelSymbol", f'"{symbol}"')] if symbol else []
         return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeIm2col",
                     comment=[f"{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
                              f"per load (copies at {where})"],
@@ -121,6 +127,8 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     if overlaps:
         checks.append("call.check_overlaps(IN_PLACE)")     # after the shapes: their errors say more
     params = kernel_params(k, debug)
+    at = {b.symbol: ([p.name for p in k.params].index(b.tensor), b.dim) for b in bound}
+    fixable = {s: at[s] for s in (_channel_symbol(k, t) for t in k.tensor_maps) if s}
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
                                                     if isinstance(p, ir.TensorParam) else "")
                     for p in k.params) + (f"; compiled with {k.fixed_text}" if k.fixed else "")
@@ -131,5 +139,5 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         barrier_names=tuple(b.name for b in k.barriers), signature=", ".join(p.name for p in k.params),
         arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent), balanced=balanced_grid(k),
         stream_k=bool(k.stream_k), grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
-        maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"],
+        maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"], fixable=fixable,
         params=[p.name if p.kind == "tensor_map" else _param(k, p) for p in params])
