@@ -135,7 +135,7 @@ def exported(tmp_path_factory):
     """name -> (directory, tilec.Kernel) of each example's export (with its
     thread-copy variant), plus copy2d exported with --no-fallback as copy2d_strict
     and gemm.tile persistent with a stream-K schedule (STREAM_K_GEMM) as gemm_sk,
-    without one as gemm_pe."""
+    without one as gemm_pe, and conv2d.tile with C fixed to 24 as conv2d_c24."""
     out = {}
     for name in EXAMPLES + list(PROGRAMS):
         d = tmp_path_factory.mktemp(name)
@@ -146,9 +146,10 @@ def exported(tmp_path_factory):
     k = tilec.compile(str(ROOT / "examples" / "copy2d.tile"), arch="sm_90a", debug=False, fallback=False)
     tilec_export.generate(k, fallback=False).write(d)
     out["copy2d_strict"] = (d, k)
-    for name, consts in (("gemm_sk", STREAM_K_GEMM), ("gemm_pe", dict(STREAM_K_GEMM, STREAM_K=0))):
+    for name, consts in (("gemm_sk", STREAM_K_GEMM), ("gemm_pe", dict(STREAM_K_GEMM, STREAM_K=0)),
+                         ("conv2d_c24", {"C": 24})):
         d = tmp_path_factory.mktemp(name)
-        k = compile_kernel("gemm", **consts)
+        k = compile_kernel(name.partition("_")[0], **consts)
         tilec_export.generate(k).write(d)
         out[name] = (d, k)
     return out
@@ -1089,6 +1090,9 @@ BAD = {
                                       t(0x7f0000200000, (300,))], 1,
                            "arguments RowSum and RowMax are one tensor (the same memory, shape and strides), and the "
                            "kernel writes both: their writes would race: pass separate tensors"),
+    "fixed symbol": ("conv2d_c24", [t(0x7f0000000000, (2, 9, 10, 32)), t(0x7f0000100000, (288, 128)),
+                                    t(0x7f0000200000, (180, 128))], 1,
+                     "argument X: dim 3 is 32 but the declaration says 24 (compiled with C = 24)"),
     "conv2d channels": ("conv2d", [t(0x7f0000000000, (2, 9, 10, 72)), t(0x7f0000100000, (648, 128)),
                                    t(0x7f0000200000, (180, 128))], 2,
                         "72 channels is not a multiple of the 64 channels of one im2col load"),
