@@ -966,6 +966,36 @@ t.tile:6:5: error: the TMA box's inner dimension is 2 x 4 = 8 bytes; TMA needs a
     ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~"""
 
 
+REQUIRES = """\
+kernel r(A: f32[M, C], B: f32[M, C]) {
+    const BN = 64;
+    require C % 8 == 0 && BN % 64 == 0;
+    grid (bx, by) = (cdiv(C, BN), cdiv(M, 64));
+    threads 128;
+    shared s: f32[64, BN];
+    copy(A[by * 64, bx * BN], s);
+    copy(s, B[by * 64, bx * BN]);
+}
+"""
+
+
+@pytest.mark.parametrize("consts, shown", [({"BN": 32}, "BN = 32"), ({"C": 20}, "BN = 64, C = 20"),
+                                           ({"C": 20, "BN": 32}, "BN = 32, C = 20")])
+def test_a_require_the_consts_make_false_is_an_error_at_its_line(consts, shown):
+    """A require that the consts (or shape symbols fixed at compile time) decide
+    false would fail every launch: said at compile time, at its line."""
+    assert str(error_of(REQUIRES, consts)) == f"""\
+t.tile:3:5: error: require C % 8 == 0 && BN % 64 == 0 is false for every launch ({shown})
+    require C % 8 == 0 && BN % 64 == 0;
+    ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~"""
+
+
+def test_a_require_the_consts_make_true_is_not_checked_at_launch():
+    k = lower(Source("t.tile", REQUIRES), {"C": 24}).kernel
+    assert k.requires == ()
+    assert [r.text for r in lower(Source("t.tile", REQUIRES)).kernel.requires] == ["C % 8 == 0 && BN % 64 == 0"]
+
+
 def test_override_that_is_not_an_integer():
     err = error_of(COPY2D, {"BM": "64"})
     assert str(err) == "error: const 'BM' must be an integer, got '64'"

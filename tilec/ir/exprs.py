@@ -244,6 +244,10 @@ def fold(e, division: str = "floor"):
             if x.op in ("*", "/", "%") and isinstance(x.lhs, ir.Int) and x.lhs.value == 0 or \
                     x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 0:
                 return ir.Int(0, span=x.span)
+            # a && 0, a || 1: decided by the literal (the expressions have no side effects)
+            if x.op in ("&&", "||") and any(isinstance(y, ir.Int) and bool(y.value) == (x.op == "||")
+                                             for y in (x.lhs, x.rhs)):
+                return ir.Int(int(x.op == "||"), span=x.span)
             if x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
                 return x.lhs
             if x.op == "*" and isinstance(x.lhs, ir.Int) and x.lhs.value == 1:

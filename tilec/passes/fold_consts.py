@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, map_expr, map_stmt_exprs, substitute,
-                        substitute_body)
+from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, free_names, map_expr, map_stmt_exprs,
+                        substitute, substitute_body)
 
 NAME = "fold-consts"
 
@@ -131,10 +131,20 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         raise SemanticError(f"group = {group} numbers the tiles of {group} rows (the grid's second index) "
                             "together: it needs a grid of 2 or 3 dims", k.group.span)
     body = _resolve_body(k.body, lambda e, bound: resolve(e, bound, "trunc"), {})   # device code: C++'s / and %
+    requires = []
+    for r in k.requires:
+        cond = resolve(r.cond, {})
+        if isinstance(cond, ir.Int):    # decided by the consts (and fixed symbols): now, not at every launch
+            if cond.value == 0:
+                shown = ", ".join(f"{n} = {values[n].value}" for n in sorted(free_names(r.cond)) if n in values)
+                raise SemanticError(f"require {r.text} is false for every launch" + (f" ({shown})" if shown else ""),
+                                    r.span)
+            continue
+        requires.append(replace(r, cond=cond))
     return replace(k, params=tuple(params), consts=tuple(consts), fixed=tuple(fixed), lets=tuple(lets),
                    persistent=persistent,
                    stream_k=stream_k, group=group,
-                   requires=tuple(replace(r, cond=resolve(r.cond, {})) for r in k.requires),
+                   requires=tuple(requires),
                    grid=tuple(resolve(g, {}) for g in k.grid), threads=threads,
                    buffers=tuple(buffers), body=body)
 
