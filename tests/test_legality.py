@@ -262,3 +262,19 @@ kernel k(A: {dt}[M, N]) {{
         assert err.span.line == 6 and start <= err.span.col < start + len(coord)     # the caret is on it
     else:
         assert aligned, f"BN = {bn} with {dt} was accepted"
+
+
+@pytest.mark.parametrize("e, want", [
+    (ir.BinOp("*", ir.Int(0), ir.Var("C", "symbol")), ir.Int(0)),
+    (ir.BinOp("/", ir.Int(0), ir.BinOp("+", ir.Var("k", "loop"), ir.Var("C", "symbol"))), ir.Int(0)),
+    (ir.BinOp("%", ir.Int(0), ir.Var("C", "symbol")), ir.Int(0)),
+    (ir.BinOp("*", ir.Var("bx", "block"), ir.Int(0)), ir.Int(0)),
+    # a float may be Inf or NaN (0 * Inf is NaN), and 0 / 0.0 is NaN: kept
+    (ir.BinOp("*", ir.Int(0), ir.Var("alpha", "scalar")), None),
+    (ir.BinOp("/", ir.Int(0), ir.Var("alpha", "scalar")), None),
+    (ir.BinOp("&&", ir.BinOp("==", ir.Var("C", "symbol"), ir.Int(8)), ir.Int(0)), ir.Int(0)),
+    (ir.BinOp("||", ir.Int(3), ir.Var("alpha", "scalar")), ir.Int(1)),
+    (ir.BinOp("&&", ir.Var("C", "symbol"), ir.Int(1)), None),
+])
+def test_folding_a_zero_or_a_decided_condition(e, want):
+    assert fold(e) == (e if want is None else want)

@@ -214,6 +214,20 @@ DIVISIONS = {"floor": {"/": INT_BINOPS["/"], "%": INT_BINOPS["%"]},
              "trunc": {"/": _trunc_div, "%": lambda a, b: a - b * _trunc_div(a, b)}}
 
 
+def _integral(e) -> bool:
+    """Provably an integer: literals, and names of the integer kinds (shape symbols,
+    consts, loop, lane and block indices) under integer arithmetic."""
+    if isinstance(e, ir.Int):
+        return True
+    if isinstance(e, ir.Var):
+        return e.kind in ("symbol", "const", "loop", "lane", "block")
+    if isinstance(e, ir.BinOp):
+        return e.op in ("+", "-", "*", "/", "%") and _integral(e.lhs) and _integral(e.rhs)
+    if isinstance(e, ir.Call):
+        return e.func in INT_CALLS and all(_integral(a) for a in e.args)
+    return isinstance(e, ir.UnaryOp) and e.op == "-" and _integral(e.operand)
+
+
 def fold(e, division: str = "floor"):
     """Constant-fold integer arithmetic. `division` says what `/` and `%` of constants
     are: "floor" where the host computes them (consts, the grid, require, shapes;
@@ -239,10 +253,10 @@ def fold(e, division: str = "floor"):
         if isinstance(x, ir.BinOp) and x.op in ("/", "%") and isinstance(x.rhs, ir.Int) and x.rhs.value == 1:
             return x.lhs if x.op == "/" else ir.Int(0, span=x.span)
         if isinstance(x, ir.BinOp):
-            # x * 1, x + 0, 0 * x, 0 / x: keep generated index math short (0 / x is 0 for the x = 0 of an
-            # empty tensor too, which launches nothing)
-            if x.op in ("*", "/", "%") and isinstance(x.lhs, ir.Int) and x.lhs.value == 0 or \
-                    x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 0:
+            # x * 1, x + 0, and of integers 0 * x, 0 / x: keep generated index math short (0 / x is 0 for
+            # the x = 0 of an empty tensor too, which launches nothing; a float's 0 * x is NaN for an Inf x)
+            if (x.op in ("*", "/", "%") and isinstance(x.lhs, ir.Int) and x.lhs.value == 0 and _integral(x.rhs)) or \
+                    (x.op == "*" and isinstance(x.rhs, ir.Int) and x.rhs.value == 0 and _integral(x.lhs)):
                 return ir.Int(0, span=x.span)
             # a && 0, a || 1: decided by the literal (the expressions have no side effects)
             if x.op in ("&&", "||") and any(isinstance(y, ir.Int) and bool(y.value) == (x.op == "||")
