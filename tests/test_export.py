@@ -1052,7 +1052,7 @@ BAD = {
     "im2col channels": ("im2col", [t(0x7f0000000000, (2, 9, 10, 32)), t(0x7f0000100000, (180, 288))], 2,
                         "argument X: 32 channels is not a multiple of the 64 channels of one im2col load (a TMA "
                         "im2col load must not straddle two filter taps; pad the channels to a multiple of 64, choose "
-                        "a K tile that divides 32, or declare the 32 channels in the kernel's header, where its "
+                        "a K tile that divides 32, or compile the kernel with C = 32 fixed (-D C=32), where its "
                         "loads fit the taps)"),
     "im2col channels of 8 bytes": ("im2col", [t(0x7f0000000000, (2, 9, 10, 4)), t(0x7f0000100000, (180, 36))], 2,
                                    "argument X: 4 channels is not a multiple of the 64 channels of one im2col load "

@@ -145,7 +145,7 @@ def test_a_fixed_program_that_does_not_compile_runs_the_thread_copies(monkeypatc
     def refuse(self, **symbols):
         raise tilec.TilecError("refused here")
     monkeypatch.setattr(InterpretedKernel, "fixed", refuse)
-    runs_the_thread_copies(24, r"choose a K tile that divides 24, or declare the 24 channels in the kernel's header, "
+    runs_the_thread_copies(24, r"choose a K tile that divides 24, or compile the kernel with C = 24 fixed \(-D C=24\), "
                                r"where its loads fit the taps\); compiled with C = 24, the kernel does not compile "
                                r"either \(refused here\): TMA cannot copy it",
                            "compiled with C = 24, the kernel does not compile either")

@@ -49,6 +49,13 @@ def shape_bindings(k: ir.Kernel) -> tuple:
     return binds, checks
 
 
+def channel_symbol(k: ir.Kernel, t: ir.TensorMap):
+    """The shape symbol that is an im2col map's channel count, if one is: its value
+    may break the load's rule where a fixed one would not (runtime.host.Call.fall_back)."""
+    channels = k.param(t.tensor).shape[-1]
+    return channels.name if t.kind == "im2col" and isinstance(channels, ir.Var) else None
+
+
 def _says(k: ir.Kernel, e: ir.Expr) -> str:
     """A declared dim as its check's message says it: "9 * C = {}", or a number
     alone, with the shape symbols fixed at compile time where the kernel has any."""

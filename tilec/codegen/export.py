@@ -21,7 +21,8 @@ from ..ir.exprs import free_names
 from ..ir.printer import binary
 from ..ir.printer import expr as tile_expr
 from ..runtime import tensormap
-from .abi import WORKSPACE_FLAG_BYTES, balanced_grid, kernel_params, shape_bindings, workspace_bytes_per_block
+from .abi import (WORKSPACE_FLAG_BYTES, balanced_grid, channel_symbol, kernel_params, shape_bindings,
+                  workspace_bytes_per_block)
 from .cuda import _env
 
 # Scalar parameters by value: the kernel's own parameter type, bit for bit
@@ -209,6 +210,8 @@ def _map_decl(k: ir.Kernel, t: ir.TensorMap, rounded: bool) -> _MapDecl:
             (str(len(p.shape)), "rank")]
     tail = [(SWIZZLE_ENUM[t.swizzle], "swizzle"), (L2_ENUM[t.l2_promotion], "L2 promotion")]
     if t.kind == "im2col":
+        symbol = channel_symbol(k, t)
+        tail.append((_c_string(symbol) if symbol else "nullptr", "the shape symbol of the channels, where one is"))
         body = [(str(t.box[0]), "pixels per column (rows of the tile)"),
                 (str(t.box[1]), "channels per pixel (columns of the tile)"),
                 ("{" + ", ".join(map(str, t.lower_corner)) + "}", "pixel box lower corner, per spatial dim"),

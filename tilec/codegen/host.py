@@ -6,7 +6,7 @@ from ..ir import nodes as ir
 from ..ir.effects import written_tensors
 from ..ir.exprs import free_names
 from ..ir.printer import binary, expr as tile_expr
-from .abi import balanced_grid, kernel_params, shape_bindings, workspace_bytes_per_block
+from .abi import balanced_grid, channel_symbol, kernel_params, shape_bindings, workspace_bytes_per_block
 from .cuda import _env
 
 _PY_OPS = {"/": "//", "&&": "and", "||": "or"}
@@ -50,13 +50,6 @@ def _tuple(values) -> str:
     return repr(tuple(reversed(values)))
 
 
-def _channel_symbol(k: ir.Kernel, t: ir.TensorMap):
-    """The shape symbol that is an im2col map's channel count, if one is: its value
-    may break the load's rule where a fixed one would not (runtime.host.Call.fall_back)."""
-    channels = k.param(t.tensor).shape[-1]
-    return channels.name if t.kind == "im2col" and isinstance(channels, ir.Var) else None
-
-
 def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
     """One tensor map's encode call: the driver's argument names and values."""
     x = k.param(t.tensor)
@@ -68,7 +61,7 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
               ("oobFill", '"NONE"')]
     if t.kind == "im2col":
         v = next(v for v in k.views if v.tensor == x.name)
-        symbol = _channel_symbol(k, t)
+        symbol = channel_symbol(k, t)
         symbol = [("channelSymbol", f'"{symbol}"')] if symbol else []
         return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeIm2col",
                     comment=[f"{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
@@ -128,7 +121,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         checks.append("call.check_overlaps(IN_PLACE)")     # after the shapes: their errors say more
     params = kernel_params(k, debug)
     at = {b.symbol: ([p.name for p in k.params].index(b.tensor), b.dim) for b in bound}
-    fixable = {s: at[s] for s in (_channel_symbol(k, t) for t in k.tensor_maps) if s}
+    fixable = {s: at[s] for s in (channel_symbol(k, t) for t in k.tensor_maps) if s}
     doc = ", ".join(f"{p.name}: {p.dtype.name}" + (f"[{', '.join(tile_expr(d) for d in p.shape)}]"
                                                     if isinstance(p, ir.TensorParam) else "")
                     for p in k.params) + (f"; compiled with {k.fixed_text}" if k.fixed else "")

@@ -176,9 +176,11 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
     problems = []
     fix = {}
     if channels % channels_per_pixel:
-        # channels of whole 16-byte units: declared in the header, plan-gemm / plan-tma fit the loads to them
-        fit = f", or declare the {channels} channels in the kernel's header, where its loads fit the taps" \
-            if channels * DTYPES[arg.dtype].size % 16 == 0 else ""
+        # channels of whole 16-byte units: fixed at compile time, plan-gemm / plan-tma fit the loads to them
+        fit = "" if channels * DTYPES[arg.dtype].size % 16 else \
+            f", or compile the kernel with {channel_symbol} = {channels} fixed (-D {channel_symbol}={channels}), " \
+            "where its loads fit the taps" if channel_symbol else \
+            f", or declare the {channels} channels in the kernel's header, where its loads fit the taps"
         problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one im2col "
                         "load (a TMA im2col load must not straddle two filter taps; pad the channels to a multiple "
                         f"of {channels_per_pixel}{',' if fit else ' or'} choose a K tile that divides {channels}{fit})")
