@@ -125,6 +125,9 @@ def test_the_fix_is_offered_only_where_the_channels_are_the_only_problem(strides
     with pytest.raises(tilec.TmaRuleError) as err:
         check_im2col(x, 128, 64, (-1, -1), (-1, -1), (1, 1, 1, 1), channel_symbol="C")
     assert err.value.fix == fix
+    assert err.value.message.endswith("where its loads fit the taps)" if fix else
+                                      "); row stride 56 bytes is not a multiple of 16 (TMA requires 16-byte aligned "
+                                      "strides)")
     with pytest.raises(tilec.TmaRuleError) as err:
         check_im2col(x, 128, 64, (-1, -1), (-1, -1), (1, 1, 1, 1))    # 24 channels, declared in the header
     assert err.value.fix == {}
@@ -137,7 +140,7 @@ def test_an_x_that_breaks_another_rule_runs_the_thread_copies():
     k = tilec.compile(CONV, tune=False)
     args, y, want = conv_problem(1, 4, 5, 24, 64, "torch", x_channels=28)
     with pytest.warns(tilec.TmaFallbackWarning, match=r"24 channels is not a multiple of the 64 channels .*; "
-                      r"dim 2 stride 56 bytes is not a multiple of 16"):
+                      r"row stride 56 bytes is not a multiple of 16"):
         run(k, args, y, want, "torch")
 
 
