@@ -84,6 +84,12 @@ class Program:
         from .codegen.report import tma_table
         return tma_table(self._lowered.kernel)
 
+    def _settings(self) -> str:
+        """The consts, then any shape symbols fixed by the overrides, as repr() shows them."""
+        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
+        fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
+        return consts + (f"; {fixed}" if fixed else "")
+
 
 @dataclass
 class Lowered:

@@ -222,9 +222,7 @@ class Kernel(Program):
         return tilec_torch.op(self, mutates)
 
     def __repr__(self):
-        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
-        fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
-        return f"<tilec.Kernel {self.name}({consts}{'; ' + fixed if fixed else ''}) for {self.arch}>"
+        return f"<tilec.Kernel {self.name}({self._settings()}) for {self.arch}>"
 
 
 def _has(args, symbols: dict, where: dict) -> bool:

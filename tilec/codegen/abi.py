@@ -32,7 +32,6 @@ class DimCheck:
     says: str = ""      # (bound_from "") what its message says the declaration is, "{}" where the value goes
 
 
-
 def shape_bindings(k: ir.Kernel) -> tuple:
     """(binds, checks) in argument order: a symbol is bound by its first bare
     appearance in a tensor's shape and checked everywhere else."""

@@ -4,6 +4,8 @@
 (tap_0, ..., tap_last, c), channel fastest."""
 from __future__ import annotations
 
+import math
+
 from . import nodes as ir
 from .exprs import fold
 
@@ -36,11 +38,8 @@ def column(v: ir.Im2colView, x: ir.TensorParam, k) -> tuple:
     C or more of the last tap: outside X, so a TMA load reads zeros there, as the
     thread copies do, not another tap's channels."""
     channels = x.shape[-1]
-    taps = 1
-    for n in v.kernel:
-        taps *= n
-    first = taps == 1 or k == ir.Int(0)
-    tap = ir.Int(0) if first else fold(ir.Call("min", (_b("/", k, channels), ir.Int(taps - 1))))
+    taps = math.prod(v.kernel)
+    tap = ir.Int(0) if taps == 1 else fold(ir.Call("min", (_b("/", k, channels), ir.Int(taps - 1))))
     offsets, rest = [], tap
     for d in reversed(range(len(v.kernel))):
         offsets.insert(0, _b("*", _b("%", rest, ir.Int(v.kernel[d])), ir.Int(v.dilation[d])))

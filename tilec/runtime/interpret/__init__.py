@@ -156,10 +156,8 @@ class InterpretedKernel(Program):
                          "or compile it for the GPU (backend=\"cuda\") to register it with torch")
 
     def __repr__(self):
-        consts = ", ".join(f"{k}={v}" for k, v in self.consts.items())
-        fixed = ", ".join(f"{k}={v}" for k, v in self._overrides.items() if k not in self.consts)
         variant = ", thread-copy variant" if not self._tma else ""
-        return f"<tilec.InterpretedKernel {self.name}({consts}{'; ' + fixed if fixed else ''}) on the CPU{variant}>"
+        return f"<tilec.InterpretedKernel {self.name}({self._settings()}) on the CPU{variant}>"
 
     # ---- a launch: the kernel's own host wrapper, with a Call that runs the blocks
     @functools.cached_property
