@@ -631,14 +631,15 @@ def _scalar_arg(dt: ir.DType) -> str:
     return f"static_cast<{tilec_export.SCALAR_CTYPES[dt.name]}>(strtoull({{}}, nullptr, 0))"
 
 
-def main_source(k: ir.Kernel, gpu: bool) -> str:
-    """A C++ main that calls tilec_<kernel> with the arguments of its command line:
-    per tensor `pointer d0.. s0..` (gpu: `[where:]file offset_bytes d0.. s0..`: the whole
-    buffer is read from the file into memory of the kind `where` names (place() in
-    the source: device memory unless it says otherwise), the tensor starts offset bytes
-    into it, and after the kernel the buffer is written to file.out), per scalar
-    its value, then err_len. Prints rc= and err= lines."""
-    lines = ['#include "%s.h"' % k.name, "#include <cstdio>", "#include <cstdlib>", "#include <cstring>",
+def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
+    """A C++ main that calls tilec_<kernel> (tilec_<name>: an export named so) with the
+    arguments of its command line: per tensor `pointer d0.. s0..` (gpu: `[where:]file
+    offset_bytes d0.. s0..`: the whole buffer is read from the file into memory of the
+    kind `where` names (place() in the source: device memory unless it says otherwise),
+    the tensor starts offset bytes into it, and after the kernel the buffer is written
+    to file.out), per scalar its value, then err_len. Prints rc= and err= lines."""
+    name = name or k.name
+    lines = ['#include "%s.h"' % name, "#include <cstdio>", "#include <cstdlib>", "#include <cstring>",
              "#include <fstream>",
              "#include <iterator>", "#include <string>", "#include <vector>", "",
              "static void check(CUresult r, const char* what) {",
@@ -699,7 +700,7 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
         if gpu:
             lines += ["  size_t workspace_bytes = 0;",
                       "  char need_err[512];",
-                      f"  if (tilec_{k.name}_workspace_bytes(&workspace_bytes, need_err, sizeof need_err) != TILEC_OK) {{",
+                      f"  if (tilec_{name}_workspace_bytes(&workspace_bytes, need_err, sizeof need_err) != TILEC_OK) {{",
                       "    fprintf(stderr, \"%s\\n\", need_err);",
                       "    return 2;",
                       "  }",
@@ -710,7 +711,7 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
             lines += ["  const CUdeviceptr workspace = strtoull(argv[i++], nullptr, 0);",
                       "  const size_t workspace_bytes = strtoull(argv[i++], nullptr, 0);",
                       "  size_t need = 0;",
-                      f"  const int need_rc = tilec_{k.name}_workspace_bytes(&need, nullptr, 0);",
+                      f"  const int need_rc = tilec_{name}_workspace_bytes(&need, nullptr, 0);",
                       "  printf(\"need_rc=%d need=%zu\\n\", need_rc, need);"]
         call += ["workspace", "workspace_bytes"]
     for p in k.params:
@@ -740,10 +741,10 @@ def main_source(k: ir.Kernel, gpu: bool) -> str:
             call.append(p.name)
     lines += ["  const size_t err_len = strtoull(argv[i++], nullptr, 0);",
               "  std::vector<char> err(err_len + 1, 'X');",
-              f"  int rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
+              f"  int rc = tilec_{name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
     if k.stream_k and gpu:      # a second launch, on the workspace the first left
         lines += ["  if (rc == TILEC_OK)",
-                  f"    rc = tilec_{k.name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
+                  f"    rc = tilec_{name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
     lines += ["  printf(\"rc=%d\\nerr=%s\\n\", rc, err_len ? err.data() : \"(null)\");"]
     if gpu:
         lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
@@ -1015,6 +1016,81 @@ def test_stub_good_arguments_encode_and_launch_as_python(exported, stub_programs
     rc, err, calls = run_stub(exported, stub_programs, name.split()[0], args)
     assert (rc, err) == (0, "")
     assert calls == stub_expectation(k, cubin, lines)
+
+
+@needs_cxx
+def test_named_exports_of_one_kernel_link_into_one_program(exported, stub_programs, tmp_path):
+    """`tilec export --name`: conv2d.tile with C fixed to 24, exported as conv2d_c24 beside
+    conv2d.tile's own export, links into one program with it (no symbol, file or header
+    guard of one export is the other's), and launches as the export of the kernel's own
+    name does, argument for argument."""
+    d, src = tmp_path / "build", str(ROOT / "examples" / "conv2d.tile")
+    for extra in (["-D", "C=24", "--name", "conv2d_c24"], []):
+        p = subprocess.run([*TILEC, "export", src, "-o", str(d), *extra], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+    assert sorted(p.name for p in d.iterdir()) == sorted(f"{n}.{e}" for n in ("conv2d", "conv2d_c24")
+                                                         for e in ("h", "cc", "cubin", "thread_copy.cubin"))
+    header = (d / "conv2d_c24.h").read_text()
+    assert header.startswith(f"// Generated by tilec {tilec.__version__} from {src}: ahead-of-time export of kernel "
+                             "conv2d as conv2d_c24\n")
+    assert "#ifndef TILEC_EXPORT_CONV2D_C24_H" in header and "int tilec_conv2d_c24(" in header
+    assert '#include "conv2d_c24.h"' in (d / "conv2d_c24.cc").read_text()
+    k = exported["conv2d_c24"][1]
+    assert (d / "conv2d_c24.cubin").read_bytes() == k.cubin
+    main = main_source(k.kernel_ir, gpu=False, name="conv2d_c24")
+    main = main.replace('#include "conv2d_c24.h"', '#include "conv2d_c24.h"\n#include "conv2d.h"', 1)
+    main += "int (*const the_other_export)(CUstream, CUdeviceptr, const int64_t*, const int64_t*, CUdeviceptr, " \
+            "const int64_t*, const int64_t*, CUdeviceptr, const int64_t*, const int64_t*, char*, size_t) = " \
+            "tilec_conv2d;\n"
+    (tmp_path / "main.cc").write_text(main)
+    (tmp_path / "stub.cc").write_text(STUB)
+    exe = tmp_path / "both"
+    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
+                        str(d / "conv2d_c24.cc"), str(d / "conv2d.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    good = [t(0x7f0000000000, (2, 9, 10, 24)), t(0x7f0000100000, (216, 128)), t(0x7f0000200000, (180, 128))]
+    rc, err, calls = run_stub_exe(exe, k, good)
+    assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls), calls
+    assert (rc, err, calls) == run_stub(exported, stub_programs, "conv2d_c24", good)
+    rc, err, _ = run_stub_exe(exe, k, BAD["fixed symbol"][1])
+    assert rc == 1 and BAD["fixed symbol"][3] in err, err
+
+
+def test_export_name_must_be_a_c_identifier(tmp_path):
+    for name in ("1x", "conv-2d", "", "a b", 7):
+        with pytest.raises(tilec.TilecError, match="an export's name is a C identifier"):
+            tilec_export.export(str(ROOT / "examples" / "copy2d.tile"), tmp_path, name=name)
+    p = subprocess.run([*TILEC, "export", "examples/copy2d.tile", "-o", str(tmp_path), "--name", "copy-2d"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr == "error: an export's name is a C identifier (letters, digits and _, not starting with a " \
+                       "digit): it names the files NAME.h, NAME.cc and the function tilec_NAME; got 'copy-2d'\n"
+    assert not any(tmp_path.iterdir())
+
+
+def test_kernel_export_writes_what_tilec_export_writes(tmp_path):
+    """k.export(dir, name, **symbols) from Python: the files `tilec export` writes for
+    the same program, byte for byte; the interpreter's kernel and a tuned kernel
+    (before its first call: its declared candidate) export the same."""
+    src = str(ROOT / "examples" / "conv2d.tile")
+    cli = tmp_path / "cli"
+    p = subprocess.run([*TILEC, "export", src, "-o", str(cli), "-D", "C=24", "--name", "c24"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    want = {f.name: f.read_bytes() for f in cli.iterdir()}
+    kernels = {"kernel": tilec.compile(src, arch="sm_90a", debug=False, tune=False),
+               "interpreted": tilec.compile(src, backend="interpret"),
+               "tuned": tilec.compile(src, arch="sm_90a", debug=False)}
+    assert type(kernels["tuned"]).__name__ == "TunedKernel"
+    for what, k in kernels.items():
+        out = tmp_path / what
+        written = k.export(out, name="c24", C=24)
+        assert sorted(written) == sorted(out / n for n in want)
+        assert {f.name: f.read_bytes() for f in out.iterdir()} == want, what
+    k = kernels["kernel"]
+    assert [f.name for f in k.export(tmp_path / "own", fallback=False)] == ["conv2d.h", "conv2d.cc", "conv2d.cubin"]
 
 
 # Bad arguments: (example, arguments, the error code, a piece of the message).
@@ -1654,6 +1730,23 @@ def test_gpu_readme_deploy_example(tmp_path):
         assert p.returncode == 0, line + "\n" + p.stderr
     p = subprocess.run([str(tmp_path / "a.out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_tuned_kernel_exports_the_candidate_its_call_chose(tmp_path):
+    """k.export of an autotuned kernel after a call: the candidate that call chose."""
+    torch = pytest.importorskip("torch")
+    k = tilec.compile(str(ROOT / "examples" / "gemm.tile"), tune={"BN": (64, 128), "STAGES": (2, 3)},
+                      key=("M", "N", "K"))
+    a, b = (torch.randn(512, 512, device="cuda", dtype=torch.float16) for _ in range(2))
+    c = torch.empty(512, 512, device="cuda", dtype=torch.float16)
+    k(a, b, c)
+    torch.cuda.synchronize()
+    chosen = k.best_config
+    k.export(tmp_path, name="gemm_512")
+    assert (tmp_path / "gemm_512.cubin").read_bytes() == k.kernel.cubin
+    consts = (tmp_path / "gemm_512.h").read_text().splitlines()[1]
+    assert f"BN = {chosen['BN']}," in consts and f"STAGES = {chosen['STAGES']}," in consts, (chosen, consts)
 
 
 APP = r"""

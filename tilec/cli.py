@@ -116,7 +116,8 @@ def _grouped(tried: list, said: list, verb: str, verb_one: str) -> list:
 
 def _cmd_export(args):
     from .codegen.export import export
-    for path in export(_source(args), args.output, arch=args.arch, fallback=args.fallback, **_consts(args.define)):
+    for path in export(_source(args), args.output, arch=args.arch, fallback=args.fallback, name=args.name,
+                       **_consts(args.define)):
         print(path)
 
 
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
     x.add_argument("-o", dest="output", required=True, metavar="DIR", help="the directory to write into")
     x.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
     x.add_argument("--arch", default="sm_90a", help="the cubin's architecture (default sm_90a)")
+    x.add_argument("--name", help="name the export NAME (files NAME.h, NAME.cc, function tilec_NAME; default: the "
+                                  "kernel's), so that exports of one kernel with different -D link together")
     x.add_argument("--no-fallback", dest="fallback", action="store_false",
                    help="leave out the thread-copy variant: an argument that breaks a TMA rule is an error")
     x.set_defaults(run=_cmd_export)

@@ -161,6 +161,9 @@ class Kernel(Program):
                                   debug=self.debug),
                       lambda: Kernel(self.source, overrides, self.arch, self._fallback_allowed, debug=self.debug))
 
+    def _compiled(self) -> "Kernel":
+        return self
+
     def _call(self, stream, fallback, args):
         """The runtime.host.Call through which the host wrapper makes one launch of `args`."""
         return host.Call(self.name, self._module, stream, self._writes, self._debug_info, fallback,

@@ -9,6 +9,7 @@ parameters come from abi.kernel_params, the maps from Kernel.tensor_maps, as for
 the Python wrapper, so the two cannot disagree on what the kernel receives."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,16 +279,20 @@ class Export:
         return written
 
 
-def generate(kernel, fallback: bool = True) -> Export:
+def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
     """The export of `kernel` (a tilec.kernel.Kernel built with tma on and debug off).
     fallback: also export the thread-copy variant (kernel.fallback) and run it when
-    an argument breaks a TMA rule, as the Python wrapper does; else that is an error."""
+    an argument breaks a TMA rule, as the Python wrapper does; else that is an error.
+    name: the export's name (default: the kernel's): the files NAME.h, NAME.cc,
+    NAME.cubin, and the function tilec_NAME, so that exports of one kernel with
+    different consts or fixed shape symbols link into one program."""
     if kernel.debug:
         raise TilecError(f"kernel {kernel.name}: a debug build cannot be exported (its kernel takes a debug "
                          "record the launcher does not pass); compile it with debug=False")
     k: ir.Kernel = kernel.kernel_ir
+    name = check_name(k.name if name is None else name)
     source_name = kernel.source.name
-    function = f"tilec_{k.name}"
+    function = f"tilec_{name}"
     ex = _HostExpr(k)
     lines = []
 
@@ -419,14 +424,14 @@ def generate(kernel, fallback: bool = True) -> Export:
     args = ["CUstream stream"] + (["CUdeviceptr workspace", "size_t workspace_bytes"] if k.stream_k else []) + \
         args + ["char* err", "size_t err_len"]
     kinds = {t.kind for t in k.tensor_maps}
-    variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{k.name}.cubin", kernel.cubin, k.smem_bytes,
+    variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{name}.cubin", kernel.cubin, k.smem_bytes,
                  k.launch_threads, "the TMA variant" if k.tensor_maps else "the kernel")]
     if fb is not None:
-        variants.append(("thread_copy_variant", f"{k.name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
+        variants.append(("thread_copy_variant", f"{name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
-    common = dict(version=__version__, source_name=source_name, kernel_name=k.name, function=function,
+    common = dict(version=__version__, source_name=source_name, kernel_name=k.name, file_name=name, function=function,
                   consts=k.consts_text, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
-                  has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{k.name.upper()}_H",
+                  has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{name.upper()}_H",
                   stream_k=bool(k.stream_k), flag_bytes=WORKSPACE_FLAG_BYTES, slot_bytes=slot_bytes)
     header = _env().get_template("export.h.j2").render(**common)
     helpers = ex.helpers | ({"cdiv"} if k.tensor_maps else set())    # tma_strides rounds up with cdiv
@@ -438,9 +443,17 @@ def generate(kernel, fallback: bool = True) -> Export:
         persistent=bool(k.persistent), balanced=balanced_grid(k),
         variants=[dict(var=v, file=f, size=len(c), smem=s, threads=t, what=w, rows=_byte_rows(c))
                   for v, f, c, s, t, w in variants])
-    files = {f"{k.name}.h": header, f"{k.name}.cc": source}
+    files = {f"{name}.h": header, f"{name}.cc": source}
     files.update({f: c for _, f, c, *_ in variants})
-    return Export(k.name, files)
+    return Export(name, files)
+
+
+def check_name(name) -> str:
+    """An export's name: a C identifier (it names the function tilec_NAME and the files)."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise TilecError(f"an export's name is a C identifier (letters, digits and _, not starting with a digit): "
+                         f"it names the files NAME.h, NAME.cc and the function tilec_NAME; got {name!r}")
+    return name
 
 
 def _overlap_checks(k: ir.Kernel, written) -> list:
@@ -476,9 +489,11 @@ def _byte_rows(data: bytes, per_line: int = 16) -> list:
     return [", ".join(f"0x{b:02x}" for b in data[i:i + per_line]) for i in range(0, len(data), per_line)]
 
 
-def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, **consts) -> list:
+def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, name: str | None = None, **consts) -> list:
     """Compile `src` (a path or the program text) with `consts` for `arch` and write
-    its export to `out_dir`; the paths written."""
+    its export (named `name`, default the kernel's) to `out_dir`; the paths written."""
     from ..kernel import compile as compile_kernel
+    if name is not None:
+        check_name(name)        # before compiling
     kernel = compile_kernel(src, arch=arch, fallback=fallback, debug=False, tune=False, **consts)   # declared consts
-    return generate(kernel, fallback).write(out_dir)
+    return generate(kernel, fallback, name).write(out_dir)

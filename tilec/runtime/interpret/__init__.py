@@ -128,6 +128,13 @@ class InterpretedKernel(Program):
         """This program with shape symbols fixed, as Kernel.fixed."""
         return interpret(self.source, {**self._overrides, **symbols}, self._fallback_allowed, self.arch)
 
+    def _compiled(self):
+        """The GPU backend's Kernel of this program (what k.export writes): compiled by NVRTC, which needs
+        no GPU."""
+        from ...kernel import compile as compile_kernel
+        return compile_kernel(self.source, arch=self.arch, fallback=self._fallback_allowed, debug=False,
+                              backend="cuda", tune=False, **self._overrides)
+
     def _launcher(self, *args, stream=None):
         return self._launch(InterpretCall(self.kernel_ir, self._run_fallback if self._fallback_allowed else None,
                                           self._launcher_fixed), *args)
