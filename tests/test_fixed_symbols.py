@@ -64,6 +64,7 @@ def fixes_the_channels(like, c, fallback):
     with warnings.catch_warnings():
         warnings.simplefilter("error", tilec.TmaFallbackWarning)
         run(k, args, y, want, like)
+    assert k.last_fix == {"C": c}
     fixed = k.fixed(C=c)
     assert fixed.kernel_ir.fixed == (("C", c),)
     assert "im2col" in fixed.tma_table() and "channelSymbol" not in fixed.host_source
@@ -95,6 +96,17 @@ def test_the_tuned_example_fixes_the_channels_of_every_candidate():
         run(k, args, y, want, "torch")
         run(k, args, y, want, "torch")         # the tuned choice, again
     assert k.best_config["BM"] == 128
+
+
+def test_the_program_a_launch_fixed_is_exported_with_last_fix(tmp_path):
+    """k.export(dir, **k.last_fix) after a launch that fixed C: the program compiled
+    with C fixed, as `tilec export -D C=24` writes it."""
+    k = tilec.compile(CONV, tune=False, backend="interpret")
+    args, y, want = conv_problem(1, 5, 6, 24, 64, "numpy")
+    run(k, args, y, want, "numpy")
+    k.export(tmp_path, **k.last_fix)
+    assert "shape symbols fixed at compile time: C = 24" in (tmp_path / "conv2d.h").read_text()
+    assert (tmp_path / "conv2d.cubin").read_bytes() == tilec.compile(CONV, tune=False, arch="sm_90a", C=24).cubin
 
 
 def runs_the_thread_copies(c, warning, error):

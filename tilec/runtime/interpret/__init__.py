@@ -105,6 +105,7 @@ class InterpretedKernel(Program):
         self.kernel_ir = self._lowered.kernel
         self.name = self.kernel_ir.name
         self.consts = dict(self.kernel_ir.consts)
+        self.last_fix = {}          # the shape symbols the last launch that needed them fixed (_launcher_fixed)
 
     @functools.cached_property
     def cuda_source(self) -> str:
@@ -140,6 +141,7 @@ class InterpretedKernel(Program):
                                           self._launcher_fixed), *args)
 
     def _launcher_fixed(self, symbols):
+        self.last_fix = dict(symbols)       # as Kernel's: what k.export(dir, **k.last_fix) fixes
         return self.fixed(**symbols)._launcher
 
     def __call__(self, *args, stream=None):
