@@ -115,11 +115,24 @@ kernel readonly(A: f32[M, N]) {
     copy(A[by * 64, bx * 128], s);
 }
 """
+# 16-bit float scalars: the launcher takes their bits (uint16_t), as the Python wrapper packs them
+HALVES = """
+kernel halves(X: f32[N], Y: f32[N], a: f16, b: bf16) {
+    grid (bx) = (cdiv(N, 256));
+    threads 128;
+    shared s: f32[256];
+    copy(X[bx * 256], s);
+    parallel (i) in (256) {
+        s[i] = s[i] * a + b;
+    }
+    copy(s, Y[bx * 256]);
+}
+"""
 STUB_RESIDENT = 4       # the stub's SMs (4) times the blocks per SM its occupancy query answers (1)
 # gemm.tile's declared tiles, persistent, stream-K: every const given, so nothing is tuned
 STREAM_K_GEMM = dict(BM=128, BN=128, STAGES=3, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
 PROGRAMS = {"weird": WEIRD, "plain": PLAIN, "copy1": COPY1, "copy3": COPY3, "persist": PERSIST,
-            "readonly": READONLY}
+            "readonly": READONLY, "halves": HALVES}
 needs_cxx = pytest.mark.skipif(CXX is None or CUDA_INCLUDE is None,
                                reason="needs a C++ compiler (g++) and the CUDA driver API's cuda.h (a CUDA toolkit, "
                                       "CUDA_HOME, or an NVIDIA wheel's include dir); none found")
@@ -631,6 +644,14 @@ def _scalar_arg(dt: ir.DType) -> str:
     return f"static_cast<{tilec_export.SCALAR_CTYPES[dt.name]}>(strtoull({{}}, nullptr, 0))"
 
 
+def scalar_argv(dt: ir.DType, value) -> str:
+    """A scalar argument on the test main's command line: a 16-bit float as its bits,
+    which the launcher takes (tilec_export.BITS_NOTE), as the Python wrapper packs it."""
+    if dt.name in tilec_export.BITS_NOTE:
+        return hex(rt.scalar_value(value, dt.name).value)
+    return str(value)
+
+
 def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
     """A C++ main that calls tilec_<kernel> (tilec_<name>: an export named so) with the
     arguments of its command line: per tensor `pointer d0.. s0..` (gpu: `[where:]file
@@ -808,7 +829,7 @@ def run_stub_exe(exe, k, args, with_fallback=True, err_len=4096, workspace=None,
             ptr, shape, strides = a
             argv += [hex(ptr), *map(str, shape), *map(str, strides)]
         else:
-            argv.append(str(a))
+            argv.append(scalar_argv(p.dtype, a))
     argv.append(str(err_len))
     full_env = dict(os.environ, STUB_PARAMS=spec, **env)
     p = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=60, env=full_env)
@@ -984,6 +1005,7 @@ GOOD = {
     "copy1": [t(0x7f0000000000, (1001,)), t(0x7f0000100000, (1001,))],
     "persist": [t(0x7f0000000000, (2563,)), t(0x7f0000100000, (2563,))],
     "readonly": [t(0x7f0000000000, (100, 1000))],
+    "halves": [t(0x7f0000000000, (1000,)), t(0x7f0000100000, (1000,)), 1 / 3, -0.1],
     # dim 1 of extent 1: its stride is free (TensorArg.tma_strides makes it legal)
     "copy3": [t(0x7f0000000000, (5, 1, 64), (128, 999, 1)), t(0x7f0000100000, (5, 1, 64), (64, 3, 1))],
 }
@@ -1518,11 +1540,11 @@ def build_gpu_main(d, k: ir.Kernel, work, link=None) -> Path:
 
 def run_gpu_main(exe, k: ir.Kernel, tensors, work, scalars=()):
     """tensors: per tensor parameter (file, offset bytes, shape, strides)."""
-    argv, it = [], iter(scalars)
+    argv = []
     for p, tensor in zip(k.tensors, tensors):
         path, offset, shape, strides = tensor
         argv += [str(path), str(offset), *map(str, shape), *map(str, strides)]
-    argv += [str(v) for v in it]
+    argv += [scalar_argv(p.dtype, v) for p, v in zip([p for p in k.params if p not in k.tensors], scalars)]
     argv.append("4096")
     p = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=120, cwd=work)
     assert p.returncode == 0, p.stdout + p.stderr
