@@ -109,6 +109,40 @@ def test_the_program_a_launch_fixed_is_exported_with_last_fix(tmp_path):
     assert (tmp_path / "conv2d.cubin").read_bytes() == tilec.compile(CONV, tune=False, arch="sm_90a", C=24).cubin
 
 
+def reads_zeros_past_the_last_tap(like):
+    """conv2d.tile compiled for 24 channels: its last K tile (columns 192 .. 255 of 216)
+    ends past the view's last column. Those columns are channels 24 .. 63 of the last
+    tap, outside X, which TMA fills with zeros, against rows of W past its end (zeros
+    too). Read from memory instead, they would be the next pixels' channels: an Inf
+    there gives 0 * Inf = NaN in an output whose window does not hold it."""
+    rng = np.random.default_rng(24)
+    x = rng.integers(-1, 2, (1, 5, 6, 24)).astype(np.float16)
+    x[0, 2, 3], x[0, 4, 5] = np.inf, -np.inf
+    wt = rng.integers(-1, 2, (216, 64)).astype(np.float16)
+    with np.errstate(invalid="ignore"):
+        want = im2col(x) @ wt.astype(np.float64)
+    assert np.isnan(want).any() and np.isfinite(want).sum() > want.size // 2
+    y = guarded((30, 64), "f16", like=like)
+    tilec.compile(CONV, tune=False, fallback=False, C=24, **backend(like))(*on(like, [x, wt]), y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want, equal_nan=True)
+
+
+def test_columns_past_the_last_tap_read_zeros_in_the_interpreter():
+    reads_zeros_past_the_last_tap("numpy")
+
+
+@pytest.mark.gpu
+def test_columns_past_the_last_tap_read_zeros_on_the_gpu():
+    """The GPU fact under im2col.column's past-the-end columns: TMA im2col fills channels
+    outside [0, C) with zeros, as tiled loads fill coordinates outside the tensor."""
+    reads_zeros_past_the_last_tap("torch")
+
+
 def runs_the_thread_copies(c, warning, error):
     """conv2d.tile on c channels in the interpreter: the thread-copy variant runs,
     warning `warning` (a regular expression), and without it the launch raises `error`."""
