@@ -33,7 +33,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings as hyp_settings, strategies as st
 
 import tilec
+from tilec.autotune import shape_symbols
 from tilec.codegen import export as tilec_export
+from tilec.compiler import load_source
 from tilec.codegen.abi import WORKSPACE_FLAG_BYTES, kernel_params, workspace_bytes_per_block
 from tilec.errors import LaunchError
 from tilec.ir import nodes as ir
@@ -1449,8 +1451,19 @@ def test_random_programs_launch_as_python(tmp_path_factory, p, data):
     and convolutions on any schedule) exported, on random views of their shapes: the
     launcher does what the Python wrapper does, encode for encode, launch for launch (a
     stream-K workspace where Python has its own), or fails with its message word for word;
-    where a view breaks a TMA rule both run the thread-copy variant, the launcher saying so."""
-    k = tilec.compile(p.text(), arch="sm_90a", debug=False)
+    where a view breaks a TMA rule both run the thread-copy variant, the launcher saying so.
+    A third of them have a shape symbol fixed at compile time (-D), now and then to a
+    value the arguments do not have."""
+    fixed = {}
+    symbols = [s for s in shape_symbols(load_source(p.text())) if s in p.sizes]
+    if symbols and data.draw(st.integers(0, 2)) == 0:
+        symbol = data.draw(st.sampled_from(symbols))
+        fixed[symbol] = max(1, p.sizes[symbol] + (data.draw(st.integers(0, 3)) == 0))   # positive, as -D takes
+    try:
+        k = tilec.compile(p.text(), arch="sm_90a", debug=False, **fixed)
+    except tilec.SemanticError as e:        # refused for that value (a require it decides false): nothing to launch
+        assert fixed and "for every launch" in str(e), str(e)
+        return
     work = tmp_path_factory.mktemp("random_export")
     tilec_export.generate(k).write(work)
     exe = build_stub(work, k, work, "random")
@@ -1461,7 +1474,7 @@ def test_random_programs_launch_as_python(tmp_path_factory, p, data):
         driver = fake_driver(mp)
         strict = python_launch(k, args, driver, mp)
         with_fallback = python_launch(k, args, driver, mp, fallback=True)
-    context = f"{p.text()}arguments {args}\nstub: rc={rc} err={err}\n" + "\n".join(calls)
+    context = f"{p.text()}fixed {fixed}\narguments {args}\nstub: rc={rc} err={err}\n" + "\n".join(calls)
     if strict[0] == "error":
         if with_fallback[0] == "error":     # not a TMA rule: the launcher's error, word for word
             assert (rc, err) == (1, with_fallback[1]), context
