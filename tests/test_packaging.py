@@ -77,3 +77,8 @@ def test_installed_wheel_emits_cuda(wheel, tmp_path):
     # outside the checkout, the documented example paths are the packaged examples (README, Installing)
     checked = run(env / "bin" / "tilec", "check", "examples/copy2d.tile", cwd=tmp_path, env=environ)
     assert checked == "examples/copy2d.tile: ok (kernel copy2d, 9408-byte cubin for sm_90a)\n"
+    # the deploy path: the export templates are in the wheel, and a named export of a fixed program
+    written = run(env / "bin" / "tilec", "export", "examples/conv2d.tile", "-o", "build", "-D", "C=24", "--name",
+                  "conv2d_c24", cwd=tmp_path, env=environ)
+    assert written.split() == [f"build/conv2d_c24.{e}" for e in ("h", "cc", "cubin", "thread_copy.cubin")]
+    assert "int tilec_conv2d_c24(" in (tmp_path / "build" / "conv2d_c24.h").read_text()
