@@ -204,6 +204,24 @@ def test_cli_export(tmp_path):
     assert "// consts: BM = 32, BN = 128" in (tmp_path / "scale.cc").read_text()
 
 
+def test_cli_export_of_a_tuned_program_says_what_it_holds(tmp_path):
+    """A program with a tune statement exports its declared values; the note says so
+    (and goes once every tuned const is given)."""
+    argv = [*TILEC, "export", "examples/gemm.tile", "-o", str(tmp_path)]
+    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(tmp_path / f"gemm.{e}") for e in ("h", "cc", "cubin", "thread_copy.cubin")]
+    assert p.stderr == (
+        "examples/gemm.tile: note: the export holds the tune statement's declared values (BM=128 BN=128 STAGES=3 "
+        "PRODUCER=1 PERSISTENT=0 STREAM_K=0 BK=64), not a tuned choice: give the values tuned for your shapes "
+        "with -D, or tune in Python and write the choice with k.export(DIR) after a call\n")
+    given = [a for kv in ("BM=64", "BN=128", "STAGES=4", "PRODUCER=1", "PERSISTENT=0", "STREAM_K=0", "BK=64")
+             for a in ("-D", kv)]
+    p = subprocess.run(argv + given, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert "// consts: BM = 64, BN = 128, BK = 64, STAGES = 4," in (tmp_path / "gemm.h").read_text()
+
+
 def test_cli_export_errors_cleanly(tmp_path):
     p = subprocess.run([*TILEC, "export", "examples/gemm.tile", "-o", str(tmp_path), "-D", "BN=100"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)

@@ -115,10 +115,17 @@ def _grouped(tried: list, said: list, verb: str, verb_one: str) -> list:
 
 
 def _cmd_export(args):
+    from .autotune import statement_space
     from .codegen.export import export
-    for path in export(_source(args), args.output, arch=args.arch, fallback=args.fallback, name=args.name,
-                       **_consts(args.define)):
+    source, consts = _source(args), _consts(args.define)
+    for path in export(source, args.output, arch=args.arch, fallback=args.fallback, name=args.name, **consts):
         print(path)
+    space, first, _ = statement_space(source, consts)
+    if space:       # the launcher runs one program: what the tune statement would pick is not in it
+        print(f"{args.file}: note: the export holds the tune statement's declared values "
+              f"({' '.join(f'{n}={v}' for n, v in first.items())}), not a tuned choice: give the values tuned for "
+              "your shapes with -D, or tune in Python and write the choice with k.export(DIR) after a call",
+              file=sys.stderr)
 
 
 def _cmd_demo(args):
