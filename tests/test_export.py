@@ -813,16 +813,18 @@ def stub_programs(exported, tmp_path_factory):
     return program
 
 
-def build_stub(d, k, work, name, flags=()):
-    """The test main + the export in `d` + STUB (written to `work` first), built with
-    `flags`: the executable."""
+def build_stub(d, k, work, name, flags=(), export=None):
+    """The test main + the export in `d` (named `export`, default the kernel's; every
+    .cc of `d`, its fixes' too) + STUB (written to `work` first), built with `flags`:
+    the executable."""
     if not (work / "stub.cc").exists():
         (work / "stub.cc").write_text(STUB)
     main = work / f"{name}_main.cc"
     main.write_text(main_source(k.kernel_ir, gpu=False))
     exe = work / f"{name}_stub"
+    sources = [d / f"{export or k.name}.cc"] + sorted(set(d.glob(f"{export or k.name}_*.cc")) - {main})
     p = subprocess.run([CXX, "-std=c++17", "-O0", *flags, f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
-                        str(d / f"{k.name}.cc"), str(work / "stub.cc"), "-o", str(exe)],
+                        *map(str, sources), str(work / "stub.cc"), "-o", str(exe)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     return exe
@@ -838,10 +840,11 @@ def run_stub(exported, stub_programs, name, args, err_len=4096, workspace=None, 
     return run_stub_exe(stub_programs(name), k, args, name != "copy2d_strict", err_len, workspace, **env)
 
 
-def run_stub_exe(exe, k, args, with_fallback=True, err_len=4096, workspace=None, **env):
-    """Run a built stub program of kernel `k`'s export on `args`: (rc, err, the stub's lines)."""
-    variants = [(k.cubin, k.kernel_ir)] + ([(k.fallback.cubin, k.fallback.kernel_ir)]
-                                           if with_fallback and k.kernel_ir.tensor_maps else [])
+def run_stub_exe(exe, k, args, with_fallback=True, err_len=4096, workspace=None, also=(), **env):
+    """Run a built stub program of kernel `k`'s export on `args`: (rc, err, the stub's lines).
+    also: the Kernels of programs linked beside it (an export's fixes), whose cubins it may load."""
+    variants = [(v.cubin, v.kernel_ir) for kk in (k, *also)
+                for v in [kk] + ([kk.fallback] if with_fallback and kk.kernel_ir.tensor_maps else [])]
     spec = ";".join(f"{len(c)}={param_sizes(ir_)}" for c, ir_ in variants)
     argv = [hex(workspace[0]), str(workspace[1])] if workspace is not None else []
     for p, a in zip(k.kernel_ir.params, args):
@@ -1098,6 +1101,52 @@ def test_named_exports_of_one_kernel_link_into_one_program(exported, stub_progra
     assert (rc, err, calls) == run_stub(exported, stub_programs, "conv2d_c24", good)
     rc, err, _ = run_stub_exe(exe, k, BAD["fixed symbol"][1])
     assert rc == 1 and BAD["fixed symbol"][3] in err, err
+
+
+@needs_cxx
+def test_an_export_with_fixes_runs_the_fixed_program_for_those_arguments(exported, stub_programs, tmp_path):
+    """`tilec export --fix C=24`: conv2d.tile's launcher runs the program compiled with
+    C = 24 (conv2d_C24.cc, linked beside it) for 24 channels, exactly as that
+    program's own export does, and its own program for the others (64 channels on
+    TMA, 72 on the thread copies, as before)."""
+    d = tmp_path / "build"
+    p = subprocess.run([*TILEC, "export", str(ROOT / "examples" / "conv2d.tile"), "-o", str(d), "--fix", "C=24"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(d / f"{n}.{e}") for n in ("conv2d", "conv2d_C24")
+                                for e in ("h", "cc", "cubin", "thread_copy.cubin")]
+    assert "// A launch whose arguments have C = 24 runs conv2d_C24.cc's program instead" in \
+        (d / "conv2d.h").read_text()
+    k, k24 = exported["conv2d"][1], exported["conv2d_c24"][1]
+    assert (d / "conv2d_C24.cubin").read_bytes() == k24.cubin
+    (tmp_path / "main.cc").write_text(main_source(k.kernel_ir, gpu=False))
+    (tmp_path / "stub.cc").write_text(STUB)
+    exe = tmp_path / "fixes"
+    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
+                        str(d / "conv2d.cc"), str(d / "conv2d_C24.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    c24 = [t(0x7f0000000000, (2, 9, 10, 24)), t(0x7f0000100000, (216, 128)), t(0x7f0000200000, (180, 128))]
+    ran = run_stub_exe(exe, k, c24, also=[k24])
+    assert ran[:2] == (0, "") and ran == run_stub(exported, stub_programs, "conv2d_c24", c24)
+    assert [c for c in ran[2] if c.startswith("load")] == [f"load {len(k24.cubin)}"]
+    for args in (GOOD["conv2d"], BAD["conv2d channels"][1]):
+        assert run_stub_exe(exe, k, args, also=[k24]) == run_stub(exported, stub_programs, "conv2d", args)
+
+
+def test_export_fixes_are_shape_symbols_of_the_program(tmp_path):
+    src = str(ROOT / "examples" / "conv2d.tile")
+    for fixes, message in (([{"BN": 64}], "fix {'BN': 64}: 'BN' is not a shape symbol of kernel conv2d; its shape "
+                                          "symbols: N, H, W, C, F, NP"),
+                           ([{}], "a fix is a dict of shape symbols to values, e.g. {'C': 24}, got {}"),
+                           ([{"C": 0}], "shape symbol 'C' must be fixed to a positive integer, got 0")):
+        with pytest.raises(tilec.TilecError) as e:
+            tilec_export.export(src, tmp_path, fixes=fixes)
+        assert e.value.message == message
+    with pytest.raises(tilec.TilecError, match=r"'C' is not a shape symbol of kernel conv2d \(fixed in this program "
+                                               r"already\); its shape symbols: N, H, W, F, NP"):
+        tilec_export.export(src, tmp_path, fixes=[{"C": 24}], C=24)
+    assert not any(tmp_path.iterdir())
 
 
 def test_export_name_must_be_a_c_identifier(tmp_path):
@@ -1471,28 +1520,38 @@ def test_random_programs_launch_as_python(tmp_path_factory, p, data):
     stream-K workspace where Python has its own), or fails with its message word for word;
     where a view breaks a TMA rule both run the thread-copy variant, the launcher saying so.
     A third of them have a shape symbol fixed at compile time (-D), now and then to a
-    value the arguments do not have."""
-    fixed = {}
+    value the arguments do not have; a quarter of the others are exported with a fix
+    (--fix), whose program the launcher runs where the arguments have its value, as
+    that program's Python wrapper does."""
+    fixed, fixes = {}, []
     symbols = [s for s in shape_symbols(load_source(p.text())) if s in p.sizes]
     if symbols and data.draw(st.integers(0, 2)) == 0:
         symbol = data.draw(st.sampled_from(symbols))
         fixed[symbol] = max(1, p.sizes[symbol] + (data.draw(st.integers(0, 3)) == 0))   # positive, as -D takes
+    elif symbols and data.draw(st.integers(0, 3)) == 0:
+        symbol = data.draw(st.sampled_from(symbols))
+        fixes = [{symbol: max(1, p.sizes[symbol] + (data.draw(st.integers(0, 3)) == 0))}]
     try:
         k = tilec.compile(p.text(), arch="sm_90a", debug=False, **fixed)
+        also = [k.fixed(**fix) for fix in fixes]
     except tilec.SemanticError as e:        # refused for that value (a require it decides false): nothing to launch
-        assert fixed and "for every launch" in str(e), str(e)
+        assert (fixed or fixes) and "for every launch" in str(e), str(e)
         return
     work = tmp_path_factory.mktemp("random_export")
-    tilec_export.generate(k).write(work)
+    tilec_export.generate(k, fixes=fixes).write(work)
     exe = build_stub(work, k, work, "random")
     args = random_arguments(p, data.draw)
-    workspace = (SK_WORKSPACE, stream_k_need(k)) if k.kernel_ir.stream_k else None
-    rc, err, calls = run_stub_exe(exe, k, args, workspace=workspace)
+    workspace = (SK_WORKSPACE, max(stream_k_need(x) for x in [k, *also])) if k.kernel_ir.stream_k else None
+    rc, err, calls = run_stub_exe(exe, k, args, workspace=workspace, also=also)
+    launcher = k
+    if fixes and all(p.sizes[s] == v for s, v in fixes[0].items()):
+        k = also[0]         # the launcher ran the fixed program: what its own wrapper does is what to expect
     with pytest.MonkeyPatch.context() as mp:        # the real cuda.bindings again after each example
         driver = fake_driver(mp)
         strict = python_launch(k, args, driver, mp)
         with_fallback = python_launch(k, args, driver, mp, fallback=True)
-    context = f"{p.text()}fixed {fixed}\narguments {args}\nstub: rc={rc} err={err}\n" + "\n".join(calls)
+    context = f"{p.text()}fixed {fixed} fixes {fixes}\narguments {args}\nstub: rc={rc} err={err}\n" + \
+        "\n".join(calls)
     if strict[0] == "error":
         if with_fallback[0] == "error":     # not a TMA rule: the launcher's error, word for word
             assert (rc, err) == (1, with_fallback[1]), context
@@ -1508,7 +1567,7 @@ def test_random_programs_launch_as_python(tmp_path_factory, p, data):
     if k.kernel_ir.stream_k:                # the size query loaded every variant, before the launch
         q = next(i for i, c in enumerate(calls) if c.startswith("need_rc="))
         query, calls = calls[:q], calls[q + 1:]
-        variants = [k] + ([k.fallback] if k.kernel_ir.tensor_maps else [])
+        variants = [v for x in [launcher, *also] for v in [x] + ([x.fallback] if x.kernel_ir.tensor_maps else [])]
         assert [c for c in query if c.startswith("load")] == [f"load {len(v.cubin)}" for v in variants], context
     if cubin is None:                       # an empty grid: encodes at most, no launch
         assert not any(c.startswith(("launch", "load")) for c in calls), context
@@ -1914,6 +1973,32 @@ def test_stub_stream_k_launch_passes_the_workspace(exported, stub_programs, pyth
     want = lines[next(i for i, c in enumerate(lines) if c.startswith("launch")):]
     assert calls[next(i for i, c in enumerate(calls) if c.startswith("launch")):] == want
     assert f" grid={STUB_RESIDENT},1,1 " in want[0]
+
+
+@needs_cxx
+def test_stub_stream_k_export_with_fixes_sizes_the_workspace_for_every_program(exported, stub_programs, tmp_path):
+    """A stream-K export with --fix K=264: the workspace query loads every program the
+    launcher may run (its own and the fixed one's, each with its thread-copy variant)
+    and answers the most any needs; a K = 264 launch runs the fixed program."""
+    d = tmp_path / "build"
+    k = exported["gemm_sk"][1]
+    k264 = k.fixed(K=264)
+    tilec_export.generate(k, fixes=[{"K": 264}]).write(d)
+    (tmp_path / "main.cc").write_text(main_source(k.kernel_ir, gpu=False))
+    (tmp_path / "stub.cc").write_text(STUB)
+    exe = tmp_path / "sk"
+    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
+                        str(d / "gemm.cc"), str(d / "gemm_K264.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    need = max(stream_k_need(k), stream_k_need(k264))
+    rc, err, calls = run_stub_exe(exe, k, GOOD["gemm"], workspace=(SK_WORKSPACE, need), also=[k264])
+    assert (rc, err) == (0, "") and f"need_rc=0 need={need}" in calls
+    q = next(i for i, c in enumerate(calls) if c.startswith("need_rc="))
+    assert [c for c in calls[:q] if c.startswith("load")] == [f"load {len(v.cubin)}" for v in
+                                                              (k, k.fallback, k264, k264.fallback)]
+    launched = [c for c in calls[q:] if c.startswith("launch")]
+    assert len(launched) == 1 and launched[0].startswith(f"launch {len(k264.cubin)} "), calls
 
 
 @needs_cxx

@@ -7,6 +7,7 @@ TMA), not the thread-copy variant, and with fallback=False too. Channels that
 are no whole 16-byte units, or an X that breaks another rule, still run the
 thread-copy variant, with the warning. The interpreter and the GPU against
 numpy, each output in a sentinel-filled buffer."""
+import subprocess
 import warnings
 
 import numpy as np
@@ -18,7 +19,7 @@ from tilec.runtime import host
 from tilec.runtime.interpret import InterpretedKernel
 from tilec.runtime.tensormap import check_im2col
 
-from conftest import ROOT
+from conftest import ROOT, TILEC
 from guard import guarded
 from test_two_sources import VIEWS, im2col, on
 
@@ -107,6 +108,26 @@ def test_the_program_a_launch_fixed_is_exported_with_last_fix(tmp_path):
     k.export(tmp_path, **k.last_fix)
     assert "shape symbols fixed at compile time: C = 24" in (tmp_path / "conv2d.h").read_text()
     assert (tmp_path / "conv2d.cubin").read_bytes() == tilec.compile(CONV, tune=False, arch="sm_90a", C=24).cubin
+
+
+def test_an_export_with_the_kernels_fixes_does_what_its_calls_did(tmp_path):
+    """k.fixes lists the programs a kernel's launches fixed; k.export(dir, fixes=k.fixes)
+    writes what `tilec export --fix C=24 --fix C=40` writes."""
+    path = str(ROOT / "examples/conv2d.tile")
+    k = tilec.compile(path, tune=False, backend="interpret")
+    assert k.fixes == []
+    for c in (24, 40, 24):
+        args, y, want = conv_problem(1, 3, 4, c, 64, "numpy")
+        run(k, args, y, want, "numpy")
+    assert k.fixes == [{"C": 24}, {"C": 40}] and k.last_fix == {"C": 24}
+    k.export(tmp_path / "py", fixes=k.fixes)
+    p = subprocess.run([*TILEC, "export", path, "-o", str(tmp_path / "cli"), "--fix", "C=24", "--fix", "C=40"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    files = {f.name: f.read_bytes() for f in (tmp_path / "cli").iterdir()}
+    assert sorted(files) == sorted(f"{n}.{e}" for n in ("conv2d", "conv2d_C24", "conv2d_C40")
+                                   for e in ("h", "cc", "cubin", "thread_copy.cubin"))
+    assert {f.name: f.read_bytes() for f in (tmp_path / "py").iterdir()} == files
 
 
 def reads_zeros_past_the_last_tap(like):

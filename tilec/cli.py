@@ -16,18 +16,19 @@ ARCH_HELP = ("the target: sm_80, sm_86, sm_89 (no TMA: thread copies, no gemm), 
              "(default: the GPU's, sm_90a without one)")
 
 
-def _consts(pairs):
+def _consts(pairs, option="-D"):
     out = {}
     for p in pairs or []:
         name, eq, value = p.partition("=")
         if not eq or not name.isidentifier():
-            raise TilecError(f"-D takes NAME=VALUE, got '{p}'")
+            raise TilecError(f"{option} takes NAME=VALUE, got '{p}'")
         if name in out:
-            raise TilecError(f"-D {name} is given twice ({name}={out[name]} and {p}): give each const once")
+            raise TilecError(f"{option} {name} is given twice ({name}={out[name]} and {p}): give each "
+                             f"{'const' if option == '-D' else 'symbol'} once")
         try:
             out[name] = int(value, 0)
         except ValueError:
-            raise TilecError(f"-D {name}: '{value}' is not an integer") from None
+            raise TilecError(f"{option} {name}: '{value}' is not an integer") from None
     return out
 
 
@@ -118,7 +119,9 @@ def _cmd_export(args):
     from .autotune import statement_space
     from .codegen.export import export
     source, consts = _source(args), _consts(args.define)
-    for path in export(source, args.output, arch=args.arch, fallback=args.fallback, name=args.name, **consts):
+    fixes = [_consts(f.split(","), "--fix") for f in args.fix or []]
+    for path in export(source, args.output, arch=args.arch, fallback=args.fallback, name=args.name, fixes=fixes,
+                       **consts):
         print(path)
     space, first, _ = statement_space(source, consts)
     if space:       # the launcher runs one program: what the tune statement would pick is not in it
@@ -174,6 +177,9 @@ def main(argv=None) -> int:
     x.add_argument("--arch", default="sm_90a", help="the cubin's architecture (default sm_90a)")
     x.add_argument("--name", help="name the export NAME (files NAME.h, NAME.cc, function tilec_NAME; default: the "
                                   "kernel's), so that exports of one kernel with different -D link together")
+    x.add_argument("--fix", action="append", metavar="SYMBOL=VALUE[,...]",
+                   help="also export the program compiled with these shape symbols fixed (NAME_C24.*), which the "
+                        "launcher runs for arguments that have them (--fix C=24: 24 channels); repeatable")
     x.add_argument("--no-fallback", dest="fallback", action="store_false",
                    help="leave out the thread-copy variant: an argument that breaks a TMA rule is an error")
     x.set_defaults(run=_cmd_export)

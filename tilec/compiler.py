@@ -84,20 +84,30 @@ class Program:
         from .codegen.report import tma_table
         return tma_table(self._lowered.kernel)
 
-    def export(self, out_dir, name: str | None = None, fallback: bool | None = None, **symbols) -> list:
+    def export(self, out_dir, name: str | None = None, fallback: bool | None = None, fixes=(), **symbols) -> list:
         """Write this kernel into the directory `out_dir` as `tilec export` does: its
         cubin, a C header and a C++ launcher that need cuda.h and libcuda only
         (docs/language.md §15); the paths written. Shape symbols given here are
         fixed first (k.export("build", C=24) writes k.fixed(C=24)). name: the
         files' and the function's name (default: the kernel's; the function is
-        tilec_NAME). fallback (default: as compiled): embed the thread-copy variant."""
+        tilec_NAME). fallback (default: as compiled): embed the thread-copy variant.
+        fixes: dicts of shape symbols to values, as `tilec export --fix`: each such
+        program is exported too and run by the launcher for arguments that have
+        them; k.export(dir, fixes=k.fixes) does in C++ what this kernel's calls do."""
         from .codegen.export import check_name, generate
         if name is not None:
             check_name(name)
         kernel = self._compiled()
         if symbols:
             kernel = kernel.fixed(**symbols)
-        return generate(kernel, self._fallback_allowed if fallback is None else fallback, name).write(out_dir)
+        return generate(kernel, self._fallback_allowed if fallback is None else fallback, name,
+                        fixes).write(out_dir)
+
+    @property
+    def fixes(self) -> list:
+        """The shape symbols launches of this kernel fixed, one dict per program
+        ([{"C": 24}, ...]), in the order they were first needed (§11)."""
+        return [dict(f) for f in self._fixes]
 
     def _settings(self) -> str:
         """The consts, then any shape symbols fixed by the overrides, as repr() shows them."""

@@ -279,13 +279,17 @@ class Export:
         return written
 
 
-def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
+def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -> Export:
     """The export of `kernel` (a tilec.kernel.Kernel built with tma on and debug off).
     fallback: also export the thread-copy variant (kernel.fallback) and run it when
     an argument breaks a TMA rule, as the Python wrapper does; else that is an error.
     name: the export's name (default: the kernel's): the files NAME.h, NAME.cc,
     NAME.cubin, and the function tilec_NAME, so that exports of one kernel with
-    different consts or fixed shape symbols link into one program."""
+    different consts or fixed shape symbols link into one program.
+    fixes: {shape symbol: value, ...} each: the program compiled with those fixed
+    (kernel.fixed) is exported too, as NAME_C24 (its own files), and a launch whose
+    arguments have those values runs it, as a Python call runs a program a launch
+    fixed before (Kernel._launcher)."""
     if kernel.debug:
         raise TilecError(f"kernel {kernel.name}: a debug build cannot be exported (its kernel takes a debug "
                          "record the launcher does not pass); compile it with debug=False")
@@ -295,6 +299,8 @@ def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
     function = f"tilec_{name}"
     ex = _HostExpr(k)
     lines = []
+    fixes = _checked_fixes(k, fixes)
+    fixed_exports = [generate(kernel.fixed(**fix), fallback, f"{name}_{suffix}") for fix, suffix in fixes]
 
     def fail(code, *parts):
         return "\n".join(_wrap("    return fail(", ["err", "err_len", code, *_message(*parts)], ");"))
@@ -392,6 +398,16 @@ def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
     entry = []
+    call = ["stream"] + (["workspace", "workspace_bytes"] if k.stream_k else []) + \
+        [a for p in k.params for a in ((p.name, f"{p.name}_shape", f"{p.name}_strides")
+                                       if isinstance(p, ir.TensorParam) else (p.name,))] + ["err", "err_len"]
+    read_at = {b.symbol: f"{b.tensor}_shape[{b.dim}]" for b in binds}
+    for (fix, _), sub in zip(fixes, fixed_exports):
+        if not entry:
+            entry.append("  // a launch with shape symbols a program was compiled for runs that program (export fixes)")
+        test = " && ".join(f"{read_at[s]} == {v}" for s, v in fix.items())
+        entry.append(f"  if ({test})  // {', '.join(f'{s} = {v}' for s, v in fix.items())}")
+        entry += _wrap(f"    return tilec_{sub.name}(", call, ");")
     if k.stream_k:
         entry += ["  if (workspace == 0)",
                   fail("TILEC_EARG", "workspace: a null pointer; a stream_k = 1 kernel needs a zeroed workspace "
@@ -430,6 +446,8 @@ def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
         variants.append(("thread_copy_variant", f"{name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, file_name=name, function=function,
+                  fixes=[(", ".join(f"{s} = {v}" for s, v in fix.items()), sub.name)
+                         for (fix, _), sub in zip(fixes, fixed_exports)],
                   consts=k.consts_text, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
                   has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{name.upper()}_H",
                   stream_k=bool(k.stream_k), flag_bytes=WORKSPACE_FLAG_BYTES, slot_bytes=slot_bytes)
@@ -445,7 +463,29 @@ def generate(kernel, fallback: bool = True, name: str | None = None) -> Export:
                   for v, f, c, s, t, w in variants])
     files = {f"{name}.h": header, f"{name}.cc": source}
     files.update({f: c for _, f, c, *_ in variants})
+    for sub in fixed_exports:
+        files.update(sub.files)
     return Export(name, files)
+
+
+def _checked_fixes(k: ir.Kernel, fixes) -> list:
+    """(fix, its export's name suffix) of each distinct fix, in order: a dict of shape
+    symbols this program reads from its arguments (not fixed in it already) to values."""
+    binds, _ = shape_bindings(k)
+    symbols = [b.symbol for b in binds]
+    out = []
+    for fix in fixes:
+        if not isinstance(fix, dict) or not fix:
+            raise TilecError(f"a fix is a dict of shape symbols to values, e.g. {{'C': 24}}, got {fix!r}")
+        for s in fix:
+            if s not in symbols:
+                fixed = " (fixed in this program already)" if any(s == n for n, _ in k.fixed) else ""
+                raise TilecError(f"fix {fix!r}: {s!r} is not a shape symbol of kernel {k.name}{fixed}; its shape "
+                                 f"symbols: {', '.join(symbols) or 'none'}")
+        fix = dict(sorted(fix.items(), key=lambda item: symbols.index(item[0])))
+        if fix not in [f for f, _ in out]:
+            out.append((fix, "_".join(f"{s}{v}" for s, v in fix.items())))
+    return out
 
 
 def check_name(name) -> str:
@@ -489,11 +529,13 @@ def _byte_rows(data: bytes, per_line: int = 16) -> list:
     return [", ".join(f"0x{b:02x}" for b in data[i:i + per_line]) for i in range(0, len(data), per_line)]
 
 
-def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, name: str | None = None, **consts) -> list:
+def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, name: str | None = None, fixes=(),
+           **consts) -> list:
     """Compile `src` (a path or the program text) with `consts` for `arch` and write
-    its export (named `name`, default the kernel's) to `out_dir`; the paths written."""
+    its export (named `name`, default the kernel's; with `fixes`, generate's) to
+    `out_dir`; the paths written."""
     from ..kernel import compile as compile_kernel
     if name is not None:
         check_name(name)        # before compiling
     kernel = compile_kernel(src, arch=arch, fallback=fallback, debug=False, tune=False, **consts)   # declared consts
-    return generate(kernel, fallback, name).write(out_dir)
+    return generate(kernel, fallback, name, fixes).write(out_dir)

@@ -106,6 +106,7 @@ class InterpretedKernel(Program):
         self.name = self.kernel_ir.name
         self.consts = dict(self.kernel_ir.consts)
         self.last_fix = {}          # the shape symbols the last launch that needed them fixed (_launcher_fixed)
+        self._fixes = []            # every such {symbol: value} (k.fixes)
 
     @functools.cached_property
     def cuda_source(self) -> str:
@@ -142,6 +143,8 @@ class InterpretedKernel(Program):
 
     def _launcher_fixed(self, symbols):
         self.last_fix = dict(symbols)       # as Kernel's: what k.export(dir, **k.last_fix) fixes
+        if symbols not in self._fixes:
+            self._fixes.append(dict(symbols))
         return self.fixed(**symbols)._launcher
 
     def __call__(self, *args, stream=None):
