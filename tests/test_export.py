@@ -1622,6 +1622,7 @@ def build_gpu_main(d, k: ir.Kernel, work, link=None) -> Path:
     main.write_text(main_source(k, gpu=True))
     exe = work / f"{k.name}_gpu"
     cmd = [CXX, "-std=c++17", "-O2", f"-I{d}", f"-I{CUDA_INCLUDE}", str(main), str(d / f"{k.name}.cc"),
+           *map(str, sorted(d.glob(f"{k.name}_*.cc"))),     # an export's fixes
            *(link if link is not None else libcuda_link_args()), "-o", str(exe)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, " ".join(cmd) + "\n" + p.stderr
@@ -1659,15 +1660,16 @@ class _Placed:
         self.buffer[...] = data.reshape(self.buffer.shape)
 
 
-def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_warning=False, consts=None):
-    """Export `name`, run it from the C++ main on `inputs` (numpy arrays or views
-    inside larger buffers, placed as they lie) with the output a guarded view, run
-    the Python launch on the same data into a guarded torch view, and compare."""
+def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_warning=False, consts=None,
+              fixes=()):
+    """Export `name` (with `fixes`), run it from the C++ main on `inputs` (numpy arrays
+    or views inside larger buffers, placed as they lie) with the output a guarded view,
+    run the Python launch on the same data into a guarded torch view, and compare."""
     import torch
     from guard import guarded
     d = tmp_path / "export"
     k = compile_kernel(name, **(consts or {}))
-    tilec_export.generate(k).write(d)
+    tilec_export.generate(k, fixes=fixes).write(d)
     exe = build_gpu_main(d, k.kernel_ir, tmp_path)
     placed = []
     for i, (buffer, view) in enumerate(inputs):
@@ -1753,6 +1755,19 @@ def test_gpu_conv2d_from_cpp_equals_python(tmp_path):
     g = _gpu_case(tmp_path, "conv2d", [(x, x), (wt, wt)], (180, 128), "f16")
     ref = im2col_reference(x, 3, 1, 1, 1).astype(np.float32) @ wt.astype(np.float32)
     assert np.allclose(g.view.astype(np.float32), ref, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_conv2d_of_24_channels_from_cpp_with_a_fix_equals_python(tmp_path):
+    """conv2d.tile exported with --fix C=24 on 24 channels: the launcher runs the program
+    compiled for them (on TMA: no thread-copy message), as the Python call does."""
+    rng = np.random.default_rng(24)
+    x = rng.integers(-1, 2, (2, 9, 10, 24)).astype(np.float16)
+    wt = rng.integers(-1, 2, (216, 64)).astype(np.float16)
+    g = _gpu_case(tmp_path, "conv2d", [(x, x), (wt, wt)], (180, 64), "f16", fixes=[{"C": 24}])
+    ref = im2col_reference(x, 3, 1, 1, 1).astype(np.float64) @ wt.astype(np.float64)
+    assert np.array_equal(g.view.astype(np.float64), ref)
 
 
 @pytest.mark.gpu
