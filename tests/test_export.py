@@ -813,19 +813,19 @@ def stub_programs(exported, tmp_path_factory):
     return program
 
 
-def build_stub(d, k, work, name, flags=(), export=None):
-    """The test main + the export in `d` (named `export`, default the kernel's; every
-    .cc of `d`, its fixes' too) + STUB (written to `work` first), built with `flags`:
-    the executable."""
-    if not (work / "stub.cc").exists():
-        (work / "stub.cc").write_text(STUB)
-    main = work / f"{name}_main.cc"
-    main.write_text(main_source(k.kernel_ir, gpu=False))
+def build_stub(d, k, work, name, flags=(), main=None):
+    """The test main (`main`'s text, by default main_source's) + every .cc in `d` (an
+    export, its fixes, any other export written there) + STUB (written to `work`
+    first), built with `flags`: the executable."""
+    stub = work / "stub.cc"
+    if not stub.exists():
+        stub.write_text(STUB)
+    main_cc = work / f"{name}_main.cc"
+    main_cc.write_text(main_source(k.kernel_ir, gpu=False) if main is None else main)
     exe = work / f"{name}_stub"
-    sources = [d / f"{export or k.name}.cc"] + sorted(set(d.glob(f"{export or k.name}_*.cc")) - {main})
-    p = subprocess.run([CXX, "-std=c++17", "-O0", *flags, f"-I{d}", f"-I{CUDA_INCLUDE}", str(main),
-                        *map(str, sources), str(work / "stub.cc"), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=600)
+    sources = sorted(set(d.glob("*.cc")) - {main_cc, stub})
+    p = subprocess.run([CXX, "-std=c++17", "-O0", *flags, f"-I{d}", f"-I{CUDA_INCLUDE}", str(main_cc),
+                        *map(str, sources), str(stub), "-o", str(exe)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     return exe
 
@@ -1088,13 +1088,7 @@ def test_named_exports_of_one_kernel_link_into_one_program(exported, stub_progra
     main += "int (*const the_other_export)(CUstream, CUdeviceptr, const int64_t*, const int64_t*, CUdeviceptr, " \
             "const int64_t*, const int64_t*, CUdeviceptr, const int64_t*, const int64_t*, char*, size_t) = " \
             "tilec_conv2d;\n"
-    (tmp_path / "main.cc").write_text(main)
-    (tmp_path / "stub.cc").write_text(STUB)
-    exe = tmp_path / "both"
-    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
-                        str(d / "conv2d_c24.cc"), str(d / "conv2d.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    exe = build_stub(d, k, tmp_path, "both", main=main)       # conv2d.cc and conv2d_c24.cc
     good = [t(0x7f0000000000, (2, 9, 10, 24)), t(0x7f0000100000, (216, 128)), t(0x7f0000200000, (180, 128))]
     rc, err, calls = run_stub_exe(exe, k, good)
     assert (rc, err) == (0, "") and any(c.startswith("launch") for c in calls), calls
@@ -1119,13 +1113,7 @@ def test_an_export_with_fixes_runs_the_fixed_program_for_those_arguments(exporte
         (d / "conv2d.h").read_text()
     k, k24 = exported["conv2d"][1], exported["conv2d_c24"][1]
     assert (d / "conv2d_C24.cubin").read_bytes() == k24.cubin
-    (tmp_path / "main.cc").write_text(main_source(k.kernel_ir, gpu=False))
-    (tmp_path / "stub.cc").write_text(STUB)
-    exe = tmp_path / "fixes"
-    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
-                        str(d / "conv2d.cc"), str(d / "conv2d_C24.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    exe = build_stub(d, k, tmp_path, "fixes")                 # conv2d.cc and conv2d_C24.cc
     c24 = [t(0x7f0000000000, (2, 9, 10, 24)), t(0x7f0000100000, (216, 128)), t(0x7f0000200000, (180, 128))]
     ran = run_stub_exe(exe, k, c24, also=[k24])
     assert ran[:2] == (0, "") and ran == run_stub(exported, stub_programs, "conv2d_c24", c24)
@@ -1999,13 +1987,7 @@ def test_stub_stream_k_export_with_fixes_sizes_the_workspace_for_every_program(e
     k = exported["gemm_sk"][1]
     k264 = k.fixed(K=264)
     tilec_export.generate(k, fixes=[{"K": 264}]).write(d)
-    (tmp_path / "main.cc").write_text(main_source(k.kernel_ir, gpu=False))
-    (tmp_path / "stub.cc").write_text(STUB)
-    exe = tmp_path / "sk"
-    p = subprocess.run([CXX, "-std=c++17", "-O0", f"-I{d}", f"-I{CUDA_INCLUDE}", str(tmp_path / "main.cc"),
-                        str(d / "gemm.cc"), str(d / "gemm_K264.cc"), str(tmp_path / "stub.cc"), "-o", str(exe)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    exe = build_stub(d, k, tmp_path, "sk")                    # gemm.cc and gemm_K264.cc
     need = max(stream_k_need(k), stream_k_need(k264))
     rc, err, calls = run_stub_exe(exe, k, GOOD["gemm"], workspace=(SK_WORKSPACE, need), also=[k264])
     assert (rc, err) == (0, "") and f"need_rc=0 need={need}" in calls
