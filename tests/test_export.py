@@ -414,6 +414,16 @@ def test_generated_cpp_compiles(exported, name):
 
 
 @needs_cxx
+@pytest.mark.parametrize("name, consts, fix", [("conv2d", {}, {"C": 24}), ("gemm", STREAM_K_GEMM, {"K": 264})])
+def test_an_export_with_fixes_compiles_without_warnings(tmp_path, name, consts, fix):
+    tilec_export.generate(compile_kernel(name, **consts), fixes=[fix]).write(tmp_path)
+    for cc in sorted(tmp_path.glob("*.cc")):
+        p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{tmp_path}",
+                            f"-I{CUDA_INCLUDE}", str(cc)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+
+
+@needs_cxx
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.tile")), ids=lambda p: p.stem)
 def test_every_example_exports_and_compiles(tmp_path, path):
     k = tilec.compile(str(path), arch="sm_90a", debug=False)
