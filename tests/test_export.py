@@ -1692,7 +1692,8 @@ def _gpu_case(tmp_path, name, inputs, out_shape, out_dtype, scalars=(), expect_w
                                              whole.storage_offset() + start))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
-        tilec.compile(str(ROOT / "examples" / f"{name}.tile"), **(consts or {}))(*torch_inputs, g_py.view, *scalars)
+        tilec.compile(PROGRAMS.get(name) or str(ROOT / "examples" / f"{name}.tile"), **(consts or {}))(
+            *torch_inputs, g_py.view, *scalars)
     torch.cuda.synchronize()
     g_py.check()
     py = g_py.view.cpu().numpy()
@@ -1766,6 +1767,16 @@ def test_gpu_conv2d_of_24_channels_from_cpp_with_a_fix_equals_python(tmp_path):
     g = _gpu_case(tmp_path, "conv2d", [(x, x), (wt, wt)], (180, 64), "f16", fixes=[{"C": 24}])
     ref = im2col_reference(x, 3, 1, 1, 1).astype(np.float64) @ wt.astype(np.float64)
     assert np.array_equal(g.view.astype(np.float64), ref)
+
+
+@pytest.mark.gpu
+@needs_cxx
+def test_gpu_half_scalars_from_cpp_equal_python(tmp_path):
+    """An f16 and a bf16 scalar through the C signature, as their bits."""
+    x = np.linspace(-3, 3, 1000, dtype=np.float32)
+    g = _gpu_case(tmp_path, "halves", [(x, x)], (1000,), "f32", scalars=(1 / 3, -0.1))
+    a, b = np.float32(np.float16(1 / 3)), np.float32(-0.10009765625)     # -0.1 as bf16
+    assert np.array_equal(g.view, (x.astype(np.float64) * a + b).astype(np.float32))     # one fused multiply-add
 
 
 @pytest.mark.gpu
