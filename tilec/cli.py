@@ -14,6 +14,7 @@ from .passes import PASS_NAMES
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
 ARCH_HELP = ("the target: sm_80, sm_86, sm_89 (no TMA: thread copies, no gemm), sm_90a, sm_100a, sm_120a "
              "(default: the GPU's, sm_90a without one)")
+DEFINE_HELP = "override a const, or fix a shape symbol (-D C=24: the kernel takes 24 only)"
 
 
 def _consts(pairs, option="-D"):
@@ -159,21 +160,20 @@ def main(argv=None) -> int:
     e.add_argument("file")
     e.add_argument("--emit", choices=EMITS, default="cuda")
     e.add_argument("--after", help="with --emit ir: the pass to print the IR after (default: the last)")
-    e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE",
-                   help="override a const, or fix a shape symbol (-D C=24: the kernel takes 24 only)")
+    e.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help=DEFINE_HELP)
     e.add_argument("--arch", help=ARCH_HELP)
     e.set_defaults(run=_cmd_emit)
     c = sub.add_parser("check", help="parse, check and compile (with a tune statement, every candidate); exit 0 "
                                      "or print the errors")
     c.add_argument("file")
-    c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
+    c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help=DEFINE_HELP)
     c.add_argument("--arch", help=ARCH_HELP)
     c.set_defaults(run=_cmd_check)
     x = sub.add_parser("export", help="write the kernel as a cubin, a C header and a C++ launcher (no Python "
                                       "needed to run it)")
     x.add_argument("file")
     x.add_argument("-o", dest="output", required=True, metavar="DIR", help="the directory to write into")
-    x.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE")
+    x.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help=DEFINE_HELP)
     x.add_argument("--arch", default="sm_90a", help="the cubin's architecture (default sm_90a)")
     x.add_argument("--name", help="name the export NAME (files NAME.h, NAME.cc, function tilec_NAME; default: the "
                                   "kernel's), so that exports of one kernel with different -D link together")
