@@ -201,14 +201,27 @@ def test_the_fix_is_offered_only_where_the_channels_are_the_only_problem(strides
 
 
 @pytest.mark.gpu
-def test_an_x_that_breaks_another_rule_runs_the_thread_copies():
+def test_an_x_that_breaks_another_rule_runs_the_thread_copies(monkeypatch):
     """24 channels of a 28-channel tensor, passed as the view it is: its pixels are
-    56 bytes apart, which no tensor map describes, so fixing C would not help."""
+    56 bytes apart, which no tensor map describes, so fixing C would not help. The
+    warning names the channel rule too until a launch has fixed C = 24; a call with
+    24 channels then goes to that program first, whose wrapper sees the strides alone."""
     k = tilec.compile(CONV, tune=False)
+    monkeypatch.setattr(k, "_fixes", [])        # the kernel is cached: no fix remembered from another test
     args, y, want = conv_problem(1, 4, 5, 24, 64, "torch", x_channels=28)
     with pytest.warns(tilec.TmaFallbackWarning, match=r"24 channels is not a multiple of the 64 channels .*; "
                       r"row stride 56 bytes is not a multiple of 16"):
         run(k, args, y, want, "torch")
+    assert k._fixes == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        run(k, *conv_problem(1, 4, 5, 24, 64, "torch"), "torch")       # a dense X: C = 24 fixed, on TMA
+    assert k._fixes == [{"C": 24}]
+    args, y, want = conv_problem(1, 4, 5, 24, 64, "torch", x_channels=28)
+    with pytest.warns(tilec.TmaFallbackWarning) as record:
+        run(k, args, y, want, "torch")
+    said = str(record[0].message)
+    assert "row stride 56 bytes is not a multiple of 16" in said and "channels is not a multiple" not in said, said
 
 
 def test_a_fixed_program_that_does_not_compile_runs_the_thread_copies(monkeypatch):
