@@ -103,6 +103,16 @@ class Program:
         return generate(kernel, self._fallback_allowed if fallback is None else fallback, name,
                         fixes).write(out_dir)
 
+    def _launcher_fixed(self, symbols):
+        """The launcher of this program with `symbols` fixed (k.fixed, compiled on first
+        use), for a launch whose arguments need them; remembered in last_fix and, once
+        it compiled, in fixes."""
+        self.last_fix = dict(symbols)       # autotuning compiles the other candidates' fixed programs at once
+        run = self.fixed(**symbols)._launcher
+        if symbols not in self._fixes:
+            self._fixes.append(dict(symbols))
+        return run
+
     @property
     def fixes(self) -> list:
         """The shape symbols launches of this kernel fixed, one dict per program

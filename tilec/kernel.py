@@ -178,13 +178,6 @@ class Kernel(Program):
                 return self._launcher_fixed(fix)(*args, stream=stream)
         return self._launch(self._call(stream, self._run_fallback if self._fallback_allowed else None, args), *args)
 
-    def _launcher_fixed(self, symbols):
-        self.last_fix = dict(symbols)       # autotuning compiles the other candidates' fixed programs at once
-        run = self.fixed(**symbols)._launcher
-        if symbols not in self._fixes:
-            self._fixes.append(dict(symbols))
-        return run
-
     def _run_fallback(self, *args, stream=None):
         fb = self.fallback
         return fb._launch(fb._call(stream, None, args), *args)

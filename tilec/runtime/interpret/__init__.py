@@ -141,12 +141,6 @@ class InterpretedKernel(Program):
         return self._launch(InterpretCall(self.kernel_ir, self._run_fallback if self._fallback_allowed else None,
                                           self._launcher_fixed), *args)
 
-    def _launcher_fixed(self, symbols):
-        self.last_fix = dict(symbols)       # as Kernel's: what k.export(dir, **k.last_fix) fixes
-        if symbols not in self._fixes:
-            self._fixes.append(dict(symbols))
-        return self.fixed(**symbols)._launcher
-
     def __call__(self, *args, stream=None):
         k = self.kernel_ir
         if len(args) != len(k.params):
