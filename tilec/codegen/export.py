@@ -301,6 +301,7 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     lines = []
     fixes = _checked_fixes(k, fixes)
     fixed_exports = [generate(kernel.fixed(**fix), fallback, f"{name}_{suffix}") for fix, suffix in fixes]
+    fixed_said = [", ".join(f"{s} = {v}" for s, v in fix.items()) for fix, _ in fixes]     # "C = 24"
 
     def fail(code, *parts):
         return "\n".join(_wrap("    return fail(", ["err", "err_len", code, *_message(*parts)], ");"))
@@ -402,11 +403,11 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
         [a for p in k.params for a in ((p.name, f"{p.name}_shape", f"{p.name}_strides")
                                        if isinstance(p, ir.TensorParam) else (p.name,))] + ["err", "err_len"]
     read_at = {b.symbol: f"{b.tensor}_shape[{b.dim}]" for b in binds}
-    for (fix, _), sub in zip(fixes, fixed_exports):
+    for (fix, _), sub, said in zip(fixes, fixed_exports, fixed_said):
         if not entry:
             entry.append("  // a launch with shape symbols a program was compiled for runs that program (export fixes)")
         test = " && ".join(f"{read_at[s]} == {v}" for s, v in fix.items())
-        entry.append(f"  if ({test})  // {', '.join(f'{s} = {v}' for s, v in fix.items())}")
+        entry.append(f"  if ({test})  // {said}")
         entry += _wrap(f"    return tilec_{sub.name}(", call, ");")
     if k.stream_k:
         entry += ["  if (workspace == 0)",
@@ -446,8 +447,7 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
         variants.append(("thread_copy_variant", f"{name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, file_name=name, function=function,
-                  fixes=[(", ".join(f"{s} = {v}" for s, v in fix.items()), sub.name)
-                         for (fix, _), sub in zip(fixes, fixed_exports)],
+                  fixes=[(said, sub.name) for said, sub in zip(fixed_said, fixed_exports)],
                   consts=k.consts_text, arch=kernel.arch, args=args, doc=doc, fallback=fb is not None,
                   has_maps=bool(k.tensor_maps), guard=f"TILEC_EXPORT_{name.upper()}_H",
                   stream_k=bool(k.stream_k), flag_bytes=WORKSPACE_FLAG_BYTES, slot_bytes=slot_bytes)
