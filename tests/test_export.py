@@ -1874,10 +1874,13 @@ def test_gpu_tuned_kernel_exports_the_candidate_its_call_chose(tmp_path):
     torch = pytest.importorskip("torch")
     k = tilec.compile(str(ROOT / "examples" / "gemm.tile"), tune={"BN": (64, 128), "STAGES": (2, 3)},
                       key=("M", "N", "K"))
+    from guard import guarded
     a, b = (torch.randn(512, 512, device="cuda", dtype=torch.float16) for _ in range(2))
-    c = torch.empty(512, 512, device="cuda", dtype=torch.float16)
-    k(a, b, c)
+    c = guarded((512, 512), "f16")
+    k(a, b, c.view)
     torch.cuda.synchronize()
+    c.check()                                       # nothing written around the output
+    assert torch.allclose(c.view.float(), (a.float() @ b.float()), rtol=2e-2, atol=1e-1)
     chosen = k.best_config
     k.export(tmp_path, name="gemm_512")
     assert (tmp_path / "gemm_512.cubin").read_bytes() == k.kernel.cubin
