@@ -132,19 +132,21 @@ def test_an_export_with_the_kernels_fixes_does_what_its_calls_did(tmp_path):
 
 def reads_zeros_past_the_last_tap(like):
     """conv2d.tile compiled for 24 channels: its last K tile (columns 192 .. 255 of 216)
-    ends past the view's last column. Those columns are channels 24 .. 63 of the last
-    tap, outside X, which TMA fills with zeros, against rows of W past its end (zeros
-    too). Read from memory instead, they would be the next pixels' channels: an Inf
-    there gives 0 * Inf = NaN in an output whose window does not hold it."""
+    ends past the view's last column. Its chunks past the end load, as TMA im2col, from
+    one image past X's last (batch coordinate + N), which TMA fills with zeros, against
+    rows of W past its end (zeros too). X lies between an image of Inf before and after
+    it, and holds an Inf and a -Inf itself: a load that read memory past X's last image,
+    or a pixel's channels, would give 0 * Inf = NaN in an output that is finite or +-Inf."""
     rng = np.random.default_rng(24)
-    x = rng.integers(-1, 2, (1, 5, 6, 24)).astype(np.float16)
-    x[0, 2, 3], x[0, 4, 5] = np.inf, -np.inf
+    values = rng.integers(-1, 2, (1, 5, 6, 24)).astype(np.float16)
+    values[0, 2, 3, 5], values[0, 4, 5, 17] = np.inf, -np.inf   # one channel each: some outputs are +-Inf
+    x = guarded(values.shape, "f16", like=like, pad=((1, 1), 0, 0, 0), sentinel=np.inf, fill=values)
     wt = rng.integers(-1, 2, (216, 64)).astype(np.float16)
     with np.errstate(invalid="ignore"):
-        want = im2col(x) @ wt.astype(np.float64)
+        want = im2col(values) @ wt.astype(np.float64)
     assert np.isnan(want).any() and np.isfinite(want).sum() > want.size // 2
     y = guarded((30, 64), "f16", like=like)
-    tilec.compile(CONV, tune=False, fallback=False, C=24, **backend(like))(*on(like, [x, wt]), y.view)
+    tilec.compile(CONV, tune=False, fallback=False, C=24, **backend(like))(x.view, *on(like, [wt]), y.view)
     if like == "torch":
         import torch
         torch.cuda.synchronize()
@@ -159,9 +161,40 @@ def test_columns_past_the_last_tap_read_zeros_in_the_interpreter():
 
 @pytest.mark.gpu
 def test_columns_past_the_last_tap_read_zeros_on_the_gpu():
-    """The GPU fact under im2col.column's past-the-end columns: TMA im2col fills channels
-    outside [0, C) with zeros, as tiled loads fill coordinates outside the tensor."""
+    """The GPU fact under im2col.past_end: an im2col load whose pixels all lie past the
+    tensor's last image reads zeros, as tiled loads read zeros outside the tensor."""
     reads_zeros_past_the_last_tap("torch")
+
+
+# schedules whose K tiles end past the view's 9 * C columns, and copies of the zeros tile
+# of 1024 bytes (BM = 64 or 192: chunks of 1024 or 3072 bytes) or 2048 (BM = 128)
+ZERO_SCHEDULES = [dict(BM=64, BN=64, STAGES=3), dict(BM=192, BN=64, STAGES=2),
+                  dict(BM=128, BN=128, STAGES=4, PRODUCER=1, PERSISTENT=1)]
+
+
+def zeros_past_the_end(like, c, consts):
+    """conv2d.tile compiled for c channels: the loads of the columns past 9 * c copy the
+    zeros tile, on the load's barrier, in every schedule; three images, so that the
+    persistent schedule's blocks take several tiles."""
+    k = tilec.compile(CONV, tune=False, fallback=False, C=c, **consts, **backend(like))
+    args, y, want = conv_problem(3, 5, 7, c, 64, like)
+    run(k, args, y, want, like)
+
+
+@pytest.mark.parametrize("consts", ZERO_SCHEDULES, ids=str)
+@pytest.mark.parametrize("c", [8, 24])
+def test_columns_past_the_end_copy_the_zeros_tile_in_the_interpreter(c, consts):
+    cuda = tilec.compile(CONV, tune=False, C=c, **consts).cuda_source
+    size = 1024 if consts["BM"] != 128 else 2048
+    assert "bulk_copy_shared(" in cuda and f"tl_zeros, {size}, " in cuda
+    zeros_past_the_end("numpy", c, consts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("consts", ZERO_SCHEDULES, ids=str)
+@pytest.mark.parametrize("c", [8, 24])
+def test_columns_past_the_end_copy_the_zeros_tile_on_the_gpu(c, consts):
+    zeros_past_the_end("torch", c, consts)
 
 
 def runs_the_thread_copies(c, warning, error):

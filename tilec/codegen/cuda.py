@@ -177,6 +177,13 @@ class _Printer:
     def bar(self, name, index=None):
         return f"&tl_{name}" if index is None else f"&tl_{name}[{self.expr(index)}]"
 
+    def zero_copies(self, s, ind) -> list:
+        """An im2col load's bytes as copies of the ZEROS tile, on the load's barrier."""
+        size = self.k.buffer(ir.ZEROS).bytes
+        return [f"{ind}bulk_copy_shared({self.tile_address(s.buffer, s.stage, s.smem_offset + i)}, {ir.ZEROS}, "
+                f"{size}, {self.bar(s.barrier, s.barrier_index)});  // columns past the view's last: zeros"
+                for i in range(0, s.bytes, size)]
+
     def tile_address(self, name, stage, offset):
         b = self.k.buffer(name)
         parts = [f"reinterpret_cast<unsigned char*>({name})"]
@@ -300,9 +307,16 @@ class _Printer:
             coords = ", ".join(f"int({self.expr(c)})" for c in reversed(s.coords))
             offsets = ", ".join(f"(unsigned short)({self.expr(o)})" for o in reversed(s.offsets))
             dst = self.tile_address(s.buffer, s.stage, s.smem_offset)
-            return [f"{ind}tma_load_im2col_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, "
+            load = [f"{ind}tma_load_im2col_{len(s.coords)}d({dst}, &tl_{s.tensor_map}, "
                     f"{self.bar(s.barrier, s.barrier_index)},",
                     f"{ind}    {coords},", f"{ind}    {offsets});"]
+            past = s.zeros_if
+            if past is None or (isinstance(past, ir.Int) and not past.value):
+                return load
+            if isinstance(past, ir.Int):
+                return self.zero_copies(s, ind)
+            return [f"{ind}if ({self.expr(past)}) {{"] + self.zero_copies(s, ind + "  ") + \
+                [f"{ind}}} else {{"] + ["  " + line for line in load] + [f"{ind}}}"]
         if isinstance(s, ir.TmaLoad):
             coords = ", ".join(self.expr(c) for c in reversed(s.coords))
             dst = self.tile_address(s.buffer, s.stage, s.smem_offset)
@@ -1247,6 +1261,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("tma_load", rank)
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and s.view}):
         add("tma_load_im2col", rank)
+    if any(isinstance(s, ir.TmaLoad) and s.zeros_if is not None for s in stmts):
+        add("bulk_copy_shared")
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaStore)}):
         add("tma_store", rank)
     if any(isinstance(s, (ir.BulkCommit, ir.BulkWait)) for s in stmts):

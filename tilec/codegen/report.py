@@ -31,7 +31,9 @@ def tma_table(k: ir.Kernel) -> str:
                     f"[{', '.join(map(str, tm.lower_corner))}] .. [{', '.join(map(str, tm.upper_corner))}], "
                     f"element strides [{', '.join(map(str, tm.element_strides))}]\n"
                     f"    coordinates [{', '.join(expr(c) for c in s.coords)}]\n"
-                    f"    tap offsets [{', '.join(expr(o) for o in s.offsets)}]")
+                    f"    tap offsets [{', '.join(expr(o) for o in s.offsets)}]" +
+                    (f"\n    zeros from {ir.ZEROS} (columns past the view's last) if {expr(s.zeros_if)}"
+                     if s.zeros_if is not None else ""))
             elif isinstance(s, ir.TmaLoad):
                 rows.append((str(s.span.line if s.span else "?"), "load.tile", f"{t.name}[{coords}]", buf.name,
                              box, tm.swizzle, str(buf.smem_offset + s.smem_offset), str(s.bytes), s.barrier,

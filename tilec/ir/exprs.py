@@ -272,6 +272,8 @@ def fold(e, division: str = "floor"):
                 return x.rhs
         if isinstance(x, ir.UnaryOp) and isinstance(x.operand, ir.Int):
             return _int64(-x.operand.value if x.op == "-" else int(not x.operand.value), x)
+        if isinstance(x, ir.Call) and x.func == "select" and len(x.args) == 3 and isinstance(x.args[0], ir.Int):
+            return x.args[1] if x.args[0].value else x.args[2]     # decided by the literal, as a && 0 is
         if isinstance(x, ir.Call) and x.func in INT_CALLS and all(isinstance(a, ir.Int) for a in x.args):
             n, f = INT_CALLS[x.func]
             if len(x.args) == n:

@@ -34,17 +34,19 @@ def row(v: ir.Im2colView, x: ir.TensorParam, m) -> tuple:
 
 def column(v: ir.Im2colView, x: ir.TensorParam, k) -> tuple:
     """(channel, tap offsets...) of view column k: offset = tap index * dilation.
-    A column past the view's last (a K tile that ends past KH * KW * C) is channel
-    C or more of the last tap: outside X, so a TMA load reads zeros there, as the
-    thread copies do, not another tap's channels."""
+    A column past the view's last (a K tile that ends past KH * KW * C) has a tap
+    index of KH * KW or more, whose offsets (taken % KW, / KW % KH, ...) and
+    channel k % C are still those of a point inside X. The thread copies test the
+    column before they read; a TMA load of such columns copies zeros instead
+    (TmaLoad.zeros_if, plan-tma)."""
     channels = x.shape[-1]
     taps = math.prod(v.kernel)
-    tap = ir.Int(0) if taps == 1 else fold(ir.Call("min", (_b("/", k, channels), ir.Int(taps - 1))))
+    tap = ir.Int(0) if taps == 1 else _b("/", k, channels)
     offsets, rest = [], tap
     for d in reversed(range(len(v.kernel))):
         offsets.insert(0, _b("*", _b("%", rest, ir.Int(v.kernel[d])), ir.Int(v.dilation[d])))
         rest = _b("/", rest, ir.Int(v.kernel[d]))
-    return _b("-", k, _b("*", tap, channels)), tuple(offsets)
+    return _b("%", k, channels), tuple(offsets)
 
 
 def element(v: ir.Im2colView, x: ir.TensorParam, starts, names) -> tuple:

@@ -112,7 +112,8 @@ def stmt(s, ind: str) -> list:
             at = f" at {s.tensor}[{coords}]{offs}" if s.offsets else ""
         dst = f"{s.buffer}+{s.smem_offset}" if s.smem_offset else s.buffer
         if s.view:
-            return [f"{ind}tma.load.im2col {dst} <- {s.view}[{origin}]{at}{via}{bar}{L}"]
+            zeros = f" zeros from {ir.ZEROS} if {expr(s.zeros_if)}" if s.zeros_if is not None else ""
+            return [f"{ind}tma.load.im2col {dst} <- {s.view}[{origin}]{at}{via}{bar}{zeros}{L}"]
         if s.stage is not None:
             dst += f"[stage {expr(s.stage)}]"
         if s.barrier and s.barrier_index is not None:

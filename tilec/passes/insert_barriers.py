@@ -673,7 +673,10 @@ def _load_at(x: ir.TmaLoad, var: str, it) -> ir.TmaLoad:
     coordinates with `var` replaced, in device math (C++'s / and %)."""
     def at(cs):
         return tuple(fold(substitute(c, {var: it}), "trunc") for c in cs)
-    return replace(x, coords=at(x.coords), offsets=at(x.offsets), origin=at(x.origin))
+    zeros = None if x.zeros_if is None else at((x.zeros_if,))[0]
+    if isinstance(zeros, ir.Int) and not zeros.value:
+        zeros = None                                # inside the view at this iteration
+    return replace(x, coords=at(x.coords), offsets=at(x.offsets), origin=at(x.origin), zeros_if=zeros)
 
 
 def _merge_one_thread(body):
@@ -767,4 +770,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         while body and isinstance(body[0], ir.OneThread):
             lead += body.pop(0).body
         body = [ir.OneThread(tuple(lead))] + ([ir.SyncThreads()] if body else []) + body
+    if any(isinstance(s, ir.TmaLoad) and s.zeros_if is not None for s in ir.walk_stmts(body)):
+        # the tile that an im2col load's columns past the view's end copy: zeroed by the threads and
+        # made visible to the async proxy before thread 0 may issue a load
+        body = [ir.Fill(ir.ZEROS, ir.Int(0)), ir.ProxyFence(), ir.SyncThreads()] + body
     return replace(k, body=_merge_one_thread(tuple(body)), barriers=tuple(ins.barriers))

@@ -73,7 +73,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return copies[0] if len(copies) == 1 and isinstance(s, ir.TmaStore) else copies
 
     body = map_body(k.body, plan)
-    return replace(k, body=body, tensor_maps=tuple(maps.values()))
+    k = replace(k, body=body, tensor_maps=tuple(maps.values()))
+    zeroed = [s.bytes for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaLoad) and s.zeros_if is not None]
+    if zeroed:
+        size = math.gcd(ir.ZERO_TILE_BYTES, *zeroed)
+        k = replace(k, buffers=k.buffers + (ir.Buffer(ir.ZEROS, "shared", ir.DTYPES["u64"], (size // 8,)),))
+    return k
 
 
 
@@ -162,8 +167,25 @@ def _plan_im2col(k, s, maps):
         kt = k0 if t == 0 else fold(ir.BinOp("+", k0, ir.Int(t * width)))
         c0, offsets = im2col.column(v, x, kt)
         loads.append(replace(s, origin=(m0, kt), coords=(n, *origins, c0), offsets=offsets, tensor_map=tm.name,
-                             bytes=bm * width * esize, smem_offset=t * bm * width * esize))
+                             bytes=bm * width * esize, smem_offset=t * bm * width * esize,
+                             zeros_if=_past_the_end(v, x, kt, bk, width)))
     return loads
+
+
+def _past_the_end(v, x, k, depth, width):
+    """Where a load of `width` view columns from k on (in a K tile `depth` wide)
+    lies past the view's last column (k >= KH * KW * C), or None where no K tile
+    can pass the end: KH * KW * C is a multiple of `depth`, a C that is a shape
+    symbol counted as a multiple of `width` (the launch checks that). Such a load
+    copies zeros from a shared tile instead: TMA fills the columns outside X with
+    zeros as well, but an im2col load whose every pixel lies outside X took the
+    8-channel convolutions from 0.91 to 0.58 of cuDNN (benchmarks/NOTES.md,
+    session 47)."""
+    end = im2col.columns(v, x)
+    channels = x.shape[-1]
+    multiple = divisor(end) if isinstance(channels, ir.Int) else math.prod(v.kernel) * width
+    past = fold(ir.BinOp(">=", k, end))
+    return None if multiple % depth == 0 or (isinstance(past, ir.Int) and past.value == 0) else past
 
 
 def _split(tensor, shape, s):

@@ -496,6 +496,9 @@ class _Blocks:
         tm = self.maps[s.tensor_map]
         tensor = self.tensors[s.tensor]
         b = self.buffers[s.buffer]
+        if s.zeros_if is not None and self.ev(s.zeros_if, env):
+            self.zero_copies(s, b, env)
+            return
         if s.view:
             data = self.im2col_box(s, tm, tensor, env)
         else:
@@ -510,6 +513,17 @@ class _Blocks:
         self._smem_span(b, address, data.nbytes, tm.swizzle, s, f"TMA load into '{b.name}'")
         self._to_smem(address, data, tm.swizzle)
         self.complete_tx(s.barrier, s.barrier_index, data.nbytes, s, env)
+
+    def zero_copies(self, s, b, env):
+        """An im2col load whose columns lie past the view's last: cp.async.bulk
+        copies of the ZEROS tile's bytes (whatever they hold: its fill at the
+        block's start makes them zeros) over the load's bytes, on its barrier."""
+        z = self.buffers[ir.ZEROS]
+        address = b.smem_offset + self._stage(s.stage, env) * b.stage_bytes + s.smem_offset
+        self._smem_span(b, address, s.bytes, "none", s, f"copy of zeros into '{b.name}'")
+        for i in range(0, s.bytes, z.bytes):
+            self.smem[address + i:address + i + z.bytes] = self.smem[z.smem_offset:z.smem_offset + z.bytes]
+        self.complete_tx(s.barrier, s.barrier_index, s.bytes, s, env)
 
     def im2col_box(self, s, tm, tensor, env):
         """One cp.async.bulk.tensor .im2col: pixels_per_column pixels from the
@@ -540,7 +554,8 @@ class _Blocks:
         for cnt in reversed(counts):
             pos.insert(0, rest % cnt)
             rest = rest // cnt
-        # rows past the last image are unspecified on the GPU; they read zero here
+        # rows past the last image read zero (on the H200, loads that start past it read zeros:
+        # benchmarks/NOTES.md session 47)
         valid = (rest >= 0) & (rest < n_img)
         pixel = []
         for q, lo, st, off, dim in zip(pos, tm.lower_corner, steps, offsets, spatial):
