@@ -157,9 +157,7 @@ def test_a_tile_of_taps_from_views_of_16_and_32_channels(order):
     32", then the thread-copy variant ran). Its chunks are now 16 channels: a TMA
     load each, both views exact."""
     from tilec.compiler import lower
-    # and the tile of zeros that the chunks past the view's 144 or 288 columns copy
-    assert [(b.name, b.layout, b.chunk) for b in lower(ORDERS[order]).stages["plan-tma"].buffers] == \
-        [("t", "cols", 16), ("tl_zeros", "row", 0)]
+    assert [(b.layout, b.chunk) for b in lower(ORDERS[order]).stages["plan-tma"].buffers] == [("cols", 16)]
     run_exactly(ORDERS[order], "numpy", *cols_problem("numpy"))
 
 
@@ -198,8 +196,7 @@ def test_a_tile_whose_k_tiles_straddle_taps(c):
     load each."""
     from tilec.compiler import lower
     src = ONE.format(c=c, k=9 * c)
-    assert [(b.name, b.layout, b.chunk) for b in lower(src).stages["plan-tma"].buffers] == \
-        [("t", "cols", STRADDLING[c]), ("tl_zeros", "row", 0)]       # 9 * c columns: no multiple of 64
+    assert [(b.layout, b.chunk) for b in lower(src).stages["plan-tma"].buffers] == [("cols", STRADDLING[c])]
     run_exactly(src, "numpy", *one_problem(c, "numpy"))
 
 
@@ -247,12 +244,12 @@ def test_a_ring_of_tiles_whose_k_tiles_straddle_taps(c, stages):
     tiles) are chunked alike (they were row-major, so the threads read the
     chunks in the wrong places), and the last K tile reads zeros past the view's
     last column (a tap index that wrapped read the first tap's channels), copied
-    from the tile of zeros."""
+    from the module's zeros."""
     from tilec.compiler import lower
     src = RING.format(c=c, stages=stages)
     tiles = [(b.name, b.layout, b.chunk) for b in lower(src).kernel.buffers if b.scope == "shared"]
     assert tiles == [("t", "cols", STRADDLING[c])] + [(f"tl_t_stage{j}", "cols", STRADDLING[c])
-                                                     for j in range(1, stages)] + [("tl_zeros", "row", 0)]
+                                                     for j in range(1, stages)]
     run_exactly(src, "numpy", *ring_problem(c, "numpy"))
 
 

@@ -178,11 +178,10 @@ class _Printer:
         return f"&tl_{name}" if index is None else f"&tl_{name}[{self.expr(index)}]"
 
     def zero_copies(self, s, ind) -> list:
-        """An im2col load's bytes as copies of the ZEROS tile, on the load's barrier."""
-        size = self.k.buffer(ir.ZEROS).bytes
-        return [f"{ind}bulk_copy_shared({self.tile_address(s.buffer, s.stage, s.smem_offset + i)}, {ir.ZEROS}, "
-                f"{size}, {self.bar(s.barrier, s.barrier_index)});  // columns past the view's last: zeros"
-                for i in range(0, s.bytes, size)]
+        """An im2col load's bytes as copies of ir.ZEROS, on the load's barrier."""
+        return [f"{ind}bulk_copy_zeros({self.tile_address(s.buffer, s.stage, s.smem_offset + i)}, "
+                f"{min(ir.ZERO_BYTES, s.bytes - i)}, {self.bar(s.barrier, s.barrier_index)});  "
+                "// columns past the view's last: zeros" for i in range(0, s.bytes, ir.ZERO_BYTES)]
 
     def tile_address(self, name, stage, offset):
         b = self.k.buffer(name)
@@ -1262,7 +1261,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaLoad) and s.view}):
         add("tma_load_im2col", rank)
     if any(isinstance(s, ir.TmaLoad) and s.zeros_if is not None for s in stmts):
-        add("bulk_copy_shared")
+        add("bulk_copy_zeros", ir.ZERO_BYTES)
     for rank in sorted({len(s.coords) for s in stmts if isinstance(s, ir.TmaStore)}):
         add("tma_store", rank)
     if any(isinstance(s, (ir.BulkCommit, ir.BulkWait)) for s in stmts):

@@ -448,16 +448,16 @@ class TmaLoad(Stmt):
     stage: Optional[Expr] = None          # pipelined: which copy of the tile
     barrier_index: Optional[Expr] = None  # pipelined: which barrier of the array
     zeros_if: Optional[Expr] = None       # im2col: where this holds (the load's columns lie past the
-                                          # view's last), the same bytes come from the ZEROS tile instead
-                                          # (cp.async.bulk shared -> shared, on the same barrier)
+                                          # view's last), the same bytes are copies of ZEROS instead
+                                          # (cp.async.bulk global -> shared, on the same barrier)
     span: Optional[Span] = SPAN
 
 
-# The shared tile of zeros that an im2col load's columns past the view's end are
-# copied from (TmaLoad.zeros_if): filled once as the block starts; at most
-# ZERO_TILE_BYTES, each such load in copies of it.
+# The kernel module's global array of ZERO_BYTES zero bytes that an im2col load's
+# columns past the view's end are copied from (TmaLoad.zeros_if), in copies of at
+# most ZERO_BYTES each.
 ZEROS = "tl_zeros"
-ZERO_TILE_BYTES = 2048
+ZERO_BYTES = 2048
 
 
 @dataclass(frozen=True)

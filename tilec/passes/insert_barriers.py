@@ -770,8 +770,4 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         while body and isinstance(body[0], ir.OneThread):
             lead += body.pop(0).body
         body = [ir.OneThread(tuple(lead))] + ([ir.SyncThreads()] if body else []) + body
-    if any(isinstance(s, ir.TmaLoad) and s.zeros_if is not None for s in ir.walk_stmts(body)):
-        # the tile that an im2col load's columns past the view's end copy: zeroed by the threads and
-        # made visible to the async proxy before thread 0 may issue a load
-        body = [ir.Fill(ir.ZEROS, ir.Int(0)), ir.ProxyFence(), ir.SyncThreads()] + body
     return replace(k, body=_merge_one_thread(tuple(body)), barriers=tuple(ins.barriers))

@@ -73,12 +73,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return copies[0] if len(copies) == 1 and isinstance(s, ir.TmaStore) else copies
 
     body = map_body(k.body, plan)
-    k = replace(k, body=body, tensor_maps=tuple(maps.values()))
-    zeroed = [s.bytes for s in ir.walk_stmts(k.body) if isinstance(s, ir.TmaLoad) and s.zeros_if is not None]
-    if zeroed:
-        size = math.gcd(ir.ZERO_TILE_BYTES, *zeroed)
-        k = replace(k, buffers=k.buffers + (ir.Buffer(ir.ZEROS, "shared", ir.DTYPES["u64"], (size // 8,)),))
-    return k
+    return replace(k, body=body, tensor_maps=tuple(maps.values()))
 
 
 
@@ -177,10 +172,10 @@ def _past_the_end(v, x, k, depth, width):
     lies past the view's last column (k >= KH * KW * C), or None where no K tile
     can pass the end: KH * KW * C is a multiple of `depth`, a C that is a shape
     symbol counted as a multiple of `width` (the launch checks that). Such a load
-    copies zeros from a shared tile instead: TMA fills the columns outside X with
-    zeros as well, but an im2col load whose every pixel lies outside X took the
-    8-channel convolutions from 0.91 to 0.58 of cuDNN (benchmarks/NOTES.md,
-    session 47)."""
+    copies zeros from global memory instead (ir.ZEROS): TMA fills the columns
+    outside X with zeros as well, but an im2col load whose every pixel lies
+    outside X took the 8-channel convolutions from 0.91 to 0.58 of cuDNN
+    (benchmarks/NOTES.md, session 47)."""
     end = im2col.columns(v, x)
     channels = x.shape[-1]
     multiple = divisor(end) if isinstance(channels, ir.Int) else math.prod(v.kernel) * width

@@ -516,13 +516,10 @@ class _Blocks:
 
     def zero_copies(self, s, b, env):
         """An im2col load whose columns lie past the view's last: cp.async.bulk
-        copies of the ZEROS tile's bytes (whatever they hold: its fill at the
-        block's start makes them zeros) over the load's bytes, on its barrier."""
-        z = self.buffers[ir.ZEROS]
+        copies of the module's zeros (ir.ZEROS) over the load's bytes, on its barrier."""
         address = b.smem_offset + self._stage(s.stage, env) * b.stage_bytes + s.smem_offset
         self._smem_span(b, address, s.bytes, "none", s, f"copy of zeros into '{b.name}'")
-        for i in range(0, s.bytes, z.bytes):
-            self.smem[address + i:address + i + z.bytes] = self.smem[z.smem_offset:z.smem_offset + z.bytes]
+        self.smem[address:address + s.bytes] = 0
         self.complete_tx(s.barrier, s.barrier_index, s.bytes, s, env)
 
     def im2col_box(self, s, tm, tensor, env):
