@@ -371,6 +371,15 @@ class _Printer:
             if scoped:
                 loop = [f"{ind}{{  // the values before this loop, in a scope of their own"] + loop + [f"{ind}}}"]
             return comment + loop
+        if isinstance(s, ir.If) and isinstance(s.cond, ir.Int):
+            # decided at compile time (a pipelined loop's prologue step past a constant trip count):
+            # the block that runs, in a scope of its own unless it is barrier and TMA statements alone
+            taken = s.then if s.cond.value else s.orelse
+            if not taken:
+                return []
+            if all(isinstance(x, _UNSCOPED) for x in taken):
+                return self.comment(s, ind) + self.block(taken, ind)
+            return self.comment(s, ind) + [f"{ind}{{"] + self.block(taken, ind + "  ") + [f"{ind}}}"]
         if isinstance(s, ir.If):
             cond = self.expr(s.cond, double=reads_f64(self.k, s.cond))    # x > 0.1 with x f64: 0.1, not 0.1f
             out = self.comment(s, ind) + [f"{ind}if ({cond}) {{"] + self.block(s.then, ind + "  ")
@@ -1138,6 +1147,10 @@ def _hoist_coordinates(loop: ir.For):
         return x
     body = map_body(loop.body, stmt)
     return replace(loop, body=body), list(names.values()), list(divisors.values())
+
+
+# statements that declare no C++ name in the scope they are emitted in
+_UNSCOPED = (ir.OneThread, ir.If, ir.TmaLoad, ir.ArriveExpectTx, ir.MbarrierWait, ir.MbarrierArrive)
 
 
 def _refill_loop(loop: ir.For) -> bool:
