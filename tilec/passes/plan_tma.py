@@ -174,8 +174,8 @@ def _past_the_end(v, x, k, depth, width):
     symbol counted as a multiple of `width` (the launch checks that). Such a load
     copies zeros from global memory instead (ir.ZEROS): TMA fills the columns
     outside X with zeros as well, but an im2col load whose every pixel lies
-    outside X took the 8-channel convolutions from 0.91 to 0.58 of cuDNN
-    (benchmarks/NOTES.md, session 47)."""
+    outside X took the 8-channel convolutions from 0.91 to 0.58 of cuDNN, and
+    the copies take them to 1.25 (benchmarks/NOTES.md, session 47)."""
     end = im2col.columns(v, x)
     channels = x.shape[-1]
     multiple = divisor(end) if isinstance(channels, ir.Int) else math.prod(v.kernel) * width
