@@ -399,7 +399,8 @@ class _Inserter:
         refill = ir.OneThread(tuple(issue(j, True)))
         if ahead < stages and base is None:     # the first refills go to stages the prologue left empty
             refill = ir.If(ir.BinOp(">=", j, S), (refill,), (ir.OneThread(tuple(issue(j, False))),))
-        loop.append(ir.If(ir.BinOp("<", j, n), (refill,), ()))
+        if not (isinstance(n, ir.Int) and n.value <= ahead):    # else the prologue issued every iteration
+            loop.append(ir.If(ir.BinOp("<", j, n), (refill,), ()))
         out.append(replace(s, body=tuple(loop)))
         out.append(ir.WgmmaWait(0, span=s.span))
         if base is not None:
