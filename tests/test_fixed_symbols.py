@@ -133,9 +133,9 @@ def test_an_export_with_the_kernels_fixes_does_what_its_calls_did(tmp_path):
 
 def reads_zeros_past_the_last_tap(like):
     """conv2d.tile compiled for 24 channels: its last K tile (columns 192 .. 255 of 216)
-    ends past the view's last column. Its chunks past the end load, as TMA im2col, from
-    one image past X's last (batch coordinate + N), which TMA fills with zeros, against
-    rows of W past its end (zeros too). X lies between an image of Inf before and after
+    ends past the view's last column. Its chunks past the end copy zeros (the module's
+    tl_zeros) instead of an im2col load, against rows of W past its end, which TMA
+    fills with zeros too. X lies between an image of Inf before and after
     it, and holds an Inf and a -Inf itself: a load that read memory past X's last image,
     or a pixel's channels, would give 0 * Inf = NaN in an output that is finite or +-Inf."""
     rng = np.random.default_rng(24)
@@ -162,8 +162,8 @@ def test_columns_past_the_last_tap_read_zeros_in_the_interpreter():
 
 @pytest.mark.gpu
 def test_columns_past_the_last_tap_read_zeros_on_the_gpu():
-    """The GPU fact under im2col.past_end: an im2col load whose pixels all lie past the
-    tensor's last image reads zeros, as tiled loads read zeros outside the tensor."""
+    """On the GPU the columns past the view's end are the copied zeros, not X's memory
+    nor another pixel's channels (TmaLoad.zeros_if)."""
     reads_zeros_past_the_last_tap("torch")
 
 
