@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The GPU tests (pytest -m gpu) on the GPU machine, from the repository root, in
 # the order the device tool's time allows: test_gpu_multi first (it wants two
-# GPUs), then the rest in three parts at once, on GPUs $GA, $GB and $GC (one
-# GPU: GA=0 GB=0 GC=0; they then share it; part A is the gemm, conv, copy and
+# GPUs), then the rest in three parts at once, on GPUs $GA, $GB and $GC (by
+# default 0, 1, 1 where nvidia-smi lists two GPUs or more, else 0, 0, 0: the
+# parts then share the one GPU; part A is the gemm, conv, copy and
 # random-program files, B the other test_gpu_* files, C the GPU tests of the
 # remaining files), each under a limit of $LIMIT seconds (500),
 # every test under pytest-timeout's 120 s (a wrong expect-tx or phase hangs);
 # then the torch tests that run on the CPU. Logs go to $OUT (default /tmp/out);
 # unbuffered, so a half stopped by its limit still shows how far it got.
-#     GA=0 GB=0 GC=0 bash tests/gpu_suite.sh
+#     bash tests/gpu_suite.sh
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-GA=${GA:-0}; GB=${GB:-1}; GC=${GC:-$GB}; LIMIT=${LIMIT:-500}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+[ "${gpus:-0}" -ge 2 ] && second=1 || second=0   # a part on a GPU that is not there would skip every test
+GA=${GA:-0}; GB=${GB:-$second}; GC=${GC:-$GB}; LIMIT=${LIMIT:-500}
 export PYTHONUNBUFFERED=1
 P="python -m pytest -q -p no:cacheprovider --timeout 120"
 timeout 200 $P -m gpu tests/test_gpu_multi.py > "$OUT/multi.log" 2>&1

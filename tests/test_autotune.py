@@ -824,6 +824,17 @@ def test_a_where_argument_filters_tune_and_replaces_the_statement_s(env):
         tilec.compile(ACC, where="BM <= M", arch="sm_90a")
 
 
+def test_a_key_without_tuning_is_an_error():
+    """key= names what a tune is keyed by: without a tune it would be ignored silently."""
+    with pytest.raises(tilec.TilecError, match="key= goes with tuning, and tune=False tunes nothing"):
+        tuned_from_statement(tune=False, key="M")
+    with pytest.raises(tilec.TilecError, match="key= goes with tuning: give tune="):
+        tilec.compile(ACC, key="M", arch="sm_90a")
+    with pytest.raises(tilec.TilecError, match=r"autotune key 'Q' is neither a shape symbol nor a scalar parameter "
+                                               r"of the kernel \(it has M, N\)"):
+        tilec.compile("examples/copy2d.tile", tune={"BN": (64, 128)}, key="Q", arch="sm_90a")
+
+
 def _bool_exprs():
     from hypothesis import strategies as st
     leaf = st.one_of(st.integers(-3, 3).map(ir.Int), st.sampled_from("ABCD").map(ir.Var))

@@ -407,3 +407,26 @@ def test_the_internals_guide_shows_the_pipeline_as_it_is():
     doc = (ROOT / "docs/internals.md").read_text()
     quote = lambda text: text[text.index("PIPELINE = ("):text.index("\n)\n", text.index("PIPELINE = ("))]  # noqa: E731
     assert quote(doc[doc.index("## 3. The passes"):]) == quote(code)
+
+
+def test_the_internals_walk_through_of_copy2d_is_real_output():
+    """docs/internals.md §5 follows copy2d.tile through the passes: each line it shows
+    after a pass is a line of `--emit ir --after` that pass, and its kernel listing is
+    the kernel of `--emit cuda`, letter for letter."""
+    doc = (ROOT / "docs/internals.md").read_text()
+    walk = doc[doc.index("--after fold-consts:\n"):]
+    walk = walk[:walk.index("```")]
+    shown, after = {}, None
+    for line in walk.splitlines():
+        if line.startswith("--after "):
+            after = line.split()[1].rstrip(":")
+            shown[after] = []
+        elif line.strip():
+            shown[after].append(line.strip())
+    assert {"fold-consts", "lower-copies", "plan-tma", "insert-barriers", "plan-smem"} <= set(shown)
+    for name, lines in shown.items():
+        printed = {x.strip() for x in tilec("emit", "examples/copy2d.tile", "--emit", "ir", "--after", name).stdout.splitlines()}
+        assert [x for x in lines if x not in printed] == [], f"docs/internals.md: --after {name} is stale"
+    kernel = doc[doc.index('extern "C" __global__ void __launch_bounds__(128) copy2d('):]
+    kernel = kernel[:kernel.index("```")]
+    assert kernel in tilec("emit", "examples/copy2d.tile", "--emit", "cuda").stdout

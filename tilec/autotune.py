@@ -442,8 +442,10 @@ def key_reader(sig: tuple, key: tuple):
                 plan.append((i, dims.index(name)))
                 break
         else:
+            names = [d for _, dims in sig if dims is not None for d in dims if isinstance(d, str)]
+            names = list(dict.fromkeys(names + [p for p, dims in sig if dims is None]))
             raise TilecError(f"autotune key {name!r} is neither a shape symbol nor a scalar parameter of the kernel "
-                             f"({', '.join(p for p, _ in sig)})")
+                             f"(it has {', '.join(names) or 'neither'})")
     nparams = len(sig)
 
     def slow(args):

@@ -328,8 +328,9 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
     explicit = tune is not None and tune is not False
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise TilecError(f"where= takes a tune condition's text, e.g. \"BM <= M\", got {where!r}")
-    if where is not None and tune is False:
-        raise TilecError("where= goes with tuning, and tune=False tunes nothing")
+    for given, name in ((where is not None, "where="), (key is not None, "key=")):
+        if given and tune is False:
+            raise TilecError(f"{name} goes with tuning, and tune=False tunes nothing")
     if tune_l2 not in ("warm", "cold"):
         raise TilecError(f"tune_l2= is \"warm\" (inputs in L2 from the launch before) or \"cold\" (the L2 "
                          f"flushed before each timed launch), got {tune_l2!r}")
@@ -361,7 +362,8 @@ def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | N
         k = from_statement(source, consts, key, arch, fallback, debug, where, tune_l2)
         if k is not None:
             return k
-    for given, name in ((where is not None, "where="), (tune_l2 != "warm", f"tune_l2={tune_l2!r}")):
+    for given, name in ((where is not None, "where="), (key is not None, "key="),
+                        (tune_l2 != "warm", f"tune_l2={tune_l2!r}")):
         if given:
             raise TilecError(f"{name} goes with tuning: give tune= (or compile a program with a tune statement)")
     return cached(program_key(source, consts, arch=arch, fallback=fallback, debug=debug),
