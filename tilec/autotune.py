@@ -313,7 +313,10 @@ class Condition:
         if self._parsed is None:
             from .frontend import parse, parse_condition
             k = parse(self.source)
-            decls, cond = tuple((c[0], c[1]) for c in k.consts), parse_condition(self.text, k)
+            own = k.tune_where is not None and " ".join(k.tune_where.text.split()) == self.text
+            # the statement's own condition as parsed with the program: its errors point into the file
+            cond = k.tune_where.cond if own else parse_condition(self.text, k)
+            decls = tuple((c[0], c[1]) for c in k.consts)
             try:
                 fast = tuple((name, _evaluator_or_none(e)) for name, e in decls), _evaluator(cond)
             except _NotInteger:

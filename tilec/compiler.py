@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import DEFAULT as DEFAULT_ARCH, get as get_arch
-from .errors import CheckIncompleteWarning, PipelineWarning, Source, TilecError, os_reason
+from .errors import CheckIncompleteWarning, PipelineWarning, Source, TilecError, os_reason, recursion_checked
 from .frontend import parse
 from .ir import nodes as ir
 from .ir.printer import kernel as print_kernel
@@ -160,6 +160,7 @@ def pass_name(name: str) -> str:
                      f"aliases: {aliases})")
 
 
+@recursion_checked
 def lower(src, consts: dict | None = None, tma: bool = True, arch: str = DEFAULT_ARCH) -> Lowered:
     """`tma=False`: the thread-copy variant. An architecture without TMA
     (sm_80 / sm_86 / sm_89) always gets the thread-copy lowering."""

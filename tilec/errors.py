@@ -114,3 +114,20 @@ def os_reason(e: OSError) -> str:
     left on device" (strerror, lowercased; the exception's text without one)."""
     reason = e.strerror or str(e)
     return reason[:1].lower() + reason[1:]
+
+
+def recursion_checked(fn):
+    """`fn`, with Python's RecursionError (a program nested past what tilec's
+    recursive passes take, which the parser's nesting limit should have caught)
+    as a TilecError instead of a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RecursionError:
+            raise TilecError("the program nests too deeply for tilec (Python's recursion limit), lets substituted "
+                             "where they are used: split long expressions over several statements") from None
+    return checked
+

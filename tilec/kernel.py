@@ -12,7 +12,7 @@ from .codegen import cuda as cuda_codegen
 from .codegen import host as host_codegen
 from .arch import get as get_arch
 from .compiler import Program, load_source, lower, program_key, warn_notes
-from .errors import CaptureError, TilecError, ToolchainWarning
+from .errors import CaptureError, TilecError, ToolchainWarning, recursion_checked
 from ._version import __version__
 from .runtime import cache, driver, host, nvrtc
 
@@ -193,7 +193,10 @@ class Kernel(Program):
         if _capturing():
             raise self._capture_error()
         with driver.context_kept():     # the arguments' device's context for the while, then the caller's again
-            prepared = self._launcher(*args, stream=stream)
+            try:
+                prepared = self._launcher(*args, stream=stream)
+            except ZeroDivisionError as e:
+                raise host.division_by_zero(self.name, self.host_source, e) from None
         if key is not None and prepared is not None:
             if len(self._prepared) >= 1024:
                 self._prepared.clear()
@@ -283,6 +286,7 @@ def env_debug() -> bool:
     return os.environ.get("TILEC_DEBUG", "0") not in ("0", "")
 
 
+@recursion_checked
 def compile(src, arch: str | None = None, fallback: bool = True, debug: bool | None = None,
             backend: str | None = None, tune=None, key=None, where=None, tune_l2: str = "warm",
             **consts):

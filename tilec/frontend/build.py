@@ -6,12 +6,13 @@ from dataclasses import replace
 import math
 import re
 
-from lark import Token, Transformer, v_args
+from lark import Token, Transformer, Tree, v_args
 from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import CALL_PARAMS, FLOAT_CALLS, INT_CALLS, INT_MAX, divides_by, fold, walk_expr
+from ..ir.exprs import (CALL_PARAMS, FLOAT_CALLS, INT_CALLS, INT_MAX, children, divides_by, fold, map_stmt_exprs,
+                        walk_expr)
 from ..ir.printer import expr as print_expr
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
@@ -378,7 +379,12 @@ class _Builder(Transformer):
             else:
                 stmts.append(s)
         stmts = self._nested_lets(stmts)
-        self._check_bound(stmts, seen)
+        bound = dict(seen)
+        for p in params:        # a loop or parallel variable named like a shape symbol would hide it
+            for d in getattr(p, "shape", ()):
+                if isinstance(d, ir.Var):
+                    bound.setdefault(d.name, "shape symbol")
+        self._check_bound(stmts, bound)
         if reserved(str(name)):
             raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); choose another",
                                 self._tok_span(name))
@@ -392,6 +398,12 @@ class _Builder(Transformer):
         where = tune[0].value[1] if tune is not None else None
         if where is not None:
             check_tune_condition(where.cond, seen, params)
+        exprs = [v for _, v, _ in consts] + [v for _, v in lets] + list(grid[1]) + [threads] + \
+            [getattr(r, "cond", r) for r in requires] + [d for p in params for d in getattr(p, "shape", ())]
+        for st in ir.walk_stmts(stmts):
+            map_stmt_exprs(st, lambda e: exprs.append(e) or e)
+        for e in exprs:
+            _no_tuple(e)
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
                          grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space,
                          tune_where=where, persistent=grid[2], stream_k=grid[3], group=grid[4])
@@ -487,6 +499,23 @@ class _Builder(Transformer):
         return ch[0]
 
 
+def _no_tuple(e):
+    """A parenthesised list `(a, b)` is a value only as an im2col keyword's, one per
+    spatial dimension (`kernel = (3, 3)`); anywhere else it is an error at the tuple."""
+    if isinstance(e, ir.TupleExpr):
+        raise SemanticError("a tuple is not a value here: a parenthesised list only gives an im2col keyword one "
+                            "value per dimension (kernel = (3, 3))", e.span)
+    if isinstance(e, ir.Call) and e.func == "im2col":
+        inner = list(e.args)
+        for _, v in e.kwargs:
+            inner += list(v.items) if isinstance(v, ir.TupleExpr) else [v]
+    else:
+        inner = children(e)
+    for x in inner:
+        if isinstance(x, ir.Expr):
+            _no_tuple(x)
+
+
 def check_tune_condition(cond, declared: dict, params):
     """A tune condition (`tune ... where COND;`, or tilec.compile's where=): an
     integer expression of consts, shape symbols and integer scalar parameters
@@ -527,8 +556,32 @@ def declared_names(k: ir.Kernel) -> dict:
     return names
 
 
+MAX_NESTING = 160      # levels of the parse tree: a sum of about 150 terms, far past what people write
+
+
+def _too_deep(tree):
+    """The first node of the parse tree nested deeper than MAX_NESTING, or None
+    (walked with a stack: the transform, the passes and codegen recurse, and a
+    deeper tree would end in Python's RecursionError, not an error at the line)."""
+    stack = [(tree, 1)]
+    while stack:
+        t, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return t
+        stack.extend((c, depth + 1) for c in t.children if isinstance(c, Tree))
+    return None
+
+
 def build_ir(tree, source: Source) -> ir.Kernel:
     """The program's kernel, as IR."""
+    deep = _too_deep(tree)
+    if deep is not None:
+        meta = deep.meta
+        span = None if getattr(meta, "empty", True) else Span(source, meta.line, meta.column, meta.end_line,
+                                                              meta.end_column)
+        raise SemanticError(f"the program nests deeper than tilec takes ({MAX_NESTING} levels of expressions and "
+                            "blocks): split a long expression over several statements (s[i, j] = a + b; "
+                            "s[i, j] = s[i, j] + c;)", span)
     try:
         return _Builder(source).transform(tree)
     except VisitError as e:

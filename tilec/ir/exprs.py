@@ -169,7 +169,12 @@ def float_width(k, e, double: bool) -> int | None:
         parts = e.args[1:] if e.func == "select" else e.args
     else:
         return None
-    return max((w for w in (float_width(k, x, double) for x in parts) if w is not None), default=None)
+    best = None
+    for x in parts:         # (a loop, not a generator: one frame per level of a long sum)
+        w = float_width(k, x, double)
+        if w is not None and (best is None or w > best):
+            best = w
+    return best
 
 
 def fused_product(k, e, double: bool) -> tuple[int, int] | None:

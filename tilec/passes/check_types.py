@@ -182,6 +182,7 @@ def _check_body(k, body, lanes):
             lanes_here = dict(zip(s.vars, (x.value for x in s.extents)))
             s = replace(s, body=_check_body(k, s.body, lanes_here))
             _check_shared_bounds(k, s.body, lanes_here)
+            _check_races(k, s.body, lanes_here)
         elif isinstance(s, ir.Assign):
             if lanes is None:
                 raise SemanticError("tile elements are assigned inside a parallel body", s.span)
@@ -212,10 +213,14 @@ def _check_body(k, body, lanes):
 MAX_CHECKED_LANES = 1 << 20    # index spaces up to this many lanes have their shared indices checked
 
 
-def _index_range(lanes: dict, e) -> tuple | None:
-    """The least and greatest value integer expression `e` takes over a parallel's
-    index space, computed lane by lane (numpy, C++'s truncating `/` and `%`), where
-    it reads only the lanes' indices and integers; else None."""
+_COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+            ">=": np.greater_equal}
+
+
+def _lane_values(lanes: dict, e):
+    """The values of integer (or comparison) expression `e` over a parallel's index
+    space, lane by lane (numpy, broadcastable to the space; C++'s truncating `/` and
+    `%`), where it reads only the lanes' indices and integers; else None."""
     if math.prod(lanes.values()) > MAX_CHECKED_LANES:
         return None
     axes = {v: np.arange(n, dtype=np.int64).reshape([n if d == a else 1 for d in range(len(lanes))])
@@ -229,6 +234,16 @@ def _index_range(lanes: dict, e) -> tuple | None:
         if isinstance(e, ir.UnaryOp) and e.op == "-":
             x = ev(e.operand)
             return None if x is None else -x
+        if isinstance(e, ir.UnaryOp) and e.op == "!":
+            x = ev(e.operand)
+            return None if x is None else (x == 0).astype(np.int64)
+        if isinstance(e, ir.BinOp) and (e.op in _COMPARE or e.op in ("&&", "||")):
+            a, b = ev(e.lhs), ev(e.rhs)
+            if a is None or b is None:
+                return None
+            out = _COMPARE[e.op](a, b) if e.op in _COMPARE else (a != 0) & (b != 0) if e.op == "&&" else \
+                (a != 0) | (b != 0)
+            return np.asarray(out).astype(np.int64)
         if isinstance(e, ir.Call) and e.func in ("min", "max", "abs"):
             xs = [ev(x) for x in e.args]
             if any(x is None for x in xs):
@@ -246,7 +261,14 @@ def _index_range(lanes: dict, e) -> tuple | None:
             return q if e.op == "/" else a - b * q
         return a + b if e.op == "+" else a - b if e.op == "-" else a * b
 
-    values = ev(e)
+    return ev(e)
+
+
+def _index_range(lanes: dict, e) -> tuple | None:
+    """The least and greatest value integer expression `e` takes over a parallel's
+    index space, computed lane by lane (_lane_values); None where it reads anything
+    but the lanes' indices and integers."""
+    values = _lane_values(lanes, e)
     return None if values is None else (int(np.min(values)), int(np.max(values)))
 
 
@@ -301,6 +323,121 @@ def _check_shared_bounds(k, body, lanes):
                         check(sub, "read", guarded or id(sub) not in first)
 
     visit(body, False)
+
+
+def _check_races(k, body, lanes):
+    """Iterations of a parallel run at once on different threads (each thread its
+    own in order), so one may not touch a shared element that another writes:
+    `s[i, j] = s[0, 0] + 1.0` reads s[0, 0] while iteration (0, 0) writes it, and
+    `s[0, j] = ...` has every i write one element. Checked lane by lane where the
+    accesses' indices (and the conditions around them: an if, a select arm, the
+    right of && / ||) read only the lanes' indices and integers, as the bounds are;
+    an access whose index or condition reads anything else (a loop variable, a
+    block index, a shape symbol, a scalar, an element) is not checked: the
+    condition may keep the iterations apart (rowsum.tile's `if k * BN + j >= N`
+    never holds where j = 0)."""
+    shape = tuple(lanes.values())
+    if math.prod(shape) > MAX_CHECKED_LANES:
+        return
+    accesses = []        # (subscript, write, mask over the lanes: bool array or True)
+
+    def cond_mask(c, mask, negate=False):
+        v = None if mask is None else _lane_values(lanes, c)
+        if v is None:
+            return None             # not known lane by lane: what it guards is not checked
+        v = (v == 0) if negate else (v != 0)
+        return v if mask is True else mask & v
+
+    def reads(e, mask):
+        if isinstance(e, ir.Subscript) and mask is not None:
+            accesses.append((e, False, mask))
+        if isinstance(e, ir.Call) and e.func == "select":
+            reads(e.args[0], mask)
+            reads(e.args[1], cond_mask(e.args[0], mask))
+            reads(e.args[2], cond_mask(e.args[0], mask, negate=True))
+        elif isinstance(e, ir.BinOp) and e.op in ("&&", "||"):
+            reads(e.lhs, mask)
+            reads(e.rhs, cond_mask(e.lhs, mask, negate=e.op == "||"))
+        else:
+            for x in children(e):
+                reads(x, mask)
+
+    def visit(stmts, mask):
+        for s in stmts:
+            if isinstance(s, ir.Assign):
+                for x in (*s.indices, s.value):
+                    reads(x, mask)
+                if mask is not None:
+                    accesses.append((ir.Subscript(s.buffer, s.indices, span=s.span), True, mask))
+            elif isinstance(s, ir.If):
+                reads(s.cond, mask)
+                visit(s.then, cond_mask(s.cond, mask))
+                visit(s.orelse, cond_mask(s.cond, mask, negate=True))
+            elif isinstance(s, ir.For):
+                reads(s.extent, mask)
+                visit(s.body, mask)
+
+    visit(body, True)
+    written = {sub.name for sub, write, _ in accesses if write}
+    lane_ids = np.arange(math.prod(shape)).reshape(shape)
+    for name in sorted(written):
+        b = k.buffer(name)
+        if b is None or b.scope != "shared" or not all(isinstance(n, int) for n in b.shape):
+            continue
+        owner = np.full(math.prod(b.shape), -1, np.int64)        # the lane that writes each element
+        where = {}                                                # element -> the write's subscript
+        mine = []
+        for sub, write, mask in accesses:
+            if sub.name != name:
+                continue
+            idx = [_lane_values(lanes, i) for i in sub.indices]
+            if any(v is None for v in idx):
+                continue
+            idx = [np.broadcast_to(v, shape) for v in idx]
+            active = np.broadcast_to(mask, shape).copy()
+            flat = np.zeros(shape, np.int64)
+            for v, n in zip(idx, b.shape):
+                active &= (v >= 0) & (v < n)
+                flat = flat * n + np.clip(v, 0, n - 1)
+            mine.append((sub, write, lane_ids[active], flat[active]))
+        for sub, write, ls, es in mine:
+            if not write:
+                continue
+            order = np.lexsort((ls, es))
+            e_sorted, l_sorted = es[order], ls[order]
+            clash = np.nonzero((e_sorted[1:] == e_sorted[:-1]) & (l_sorted[1:] != l_sorted[:-1]))[0]
+            if clash.size:
+                c = clash[0]
+                _race(k, lanes, b, sub, sub, int(l_sorted[c + 1]), int(l_sorted[c]), int(e_sorted[c]), True)
+            prior = owner[es]
+            bad = np.nonzero((prior >= 0) & (prior != ls))[0]
+            if bad.size:
+                e = int(es[bad[0]])
+                _race(k, lanes, b, sub, where[e], int(ls[bad[0]]), int(prior[bad[0]]), e, True)
+            owner[es] = ls
+            for e in np.unique(es).tolist():
+                where.setdefault(e, sub)
+        for sub, write, ls, es in mine:
+            w = owner[es]
+            bad = np.nonzero((w >= 0) & (w != ls))[0]
+            if bad.size:
+                e = int(es[bad[0]])
+                _race(k, lanes, b, sub, where[e], int(ls[bad[0]]), int(w[bad[0]]), e, write)
+
+
+def _race(k, lanes, b, sub, writer, lane, other, element, write):
+    def at(lane_id):
+        pos = np.unravel_index(lane_id, tuple(lanes.values()))
+        return "(" + ", ".join(f"{v} = {int(p)}" for v, p in zip(lanes, pos)) + ")"
+    elem = ", ".join(str(int(x)) for x in np.unravel_index(element, b.shape))
+    line = f" (line {writer.span.line})" if writer.span is not None and writer.span.line and \
+        (sub.span is None or writer.span.line != sub.span.line) else ""
+    raise SemanticError(
+        f"iterations of this parallel race on shared tile '{b.name}': iteration {at(lane)} "
+        f"{'writes' if write else 'reads'} {b.name}[{elem}] (here {show_expr(sub)}), which iteration {at(other)} "
+        f"writes{line}; iterations run at once on different threads, so the result would depend on their timing",
+        sub.span, note="read only elements that the same iteration writes, or write the values into another "
+                       "tile and read them in a second parallel (a block barrier goes between the two)")
 
 
 def _check_reduce(k, s: ir.Reduce):
@@ -476,9 +613,15 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
             if r.starts and len(r.starts) != len(p.shape):
                 raise SemanticError(f"tensor '{p.name}' has rank {len(p.shape)} but the region gives "
                                     f"{len(r.starts)} coordinates", r.span)
-            for x in r.starts:
+            for d, x in enumerate(r.starts):
                 _no_elements(x, "a region origin")
                 _integer(k, x, "a region origin")
+                big = next((i for i in walk_expr(x) if isinstance(i, ir.Int) and not -2**31 <= i.value < 2**31), None)
+                if big is not None:
+                    what = f"is {big.value}" if big is x else f"({show_expr(x)}) holds {big.value}"
+                    raise SemanticError(f"the region's coordinate {d} {what}, outside a "
+                                        f"32-bit int: kernels index each dimension with 32-bit ints (TMA coordinates "
+                                        f"are), and a shape symbol is at most {2**31 - 1}", big.span or x.span or r.span)
             sides.append((sp, p.dtype, None))
     (ssp, sdt, sshape), (dsp, ddt, dshape) = sides
     if ssp == "view":

@@ -7,7 +7,7 @@ from dataclasses import replace
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
 from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, free_names, map_expr, map_stmt_exprs,
-                        substitute, substitute_body)
+                        substitute, substitute_body, walk_expr)
 
 NAME = "fold-consts"
 
@@ -79,6 +79,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             kinds[name] = "view"
             lets.append((name, e))
             continue
+        for x in walk_expr(e):
+            if isinstance(x, ir.Var) and kinds.get(x.name) in ("tensor", "tile", "view"):
+                what = {"tensor": "a tensor", "tile": "a tile", "view": "an im2col view"}[kinds[x.name]]
+                raise SemanticError(f"let '{name}' reads '{x.name}', {what}: a let names a number (an integer or "
+                                    f"float expression) or an im2col view (let Xc = im2col(X, ...)); use "
+                                    f"'{x.name}' by its own name", x.span)
         env[name] = e
         lets.append((name, e))
 

@@ -113,6 +113,10 @@ def _rotating_tiles(k: ir.Kernel, loop: ir.For) -> tuple:
     tiles = list(dict.fromkeys(loads))
     if not loads:
         later = next((x for x in rest if is_load(k, x)), None)
+        inner = next((x for x in ir.walk_stmts(rest) if isinstance(x, ir.For) and x.stages is not None), None)
+        if later is None and inner is not None:
+            at = f" (line {inner.span.line})" if inner.span is not None else ""
+            return [], f"its body does not start with a TMA load, and it holds another pipelined loop{at}"
         if later is None:
             return [], "its body does not start with a TMA load (a copy from a tensor into a shared tile)"
         return [], f"its body does not start with a TMA load, and {_stays(k, later, rest)}"

@@ -23,6 +23,22 @@ _TORCH_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64
                 "int64": "i64", "uint64": "u64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
 
 
+def division_by_zero(name: str, host_source: str, exc: ZeroDivisionError) -> LaunchError:
+    """The launch error for a host expression (a grid size, a declared dim, a
+    require) that divides by zero for a call's arguments (`grid (a) = (cdiv(M, n))`
+    with n = 0): the wrapper's line that divided, from the traceback."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == f"<tilec host wrapper of {name}>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    lines = host_source.splitlines()
+    at = f": `{lines[line - 1].strip()}` in its host wrapper (k.host_source line {line})" \
+        if line is not None and 0 < line <= len(lines) else ""
+    return LaunchError(f"kernel {name}: a host expression divides by zero for these arguments{at}; the grid, the "
+                       "declared dims and the requires are computed from the arguments' shapes and scalars")
+
+
 def cdiv(a, b):
     return -(-a // b)
 

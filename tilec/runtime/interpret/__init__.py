@@ -147,7 +147,10 @@ class InterpretedKernel(Program):
             raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments "
                             f"({', '.join(p.name for p in k.params)}), got {len(args)}")
         host.mark_written(args, self._written_params, k.name)
-        return self._launcher(*args)
+        try:
+            return self._launcher(*args)
+        except ZeroDivisionError as e:
+            raise host.division_by_zero(k.name, self.host_source, e) from None
 
     def tune_report(self, key=None) -> str:
         """What TunedKernel.tune_report() is for a GPU kernel: here that nothing
