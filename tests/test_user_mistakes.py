@@ -13,6 +13,8 @@ from tilec import LaunchError, SemanticError, TilecError
 from tilec.compiler import lower
 from tilec.errors import Source
 
+from conftest import ROOT
+
 
 def error_of(text):
     with pytest.raises(TilecError) as info:
@@ -257,3 +259,59 @@ kernel k(A: f32[M, N], B: f32[M, N]) {
     copy(t, B[0, 0]);
 }
 """))
+
+
+# ---------------------------------------------------------------- declarations that made no sense
+
+@pytest.mark.parametrize("text, message", [
+    ("kernel k(A: f32[-5, N]) {\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:1:17: error: dim 0 of tensor 'A' is -5: a dimension is an integer >= 0 (a shape symbol, or an integer "
+     "expression of consts and symbols)"),
+    ("kernel k(A: f32[2.5, N]) {\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:1:17: error: dim 0 of tensor 'A' is 2.5: a dimension is an integer >= 0"),
+    ("kernel k(A: f32[M, N]) {\n    grid (a) = (-1);\n    threads 128;\n}\n",
+     "t.tile:2:17: error: a grid size of -1: a grid has 0 or more blocks a dimension"),
+    ("kernel k(A: f32[M, N]) {\n    const f16 = 1;\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:2:11: error: 'f16' is a dtype (it converts a value: f16(x)); choose another name"),
+    ("kernel k(A: f32[M, N]) {\n    let Q = QQQ + 1;\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:2:13: error: unknown name 'QQQ'"),
+    ("kernel k(A: f32[M, N]) {\n    grid (bx) = (X);\n    let X = M;\n    threads 128;\n}\n",
+     "t.tile:2:18: error: 'X' is used before its let statement (line 3): a let is known from its statement on"),
+    ("kernel k(A: f32[M, N]) {\n    let X = X + 1;\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:2:13: error: 'X' is used before its let statement (line 2)"),
+])
+def test_declarations_that_make_no_sense(text, message):
+    assert error_of(text).startswith(message)
+
+
+def test_gemm_flags_are_true_or_false():
+    text = (ROOT / "examples/gemm.tile").read_text().replace("gemm(a, b, acc);", "gemm(a, b, acc, transpose_a = 2);")
+    assert "transpose_a must be true or false" in error_of(text)
+
+
+def test_an_index_from_a_let_is_shown_where_it_is_used():
+    """The caret stood under `16 + i` in the let, not under the read that goes out of the tile."""
+    err = error_of("""\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[64, 64];
+    shared t: f32[64, 64];
+    copy(A[0, 0], s);
+    parallel (i, j) in (64, 64) {
+        let r = 16 + i;
+        t[i, j] = s[r, j];
+    }
+    copy(t, B[0, 0]);
+}
+""")
+    assert err.startswith("t.tile:9:19: error: this read of s[16 + i, j] goes past dimension 0"), err
+
+
+def test_invisible_characters(tmp_path):
+    """A NUL was `unexpected character ' '`; a UTF-8 byte order mark at the start was refused."""
+    assert error_of("kernel k(A: f32[M, N]) {\n    grid (a) = \x00(1);\n}\n").startswith(
+        "t.tile:2:16: error: unexpected character U+0000")
+    f = tmp_path / "bom.tile"
+    f.write_bytes("\ufeff".encode() + (ROOT / "examples/copy2d.tile").read_bytes())
+    tilec.compile(str(f), arch="sm_90a")

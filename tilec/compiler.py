@@ -34,7 +34,7 @@ def read_source(path) -> Source:
     `examples/NAME.tile` that does not exist is the example shipped in the
     package (tilec/examples), so the documented commands work from any directory."""
     try:
-        return Source(str(path), Path(path).read_text())
+        return Source(str(path), Path(path).read_text(encoding="utf-8-sig"))     # (a BOM, as editors write)
     except FileNotFoundError as e:
         packaged = _packaged_example(path)
         if packaged is not None:

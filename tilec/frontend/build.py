@@ -32,6 +32,7 @@ bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t min
 def reserved(name: str) -> bool:
     return name in _CXX_KEYWORDS or name in _CUDA_NAMES or name.startswith(("tl_", "__")) or \
         name.startswith(("tma_load_", "tma_store_"))
+_DTYPE_NAMES = "|".join(ir.DTYPES)
 _DECLS = ("const", "let", "require", "grid", "threads", "shared", "local")
 
 
@@ -256,7 +257,7 @@ class _Builder(Transformer):
             flags = {}
             for name in ("transpose_a", "transpose_b"):
                 v = dict(kws).get(name, ir.Int(0))
-                if not isinstance(v, ir.Int):
+                if not isinstance(v, ir.Int) or v.value not in (0, 1):
                     raise SemanticError(f"{name} must be true or false", v.span)
                 flags[name] = bool(v.value)
             a, b, acc = (self._tile_name(x, "gemm", w) for x, w in zip(pos, ("a", "b", "acc")))
@@ -338,6 +339,7 @@ class _Builder(Transformer):
         consts, lets, requires, buffers, stmts = [], [], [], [], []
         grid = threads = tune = None
         seen = {}
+        let_lines = {d.value[0]: d.value[2] for d in body if isinstance(d, _Decl) and d.kind == "let"}
         for p in params:
             self._declare(seen, p.name, p.span, "parameter")
             if isinstance(p, ir.TensorParam) and not 1 <= len(p.shape) <= 5:
@@ -348,6 +350,8 @@ class _Builder(Transformer):
                     raise SemanticError(f"'{d.name}' is a reserved name (C++ or the generated CUDA uses it); "
                                         "choose another", d.span)
         for s in body:
+            if isinstance(s, _Decl) and s.kind in ("let", "require", "grid", "threads", "shared", "local"):
+                self._no_later_lets(s, seen, let_lines)
             if isinstance(s, _Decl):
                 if s.kind == "const":
                     for cname, value, cspan in s.value:
@@ -449,7 +453,22 @@ class _Builder(Transformer):
             space.append((cname, tuple(listed)))
         return tuple(space)
 
+    @staticmethod
+    def _no_later_lets(decl, seen, let_lines):
+        """A top-level let is unknown before its statement: `grid (bx) = (X); let X = M;`
+        is an error at the grid's X, as `let Y = X; let X = M;` is."""
+        v = decl.value
+        exprs = {"let": lambda: [v[1]], "require": lambda: [getattr(v, "cond", v)], "grid": lambda: list(v[1]),
+                 "threads": lambda: [v], "shared": lambda: list(v.shape), "local": lambda: list(v.shape)}[decl.kind]()
+        for e in exprs:
+            for x in walk_expr(e) if isinstance(e, ir.Expr) else ():
+                if isinstance(x, ir.Var) and x.name in let_lines and x.name not in seen:
+                    raise SemanticError(f"'{x.name}' is used before its let statement (line "
+                                        f"{let_lines[x.name].line}): a let is known from its statement on", x.span)
+
     def _declare(self, seen, name, span, what):
+        if re.fullmatch(_DTYPE_NAMES, name):
+            raise SemanticError(f"'{name}' is a dtype (it converts a value: {name}(x)); choose another name", span)
         if reserved(name):
             raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); "
                                 "choose another", span)

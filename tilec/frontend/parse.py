@@ -156,7 +156,8 @@ def parse_tree(source: Source, start: str = "start") -> lark.Tree:
         raise ParseError(msg, Span(source, line, col, line, end)) from None
     except lark.exceptions.UnexpectedCharacters as e:
         ch = source.text[e.pos_in_stream]
-        raise ParseError(f"unexpected character '{ch}'",
+        shown = f"'{ch}'" if ch.isprintable() and not ch.isspace() else f"U+{ord(ch):04X}"     # (a NUL, a BOM)
+        raise ParseError(f"unexpected character {shown}",
                          Span(source, e.line, e.column, e.line, e.column + 1)) from None
     except lark.exceptions.UnexpectedEOF as e:  # pragma: no cover - LALR reports UnexpectedToken
         raise ParseError(f"unexpected end of input; expected {_describe_expected(e.expected)}") from None

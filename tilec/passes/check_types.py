@@ -30,6 +30,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for g in k.grid:
         _only_kinds(g, _GRID_KINDS, "a grid size")
         _integer(k, g, "a grid size")
+        if isinstance(g, ir.Int) and g.value < 0:
+            raise SemanticError(f"a grid size of {g.value}: a grid has 0 or more blocks a dimension", g.span)
     for r in k.requires:
         _only_kinds(r.cond, _GRID_KINDS, "a require")
     for p in k.tensors:
@@ -303,7 +305,7 @@ def _check_shared_bounds(k, body, lanes):
                     f"not bounds-checked on the GPU, so it would {what} other bytes " +
                     ("(no lane's index is inside the tile, whatever the condition around it)" if guarded else
                      "(an access that only some lanes make goes under an if, or in a select arm)"),
-                    i.span if i.span is not None and i.span.line else sub.span)
+                    i.span if _within(i.span, sub.span) else sub.span)     # (a let's index: its use)
 
     def visit(body, guarded):
         for s in body:
@@ -323,6 +325,15 @@ def _check_shared_bounds(k, body, lanes):
                         check(sub, "read", guarded or id(sub) not in first)
 
     visit(body, False)
+
+
+def _within(inner, outer) -> bool:
+    """Does span `inner` lie inside span `outer` (an index written in the subscript,
+    not substituted from a let elsewhere)?"""
+    if inner is None or not inner.line or outer is None or not outer.line:
+        return inner is not None and bool(inner.line) and outer is None
+    return (outer.line, outer.col) <= (inner.line, inner.col) and \
+        (inner.end_line, inner.end_col) <= (outer.end_line, outer.end_col)
 
 
 def _check_races(k, body, lanes):

@@ -8,6 +8,7 @@ from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
 from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, free_names, map_expr, map_stmt_exprs,
                         substitute, substitute_body, walk_expr)
+from ..ir.printer import expr as show_expr
 
 NAME = "fold-consts"
 
@@ -73,7 +74,14 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
     env = dict(values)
     lets = []
+    later = {name for name, _ in k.lets}
     for name, e in k.lets:
+        later.discard(name)
+        for x in walk_expr(e):      # (a let's names are checked here, used or not)
+            if isinstance(x, ir.Var) and x.name not in kinds and x.name not in env:
+                if x.name in later or x.name == name:
+                    raise SemanticError(f"let '{name}' reads '{x.name}' before its let statement", x.span)
+                raise SemanticError(f"unknown name '{x.name}'", x.span)
         e = fold(substitute(e, env), "exact")
         if isinstance(e, ir.Call) and e.func == "im2col":
             kinds[name] = "view"
@@ -105,6 +113,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     for p in k.params:
         if isinstance(p, ir.TensorParam):
             p = replace(p, shape=tuple(resolve(d, {}) for d in p.shape))
+            for d, x in enumerate(p.shape):
+                if isinstance(x, ir.Float) or isinstance(x, ir.Int) and x.value < 0:
+                    raise SemanticError(f"dim {d} of tensor '{p.name}' is {show_expr(x)}: a dimension is an integer "
+                                        ">= 0 (a shape symbol, or an integer expression of consts and symbols)",
+                                        x.span or p.span)
         params.append(p)
 
     buffers = []
