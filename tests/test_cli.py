@@ -44,8 +44,8 @@ def test_emit_cuda_is_the_default():
 
 def test_emit_host():
     out = ok("emit", "examples/copy2d.tile", "--emit", "host")
-    assert "def launch(call, A, B):" in out
-    assert "tmap_A = call.cuTensorMapEncodeTiled(" in out and "boxDim=(128, 64)," in out
+    assert "def launch(tl_call, A, B):" in out
+    assert "tl_tmap_A = tl_call.cuTensorMapEncodeTiled(" in out and "boxDim=(128, 64)," in out
     compile(out, "host.py", "exec")     # it is Python
 
 

@@ -184,7 +184,7 @@ def test_export_writes_the_files(exported, name):
     assert f'extern "C" int tilec_{name}(' in source
     # the cubins are embedded byte for byte
     first = ", ".join(f"0x{b:02x}" for b in k.cubin[:16])
-    assert f"tma_variant_cubin[{len(k.cubin)}] = {{\n    {first}," in source
+    assert f"tl_tma_variant_cubin[{len(k.cubin)}] = {{\n    {first}," in source
 
 
 def test_no_fallback_export_has_one_cubin(exported):
@@ -249,21 +249,21 @@ CHECK-NEXT:     size_t err_len) {
 CHECK:        const long long M = A_shape[0];  // A dim 0
 CHECK-NEXT:   const long long N = A_shape[1];  // A dim 1
 CHECK:        if (B_shape[0] != M)
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "argument B: dim 0 is ", B_shape[0], " but M = ", M,
-CHECK-NEXT:                 " (from A dim 0)");
+CHECK-NEXT:     return tl_fail(err, err_len, TILEC_EARG, "argument B: dim 0 is ", B_shape[0], " but M = ", M,
+CHECK-NEXT:                    " (from A dim 0)");
 CHECK:        // {{.*}}examples/copy2d.tile:4: grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
-CHECK-NEXT:   const long long grid[3] = {cdiv(N, 128), cdiv(M, 64), 1};
-CHECK:        CUtensorMap tmap_A, tmap_B;
-CHECK-NEXT:   int rc = encode_tiled(tmap_A, tmap_A_rule, A, A_shape, A_strides, why);
-CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_B, tmap_B_rule, B, B_shape, B_strides, why);
-CHECK-NEXT:   if (rc == TILEC_ETMA) {
-CHECK-NEXT:     void* thread_copy_params[] = {param(&A), param(&A_shape[0]), param(&A_shape[1])
-CHECK:          return launch(thread_copy_variant, grid, thread_copy_params, stream, err, err_len,
-CHECK:        if (rc != TILEC_OK)
-CHECK-NEXT:     return fail(err, err_len, rc, why);
-CHECK-NEXT:   void* params[] = {&tmap_A, &tmap_B, param(&B), param(&B_shape[0]), param(&B_shape[1]), param(&B_strides[0]),
-CHECK-NEXT:                     param(&B_strides[1])};
-CHECK-NEXT:   return launch(tma_variant, grid, params, stream, err, err_len, "");
+CHECK-NEXT:   const long long tl_grid[3] = {tl_cdiv(N, 128), tl_cdiv(M, 64), 1};
+CHECK:        CUtensorMap tl_tmap_A, tl_tmap_B;
+CHECK-NEXT:   int tl_rc = tl_encode_tiled(tl_tmap_A, tl_rule_tmap_A, A, A_shape, A_strides, tl_why);
+CHECK-NEXT:   if (tl_rc == TILEC_OK) tl_rc = tl_encode_tiled(tl_tmap_B, tl_rule_tmap_B, B, B_shape, B_strides, tl_why);
+CHECK-NEXT:   if (tl_rc == TILEC_ETMA) {
+CHECK-NEXT:     void* tl_thread_copy_params[] = {tl_param(&A), tl_param(&A_shape[0]), tl_param(&A_shape[1]),
+CHECK:          return tl_launch(tl_thread_copy_variant, tl_grid, tl_thread_copy_params, stream, err, err_len,
+CHECK:        if (tl_rc != TILEC_OK)
+CHECK-NEXT:     return tl_fail(err, err_len, tl_rc, tl_why);
+CHECK-NEXT:   void* tl_params[] = {&tl_tmap_A, &tl_tmap_B, tl_param(&B), tl_param(&B_shape[0]), tl_param(&B_shape[1]),
+CHECK-NEXT:                        tl_param(&B_strides[0]), tl_param(&B_strides[1])};
+CHECK-NEXT:   return tl_launch(tl_tma_variant, tl_grid, tl_params, stream, err, err_len, "");
 """,
     "copy2d.rules": """
 CHECK:      void tiled_problems(
@@ -273,7 +273,7 @@ CHECK:        p.add("dim ", d, " is ", shape[d], "; TMA dims are 1 .. 2^32");
 CHECK:        p.add("innermost dim ", rank - 1, " has stride ", strides[rank - 1],
 CHECK:              " bytes is not a multiple of 16 (TMA requires 16-byte aligned strides)");
 CHECK:          p.add("dim ", d, " stride ", b, " bytes is outside TMA's 0 .. 2^40");
-CHECK:      int encode_tiled(
+CHECK:      int tl_encode_tiled(
 CHECK:        if (m.inner_rounded) {
 CHECK:                          " bytes, less than the 16-byte granule a TMA store writes");
 CHECK:          dims[m.rank - 1] = shape[m.rank - 1] / per * per;
@@ -283,7 +283,7 @@ CHECK:        tiled_problems(p, m.elsize, address, m.rank, dims, tma);
 CHECK:        const CUresult r = cuTensorMapEncodeTiled(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
 CHECK-NOT:  cuTensorMapEncodeIm2col
 CHECK:      // {{.*}}examples/copy2d.tile:8: copy(A[by * BM, bx * BN], s);
-CHECK-NEXT: const TiledMap tmap_A_rule = {
+CHECK-NEXT: const TiledMap tl_rule_tmap_A = {
 CHECK-NEXT:     "A",  // the tensor argument it describes
 CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,  // f32: data type, bytes
 CHECK-NEXT:     2,  // rank
@@ -292,28 +292,28 @@ CHECK-NEXT:     {1, 1},  // element strides
 CHECK-NEXT:     CU_TENSOR_MAP_SWIZZLE_NONE,  // swizzle
 CHECK-NEXT:     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,  // L2 promotion
 CHECK-NEXT:     false  // inner_rounded
-CHECK:      const TiledMap tmap_B_rule = {
+CHECK:      const TiledMap tl_rule_tmap_B = {
 CHECK:          true  // inner_rounded
-CHECK:      Variant tma_variant(tma_variant_cubin, 32768, 128);  // the TMA variant
-CHECK-NEXT: Variant thread_copy_variant(thread_copy_variant_cubin, 32768, 128);
+CHECK:      Variant tl_tma_variant(tl_tma_variant_cubin, 32768, 128);  // the TMA variant
+CHECK-NEXT: Variant tl_thread_copy_variant(tl_thread_copy_variant_cubin, 32768, 128);
 """,
     "copy2d.launch": """
-CHECK:      int launch(Variant& v, const long long grid[3], void** params, CUstream stream, char* err, size_t err_len,
-CHECK-NEXT:            const std::string& warning) {
+CHECK:      int tl_launch(Variant& v, const long long grid[3], void** params, CUstream stream, char* err, size_t err_len,
+CHECK-NEXT:               const std::string& warning) {
 CHECK-NEXT:   if (grid[0] > 2147483647 || grid[1] > 65535 || grid[2] > 65535)
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "grid [", grid[0], ", ", grid[1], ", ", grid[2],
-CHECK-NEXT:                 "] is over CUDA's limits (2^31-1, 65535, 65535)");
-CHECK:        if (!function_in_current_context(v, &f, why)) return fail(err, err_len, TILEC_EDEVICE, why);
+CHECK-NEXT:     return tl_fail(err, err_len, TILEC_EARG, "grid [", grid[0], ", ", grid[1], ", ", grid[2],
+CHECK-NEXT:                    "] is over CUDA's limits (2^31-1, 65535, 65535)");
+CHECK:        if (!function_in_current_context(v, &f, why)) return tl_fail(err, err_len, TILEC_EDEVICE, why);
 CHECK-NEXT:   const CUresult r = cuLaunchKernel(f, static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]),
 """,
     "im2col": """
-CHECK:      int encode_im2col(
+CHECK:      int tl_encode_im2col(
 CHECK:        if (channels % m.channels_per_pixel) {
 CHECK:          p.add(channels, " channels is not a multiple of the ", m.channels_per_pixel,
 CHECK:        tiled_problems(p, m.elsize, address, m.rank, shape, tma);
 CHECK:            p.add("spatial dim ", d + 1, ": the pixel box ", shape[d + 1], " - (", m.lower_corner[d], ") + (",
 CHECK:        const CUresult r = cuTensorMapEncodeIm2col(&map, m.dtype, m.rank, reinterpret_cast<void*>(address), global_dim,
-CHECK:      const Im2colMap tmap_Xc_rule = {
+CHECK:      const Im2colMap tl_rule_tmap_Xc = {
 CHECK-NEXT:     "X",  // the tensor argument it describes
 CHECK-NEXT:     CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,  // f16: data type, bytes
 CHECK-NEXT:     4,  // rank
@@ -324,52 +324,54 @@ CHECK-NEXT:     {-1, -1},  // pixel box upper corner, per spatial dim
 CHECK-NEXT:     {1, 1, 1, 1},  // element strides (the convolution strides)
 CHECK:      extern "C" int tilec_im2col(
 CHECK:        if (Y_shape[1] != 9 * C)
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "argument Y: dim 1 is ", Y_shape[1],
-CHECK-NEXT:                 " but the declaration says 9 * C = ", 9 * C);
+CHECK-NEXT:     return tl_fail(err, err_len, TILEC_EARG, "argument Y: dim 1 is ", Y_shape[1],
+CHECK-NEXT:                    " but the declaration says 9 * C = ", 9 * C);
 CHECK-NEXT:   // {{.*}}examples/im2col.tile:8: require NP == N * OH * OW;
 CHECK-NEXT:   if (!(NP == N * H * W))
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "require NP == N * OH * OW failed (H = ", H, ", N = ", N, ", NP = ",
-CHECK-NEXT:                 NP, ", W = ", W, ")");
-CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
-CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Y, tmap_Y_rule, Y, Y_shape, Y_strides, why);
-CHECK:        void* params[] = {&tmap_Xc, &tmap_Y, param(&Y), param(&Y_shape[0]), param(&Y_shape[1]), param(&Y_strides[0]),
-CHECK-NEXT:                     param(&Y_strides[1]), param(&tl_H), param(&tl_W), param(&tl_C)};
+CHECK-NEXT:     return tl_fail(err, err_len, TILEC_EARG, "require NP == N * OH * OW failed (H = ", H, ", N = ", N,
+CHECK-NEXT:                    ", NP = ", NP, ", W = ", W, ")");
+CHECK:        int tl_rc = tl_encode_im2col(tl_tmap_Xc, tl_rule_tmap_Xc, X, X_shape, X_strides, tl_why);
+CHECK-NEXT:   if (tl_rc == TILEC_OK) tl_rc = tl_encode_tiled(tl_tmap_Y, tl_rule_tmap_Y, Y, Y_shape, Y_strides, tl_why);
+CHECK:        void* tl_params[] = {&tl_tmap_Xc, &tl_tmap_Y, tl_param(&Y), tl_param(&Y_shape[0]), tl_param(&Y_shape[1]),
+CHECK-NEXT:                        tl_param(&Y_strides[0]), tl_param(&Y_strides[1]), tl_param(&tl_i32_H),
+CHECK-NEXT:                        tl_param(&tl_i32_W), tl_param(&tl_i32_C)};
 """,
     "gemm": """
-CHECK:      const TiledMap tmap_A_rule = {
+CHECK:      const TiledMap tl_rule_tmap_A = {
 CHECK:          {128, 64},  // box
 CHECK:          CU_TENSOR_MAP_SWIZZLE_128B,  // swizzle
-CHECK:      Variant tma_variant(tma_variant_cubin, 99328, 384);  // the TMA variant
+CHECK:      Variant tl_tma_variant(tl_tma_variant_cubin, 99328, 384);  // the TMA variant
 CHECK:        (v.smem_bytes > 0 &&  // beyond 48 KiB with the mbarriers' static bytes, shared memory must be asked for
 CHECK-NEXT:    driver_failed(cuFuncSetAttribute(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 CHECK:        // the shape symbols as the kernel takes them: 32-bit ints
 CHECK-NEXT:   if (M > 2147483647)
-CHECK-NEXT:     return fail(err, err_len, TILEC_EARG, "shape symbol M = ", M,
-CHECK-NEXT:                 " is over 2^31-1: kernels index each dimension with 32-bit ints");
-CHECK-NEXT:   const int tl_M = static_cast<int>(M);
+CHECK-NEXT:     return tl_fail(err, err_len, TILEC_EARG, "shape symbol M = ", M,
+CHECK-NEXT:                    " is over 2^31-1: kernels index each dimension with 32-bit ints");
+CHECK-NEXT:   const int tl_i32_M = static_cast<int>(M);
 CHECK-NEXT:   if (K > 2147483647)
-CHECK:        const int tl_N = static_cast<int>(N);
-CHECK:        params[] = {&tmap_A, &tmap_B, &tmap_C, param(&C), param(&C_shape[0]), param(&C_shape[1]),
-CHECK-NEXT:                 param(&C_strides[0]), param(&C_strides[1]), param(&tl_M), param(&tl_K), param(&tl_N)};
+CHECK:        const int tl_i32_N = static_cast<int>(N);
+CHECK:        void* tl_params[] = {&tl_tmap_A, &tl_tmap_B, &tl_tmap_C, tl_param(&C), tl_param(&C_shape[0]),
+CHECK-NEXT:                        tl_param(&C_shape[1]), tl_param(&C_strides[0]), tl_param(&C_strides[1]),
+CHECK-NEXT:                        tl_param(&tl_i32_M), tl_param(&tl_i32_K), tl_param(&tl_i32_N)};
 """,
     "conv2d": """
-CHECK:      const Im2colMap tmap_Xc_rule = {
-CHECK:      const TiledMap tmap_Wt_rule = {
-CHECK:      const TiledMap tmap_Y_rule = {
+CHECK:      const Im2colMap tl_rule_tmap_Xc = {
+CHECK:      const TiledMap tl_rule_tmap_Wt = {
+CHECK:      const TiledMap tl_rule_tmap_Y = {
 CHECK:        if (Wt_shape[0] != 9 * C)
 CHECK:        if (Y_shape[1] != F)
 CHECK:        // {{.*}}examples/conv2d.tile:10: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
-CHECK-NEXT:   const long long grid[3] = {cdiv(F, 128), cdiv(N * H * W, 128), 1};
-CHECK:        int rc = encode_im2col(tmap_Xc, tmap_Xc_rule, X, X_shape, X_strides, why);
-CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Wt, tmap_Wt_rule, Wt, Wt_shape, Wt_strides, why);
-CHECK-NEXT:   if (rc == TILEC_OK) rc = encode_tiled(tmap_Y, tmap_Y_rule, Y, Y_shape, Y_strides, why);
+CHECK-NEXT:   const long long tl_grid[3] = {tl_cdiv(F, 128), tl_cdiv(N * H * W, 128), 1};
+CHECK:        int tl_rc = tl_encode_im2col(tl_tmap_Xc, tl_rule_tmap_Xc, X, X_shape, X_strides, tl_why);
+CHECK-NEXT:   if (tl_rc == TILEC_OK) tl_rc = tl_encode_tiled(tl_tmap_Wt, tl_rule_tmap_Wt, Wt, Wt_shape, Wt_strides, tl_why);
+CHECK-NEXT:   if (tl_rc == TILEC_OK) tl_rc = tl_encode_tiled(tl_tmap_Y, tl_rule_tmap_Y, Y, Y_shape, Y_strides, tl_why);
 """,
     "scale": """
 CHECK:          CUdeviceptr Y, const int64_t Y_shape[2], const int64_t Y_strides[2],
 CHECK-NEXT:     float alpha,
 CHECK-NEXT:     char* err,
-CHECK:        void* params[] = {&tmap_X, &tmap_Y, param(&Y), param(&Y_shape[0]), param(&Y_shape[1]), param(&Y_strides[0]),
-CHECK-NEXT:                     param(&Y_strides[1]), param(&alpha)};
+CHECK:        void* tl_params[] = {&tl_tmap_X, &tl_tmap_Y, tl_param(&Y), tl_param(&Y_shape[0]), tl_param(&Y_shape[1]),
+CHECK-NEXT:                        tl_param(&Y_strides[0]), tl_param(&Y_strides[1]), tl_param(&alpha)};
 CHECK-NOT:  floordiv
 """,
 }
@@ -392,7 +394,7 @@ def test_templates_print_no_unused_helper(exported):
     the granule rounding only where a map is rounded, floordiv nowhere here."""
     for name in EXAMPLES:
         source = (exported[name][0] / f"{name}.cc").read_text()
-        assert ("int encode_im2col(" in source) == (name in ("im2col", "conv2d")), name
+        assert ("int tl_encode_im2col(" in source) == (name in ("im2col", "conv2d")), name
         assert "floordiv" not in source and "floormod" not in source
 
 
@@ -431,6 +433,58 @@ def test_every_example_exports_and_compiles(tmp_path, path):
     p = subprocess.run([CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
                         str(tmp_path / f"{k.name}.cc")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+# Names the launcher once declared or called itself where the kernel's names are in
+# scope: parameters stream, err, err_len ("conflicting declaration"), fail, launch, param
+# (called), std (std::string); shape symbols device, grid, why, rc, A_shape, t_A.
+OWN_NAMES = """
+kernel names(A: f32[device, grid], B: f32[device, grid], C: f32[why, rc, A_shape, t_A], stream: f32, err: i32,
+             err_len: i32, fail: i32, launch: i32, param: i32, std: f32) {
+    require err + err_len + fail + launch + param >= 0 && why * rc * A_shape * t_A >= 0 && std > 0.0;
+    grid (bx, by) = (cdiv(grid, 128), cdiv(device, 64));
+    threads 128;
+    shared s: f32[64, 128];
+    copy(A[by * 64, bx * 128], s);
+    parallel (i, j) in (64, 128) {
+        s[i, j] = s[i, j] * stream;
+    }
+    copy(s, B[by * 64, bx * 128]);
+}
+"""
+
+
+@needs_cxx
+def test_names_the_launcher_used_itself_compile_and_launch_as_python(tmp_path, monkeypatch):
+    """The launcher's own names start with tl_ (its parameters' where the kernel has
+    the name: tl_stream, tl_A_shape): g++ compiles it (C++17 and C++20, the header as
+    C), and it launches as the Python wrapper does."""
+    k = tilec.compile(OWN_NAMES, arch="sm_90a", debug=False)
+    tilec_export.generate(k).write(tmp_path)
+    header = (tmp_path / "names.h").read_text()
+    assert "    CUstream tl_stream,\n    CUdeviceptr A, const int64_t tl_A_shape[2], const int64_t A_strides[2]," in header
+    assert "    float stream,\n    int32_t err,\n    int32_t err_len," in header
+    for std in ("c++17", "c++20"):
+        p = subprocess.run([CXX, f"-std={std}", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
+                            str(tmp_path / "names.cc")], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+    if CC is not None:
+        p = subprocess.run([CC, "-x", "c", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{CUDA_INCLUDE}",
+                            str(tmp_path / "names.h")], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    exe = build_stub(tmp_path, k, tmp_path, "names", main=main_source(k.kernel_ir, gpu=False, prefix="v_"))
+    args = [t(0x7f0000000000, (100, 1000)), t(0x7f0000100000, (100, 1000)), t(0x7f0000200000, (2, 3, 4, 5)),
+            1.5, 1, 2, 3, 4, 5, 0.5]
+    python_driver = fake_driver(monkeypatch)        # after compiling: NVRTC is cuda.bindings' too
+    kind, cubin, lines = python_launch(k, args, python_driver, monkeypatch)
+    assert kind == "launch"
+    rc, err, calls = run_stub_exe(exe, k, args)
+    assert (rc, err) == (0, "")
+    assert calls == stub_expectation(k, cubin, lines)
+    bad = args[:3] + [1.5, -100] + args[5:]       # require err + ... >= 0 fails: the Python wrapper's words
+    assert python_launch(k, bad, python_driver, monkeypatch)[0] == "error"
+    rc, err, _ = run_stub_exe(exe, k, bad)
+    assert (rc, err) == (1, python_launch(k, bad, python_driver, monkeypatch)[1])
 
 
 # ---------------------------------------------------------------- a stand-in libcuda
@@ -682,13 +736,14 @@ def scalar_argv(dt: ir.DType, value) -> str:
     return str(value)
 
 
-def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
+def main_source(k: ir.Kernel, gpu: bool, name: str | None = None, prefix: str = "") -> str:
     """A C++ main that calls tilec_<kernel> (tilec_<name>: an export named so) with the
     arguments of its command line: per tensor `pointer d0.. s0..` (gpu: `[where:]file
     offset_bytes d0.. s0..`: the whole buffer is read from the file into memory of the
     kind `where` names (place() in the source: device memory unless it says otherwise),
     the tensor starts offset bytes into it, and after the kernel the buffer is written
-    to file.out), per scalar its value, then err_len. Prints rc= and err= lines."""
+    to file.out), per scalar its value, then err_len. Prints rc= and err= lines. prefix: of
+    the locals named after the kernel's parameters (a kernel may have one named stream)."""
     name = name or k.name
     lines = ['#include "%s.h"' % name, "#include <cstdio>", "#include <cstdlib>", "#include <cstring>",
              "#include <fstream>",
@@ -768,7 +823,7 @@ def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
     for p in k.params:
         if isinstance(p, ir.TensorParam):
             r = len(p.shape)
-            n = p.name
+            n = prefix + p.name
             if gpu:
                 lines += [f"  std::string {n}_file = argv[i++], {n}_where;  // [where:]file",
                           f"  if ({n}_file.find(':') != std::string::npos) {{",
@@ -788,8 +843,8 @@ def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
                       f"  for (int d = 0; d < {r}; ++d) {n}_strides[d] = strtoll(argv[i++], nullptr, 0);"]
             call += [n, f"{n}_shape", f"{n}_strides"]
         else:
-            lines += [f"  const auto {p.name} = {_scalar_arg(p.dtype).format('argv[i++]')};"]
-            call.append(p.name)
+            lines += [f"  const auto {prefix}{p.name} = {_scalar_arg(p.dtype).format('argv[i++]')};"]
+            call.append(prefix + p.name)
     lines += ["  const size_t err_len = strtoull(argv[i++], nullptr, 0);",
               "  std::vector<char> err(err_len + 1, 'X');",
               f"  int rc = tilec_{name}(stream, {', '.join(call)}, err_len ? err.data() : nullptr, err_len);"]
@@ -800,7 +855,7 @@ def main_source(k: ir.Kernel, gpu: bool, name: str | None = None) -> str:
     if gpu:
         lines += ["  check(cuStreamSynchronize(stream), \"running the kernel\");"]
         for p in k.tensors:
-            n = p.name
+            n = prefix + p.name
             lines += [f"  fetch({n}_where, {n}_buffer, {n}_host);",
                       f"  std::ofstream({n}_file + \".out\", std::ios::binary).write({n}_host.data(), "
                       f"{n}_host.size());"]

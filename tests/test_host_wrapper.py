@@ -21,7 +21,7 @@ kernel same_side(A: f32[M, N], B: f32[M, N]) {
 def test_a_comparison_of_comparisons_is_not_a_python_chain():
     """`(M < 64) == (N < 64)` must not print as Python's chained `M < 64 == N < 64`."""
     k = tilec.compile(REQUIRE, backend="interpret")
-    assert "call.require((M < 64) == (N < 64), " in k.host_source
+    assert "tl_call.require((M < 64) == (N < 64), " in k.host_source
     a = np.arange(100 * 100, dtype=np.float32).reshape(100, 100)
     b = np.zeros_like(a)
     k(a, b)                                  # both sides False: the require holds

@@ -1419,9 +1419,16 @@ def test_override_outside_64_bits():
 
 # A shape symbol is a name in the generated CUDA too (const int blockIdx = ...
 # was an NVRTC error): the reserved names of parameters and consts apply to it.
-@pytest.mark.parametrize("name", ["blockIdx", "threadIdx", "float", "int", "mbarrier_wait", "tl_smem", "__x",
-                                  "tma_load_2d", "cdiv"])
-def test_reserved_shape_symbol(name):
+GENERATED = "C++ or the generated CUDA uses it"
+
+
+@pytest.mark.parametrize("name, why", [
+    ("blockIdx", GENERATED), ("threadIdx", GENERATED), ("float", "a C++ keyword"), ("int", "a C++ keyword"),
+    ("mbarrier_wait", GENERATED), ("tl_smem", GENERATED), ("__x", GENERATED), ("tma_load_2d", GENERATED),
+    ("cdiv", GENERATED), ("mbarrier_arrive", GENERATED), ("wgmma_fence", GENERATED), ("make_float4", GENERATED),
+    ("CUstream", GENERATED), ("cudaStreamDefault", GENERATED), ("NV_IF_TARGET", GENERATED), ("_Pragma", GENERATED),
+    ("TILEC_OK", GENERATED), ("EOF", "C's or CUDA's headers define it"), ("int64_t", "C's or CUDA's headers define it")])
+def test_reserved_shape_symbol(name, why):
     err = error_of(f"""\
 kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
     grid (bx) = (1);
@@ -1429,9 +1436,184 @@ kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
 }}
 """)
     assert str(err) == f"""\
-t.tile:1:20: error: '{name}' is a reserved name (C++ or the generated CUDA uses it); choose another
+t.tile:1:20: error: '{name}' is a reserved name ({why}); choose another
 kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
                    ^{"~" * (len(name) - 1)}"""
+
+
+# C++20's keywords and alternative tokens, NVRTC's NULL and the char types: a
+# scalar so named was "NVRTC rejected the generated CUDA (a tilec bug...)".
+@pytest.mark.parametrize("name, why", [(n, "a C++ keyword") for n in (
+    "xor", "bitand", "bitor", "compl", "not_eq", "or_eq", "and_eq", "xor_eq", "char8_t", "char16_t", "char32_t",
+    "concept", "requires", "co_await", "co_return", "co_yield", "consteval", "constinit", "thread_local")] + [
+    ("NULL", "C's or CUDA's headers define it"), ("size_t", "C's or CUDA's headers define it"),
+    ("main", "C++'s program entry point")])
+def test_reserved_cxx_scalar(name, why):
+    err = error_of(f"""\
+kernel k(A: f32[M, N], {name}: i32) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:1:24: error: '{name}' is a reserved name ({why}); choose another
+kernel k(A: f32[M, N], {name}: i32) {{
+                       ^{"~" * (len(name) + 4)}"""
+
+
+# A kernel is the extern "C" function of its name: main, and the C functions and
+# types NVRTC's headers declare at global scope (kernel main was an NVRTC error).
+def test_kernel_named_main():
+    err = error_of("""\
+kernel main(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+}
+""")
+    assert str(err) == """\
+t.tile:1:8: error: 'main' is a reserved name (C++'s program entry point); choose another
+kernel main(A: f32[M, N]) {
+       ^~~~"""
+
+
+@pytest.mark.parametrize("name", ["round", "printf", "dim3", "norm", "erf", "malloc", "std"])
+def test_kernel_named_like_a_cuda_global(name):
+    err = error_of(f"""\
+kernel {name}(A: f32[M, N]) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:1:8: error: '{name}' is a reserved name for a kernel: a kernel is the extern "C" function of its name, and \
+the CUDA headers NVRTC compiles with declare '{name}' at global scope; choose another
+kernel {name}(A: f32[M, N]) {{
+       ^{"~" * (len(name) - 1)}"""
+
+
+def test_kernel_named_a7_crashes_nvrtc():
+    err = error_of("""\
+kernel A7(A: f32[M, N]) {
+    grid (bx) = (1);
+    threads 128;
+}
+""")
+    assert str(err) == """\
+t.tile:1:8: error: 'A7' is a reserved name for a kernel: NVRTC 13.5 crashes compiling a kernel so named; choose another
+kernel A7(A: f32[M, N]) {
+       ^~"""
+
+
+# The host wrapper declares the parameters and shape symbols as Python names: a
+# Python keyword there was a SyntaxError traceback from `<tilec host wrapper of k>`.
+PY_KEYWORDS = ["lambda", "None", "True", "def", "import", "pass", "in", "is", "as", "with", "global", "async",
+               "await", "yield", "from", "del", "raise", "except", "finally", "elif", "nonlocal"]
+
+
+@pytest.mark.parametrize("name", PY_KEYWORDS)
+def test_python_keyword_parameter(name):
+    err = error_of(f"""\
+kernel k(A: f32[M, N], {name}: f32) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:1:24: error: '{name}' is a Python keyword: the host wrapper could not name the parameter so; choose another
+kernel k(A: f32[M, N], {name}: f32) {{
+                       ^{"~" * (len(name) + 4)}"""
+
+
+@pytest.mark.parametrize("name", ["lambda", "None", "pass", "in", "with"])
+def test_python_keyword_tensor_and_shape_symbol(name):
+    err = error_of(f"""\
+kernel k({name}: f32[M, N]) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err).splitlines()[0] == (f"t.tile:1:10: error: '{name}' is a Python keyword: the host wrapper could "
+                                        "not name the parameter so; choose another")
+    err = error_of(f"""\
+kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
+    grid (bx) = (1);
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:1:20: error: '{name}' is a Python keyword: the host wrapper could not name the shape symbol so; choose another
+kernel k(A: f32[M, {name}], B: f32[M, {name}]) {{
+                   ^{"~" * (len(name) - 1)}"""
+
+
+def test_python_keyword_elsewhere_is_a_name():
+    """Only the host wrapper's names are Python's: a tile, loop variable or const may be `lambda`."""
+    lower(Source("t.tile", """\
+kernel k(A: f32[M, N], B: f32[M, N]) {
+    const lambda = 64;
+    grid (bx) = (cdiv(M, lambda));
+    threads 128;
+    shared pass: f32[64, 64];
+    copy(A[bx * lambda, 0], pass);
+    for import in range(2) {
+        parallel (i, j) in (64, 64) {
+            pass[i, j] = pass[i, j] + f32(import);
+        }
+    }
+    copy(pass, B[bx * lambda, 0]);
+}
+"""))
+
+
+# Consts are overridden as tilec.compile(src, **consts): a const named after one of its
+# other arguments was "compile() got multiple values for keyword argument 'arch'" when
+# tuned, and silently the option's value otherwise.
+@pytest.mark.parametrize("name", ["src", "arch", "fallback", "debug", "backend", "tune", "key", "where", "tune_l2"])
+def test_const_named_like_a_compile_option(name):
+    err = error_of(f"""\
+kernel k(A: f32[M, N]) {{
+    const BM = 64, {name} = 1;
+    grid (bx) = ({name});
+    threads 128;
+}}
+""")
+    assert str(err) == f"""\
+t.tile:2:20: error: '{name}' is a keyword argument of tilec.compile(): a const so named could not be overridden \
+(tilec.compile(src, {name}=...) sets the option, not the const); choose another
+    const BM = 64, {name} = 1;
+                   ^{"~" * (len(name) - 1)}"""
+
+
+def test_tuned_const_named_like_a_compile_option():
+    err = error_of("""\
+kernel k(A: f32[M, N]) {
+    const arch = 1;
+    tune arch in (1, 2);
+    grid (bx) = (1);
+    threads 128;
+}
+""")
+    assert str(err).splitlines()[0] == ("t.tile:2:11: error: 'arch' is a keyword argument of tilec.compile(): a const "
+                                        "so named could not be overridden (tilec.compile(src, arch=...) sets the "
+                                        "option, not the const); choose another")
+
+
+# A float scalar named like a shape symbol: the same error as an integer one, at the
+# shape (it was "a grid size must be an integer expression" at the grid).
+@pytest.mark.parametrize("dtype", ["f32", "i32", "f16"])
+def test_scalar_named_like_a_shape_symbol(dtype):
+    err = error_of(f"""\
+kernel k(A: f32[M, N], M: {dtype}) {{
+    grid (bx) = (cdiv(M, 64));
+    threads 128;
+}}
+""")
+    assert str(err) == """\
+t.tile:1:17: error: a tensor shape may use shape symbols, consts and integer literals only; 'M' is a scalar parameter
+kernel k(A: f32[M, N], M: f32) {
+                ^
+note: name the dimension with a shape symbol and, if it must equal 'M', check that with a require: \
+require SYMBOL == M;""".replace("M: f32", f"M: {dtype}")
 
 
 # An integer division by the constant 0 is an error wherever it is, as in a const

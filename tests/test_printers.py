@@ -148,7 +148,7 @@ def test_host_expressions_print_as_python_computes_them(printer):
         text = py_expr(e)
         for p in POINTS:
             env = dict(zip(VARS, p))
-            got = eval(text, {"rt": type("rt", (), {"cdiv": staticmethod(cdiv)})}, env)
+            got = eval(text, {"tl_rt": type("rt", (), {"cdiv": staticmethod(cdiv)})}, env)
             assert got == floor_eval(e, env), f"{text} at {env}: Python gives {got}, the host's rule {floor_eval(e, env)}"
 
 
@@ -163,7 +163,7 @@ def test_host_expressions_print_as_the_exported_cxx_computes_them(tmp_path, prin
         isinstance(x, ir.Call) and x.func == "select" for x in _walk(e))]
     bodies = [host(e) for e in exprs]
     template = (resource("templates") / "export.cc.j2").read_text()     # the helpers an export defines
-    helpers = re.findall(r"^long long (?:cdiv|floordiv|floormod)\(.*?^}", template, re.M | re.S)
+    helpers = re.findall(r"^long long tl_(?:cdiv|floordiv|floormod)\(.*?^}", template, re.M | re.S)
     assert len(helpers) == 3, helpers
     got = run_cxx(tmp_path, printer, bodies, ["#include <algorithm>", "#include <cstdlib>", *helpers])
     for e, text, values in zip(exprs, bodies, got):

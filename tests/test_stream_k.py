@@ -102,7 +102,7 @@ def test_cuda_hands_partial_sums_through_the_workspace():
     assert "if (threadIdx.x == 0) tl_slot_acquire(&tl_slot_ready[tl_block - 1 - tl_part]);" in cu
     assert "ld.acquire.gpu.global.u32" in cu and "fence.acq_rel.gpu" in cu
     assert k.compile_log == ""
-    assert "rt.Workspace(131072)" in k.host_source
+    assert "tl_rt.Workspace(131072)" in k.host_source
 
 
 def test_stream_k_zero_is_the_persistent_kernel():
@@ -402,7 +402,7 @@ def test_select_in_grids_and_elements(n):
     np.testing.assert_array_equal(b.view, np.where(a > 0, a, np.float32(0.5) * a))
     cu = tilec.compile(SELECT, arch="sm_90a")
     assert "s[i] = (s[i] > 0.0f ? s[i] : 0.5f * s[i]);" in cu.cuda_source
-    assert "grid = ((rt.cdiv(N, 256) if N > 256 else 1), 1, 1)" in cu.host_source
+    assert "tl_grid = ((tl_rt.cdiv(N, 256) if N > 256 else 1), 1, 1)" in cu.host_source
 
 
 def test_a_ring_too_big_is_refused_before_the_barrier_passes(monkeypatch):

@@ -53,6 +53,7 @@ from . import kernel as kernel_mod
 from ._version import __version__
 from .compiler import program_key, warn_notes
 from .errors import CaptureError, DeviceError, PipelineWarning, TilecError, TuneLaunchWarning, TuneMismatchWarning
+from .frontend.names import COMPILE_OPTIONS
 from .runtime import cache, host, nvrtc, workers
 
 _CHOICES: dict = {}        # disk key -> chosen consts, shared by every TunedKernel of this process
@@ -217,7 +218,8 @@ def statement(source):
     whitespace collapsed) or None; None when there is no statement. A regular
     expression over the text; the parser (tilec.frontend, which raises the
     statement's errors) when the text has `tune` anywhere else, or a rule of the
-    statement does not hold."""
+    statement does not hold (a const named after a tilec.compile() option, which
+    its **consts could not pass, is one)."""
     found = _statement_text(source.text)
     if found is _BY_PARSER:
         return _statement_by_parser(source)
@@ -246,7 +248,7 @@ def _statement_text(text: str):
         names = [name for name, _ in space]
         if len(set(names)) == len(names) and all(
                 _INT.fullmatch(consts.get(name, "")) and len(set(values)) == len(values) and int(consts[name]) in values
-                for name, values in space):
+                and name not in COMPILE_OPTIONS for name, values in space):
             where = None if m.group(2) is None else " ".join(m.group(2).split())
             return space, tuple((name, int(consts[name])) for name in names), where
     return _BY_PARSER

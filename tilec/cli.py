@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from .errors import CheckIncompleteWarning, PipelineWarning, TilecError, os_reason
+from .frontend.names import COMPILE_OPTIONS
 from .passes import PASS_NAMES
 
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
@@ -23,6 +24,9 @@ def _consts(pairs, option="-D"):
         name, eq, value = p.partition("=")
         if not eq or not name.isidentifier():
             raise TilecError(f"{option} takes NAME=VALUE, got '{p}'")
+        if option == "-D" and name in COMPILE_OPTIONS:
+            raise TilecError(f"-D {p}: '{name}' is a keyword argument of tilec.compile(), which no const may be "
+                             "named (a shape symbol so named cannot be fixed)")
         if name in out:
             raise TilecError(f"{option} {name} is given twice ({name}={out[name]} and {p}): give each "
                              f"{'const' if option == '-D' else 'symbol'} once")
@@ -118,11 +122,11 @@ def _grouped(tried: list, said: list, verb: str, verb_one: str) -> list:
 
 def _cmd_export(args):
     from .autotune import statement_space
-    from .codegen.export import export
+    from .codegen.export import export_consts
     source, consts = _source(args), _consts(args.define)
     fixes = [_consts(f.split(","), "--fix") for f in args.fix or []]
-    for path in export(source, args.output, arch=args.arch, fallback=args.fallback, name=args.name, fixes=fixes,
-                       **consts):
+    for path in export_consts(source, args.output, consts, arch=args.arch, fallback=args.fallback, name=args.name,
+                              fixes=fixes):
         print(path)
     space, first, _ = statement_space(source, consts)
     if space:       # the launcher runs one program: what the tune statement would pick is not in it

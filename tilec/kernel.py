@@ -95,7 +95,7 @@ class Kernel(Program):
 
     @property
     def _launch(self):
-        """launch(call, *args): the generated host wrapper."""
+        """launch(tl_call, *args): the generated host wrapper."""
         return self._host()[0]
 
     @property

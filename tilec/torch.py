@@ -155,7 +155,7 @@ def fake_impl(k: ir.Kernel):
             shapes[p.name] = a.shape
         symbols = {name: shapes[t][d] for name, t, d in binds}
         for t, d, code, text in checks:
-            got, want = shapes[t][d], eval(code, {"rt": rt}, symbols)
+            got, want = shapes[t][d], eval(code, {"tl_rt": rt}, symbols)
             message = f"argument {t}: dim {d} is {got} but {text.format(want)}"
             if isinstance(got, int) and isinstance(want, int):
                 if got != want:

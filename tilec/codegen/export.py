@@ -106,7 +106,7 @@ class _HostExpr:
             if e.op in "/%" and not self.is_float(e) and not (self.nonneg(e.lhs) and self.nonneg(e.rhs)):
                 fn = "floordiv" if e.op == "/" else "floormod"
                 self.helpers.add(fn)
-                return f"{fn}({self(e.lhs)}, {self(e.rhs)})"
+                return f"tl_{fn}({self(e.lhs)}, {self(e.rhs)})"
             def show(x, p):     # && inside || parenthesised too (-Wparentheses)
                 text = self(x, p)
                 return f"({text})" if e.op == "||" and isinstance(x, ir.BinOp) and x.op == "&&" else text
@@ -117,15 +117,15 @@ class _HostExpr:
         if isinstance(e, ir.Call) and e.func in ("min", "max"):
             if self.is_float(e):        # in double, as the Python wrapper's min / max of floats
                 self.helpers.add(f"f{e.func}")
-                return f"f{e.func}_py({self(e.args[0])}, {self(e.args[1])})"
-            return f"std::{e.func}<long long>({self(e.args[0])}, {self(e.args[1])})"
+                return f"tl_f{e.func}_py({self(e.args[0])}, {self(e.args[1])})"
+            return f"::std::{e.func}<long long>({self(e.args[0])}, {self(e.args[1])})"
         if isinstance(e, ir.Call) and e.func == "abs":
             fabs = self.is_float(e)
             self.helpers.add("fabs" if fabs else "abs")
-            return f"std::{'fabs' if fabs else 'llabs'}({self(e.args[0])})"
+            return f"::std::{'fabs' if fabs else 'llabs'}({self(e.args[0])})"
         if isinstance(e, ir.Call) and e.func == "cdiv":
             self.helpers.add("cdiv")
-            return f"cdiv({self(e.args[0])}, {self(e.args[1])})"
+            return f"tl_cdiv({self(e.args[0])}, {self(e.args[1])})"
         raise TilecError(f"cannot export the host expression {tile_expr(e)}", getattr(e, "span", None))
 
 
@@ -196,6 +196,24 @@ class _MapDecl:
     kind: str
     comment: list
     fields: list        # (C++ initializer text, comment)
+    rule: str = ""      # the constant's name
+
+
+def _own_names(k: ir.Kernel) -> dict:
+    """The names of the launcher's own parameters ("stream", "workspace",
+    "workspace_bytes", "err", "err_len"; ("shape", tensor) and ("strides", tensor)):
+    each as it reads (A_shape) unless the kernel has a parameter or a shape symbol
+    of that name, then with the prefix tl_, which no name of the kernel has. Every
+    other name the launcher declares or calls where the kernel's names are in scope
+    starts with tl_ (tl_grid, tl_fail, tl_t_A, ...) or is qualified (::std::min)."""
+    kernel_names = {p.name for p in k.params} | {d.name for t in k.tensors for d in t.shape if isinstance(d, ir.Var)}
+
+    def own(n):
+        return f"tl_{n}" if n in kernel_names else n
+    names = {n: own(n) for n in ("stream", "workspace", "workspace_bytes", "err", "err_len")}
+    for t in k.tensors:
+        names["shape", t.name], names["strides", t.name] = own(f"{t.name}_shape"), own(f"{t.name}_strides")
+    return names
 
 
 def _map_decl(k: ir.Kernel, t: ir.TensorMap, rounded: bool) -> _MapDecl:
@@ -224,28 +242,28 @@ def _map_decl(k: ir.Kernel, t: ir.TensorMap, rounded: bool) -> _MapDecl:
     if t.kind == "tiled" and rounded:
         fields.append(("true" if t.inner_rounded else "false",
                        "inner_rounded: a store map ending at the last whole 16-byte granule"))
-    return _MapDecl(t.name, t.kind, _source_comment(t.span, ""), fields)
+    return _MapDecl(t.name, t.kind, _source_comment(t.span, ""), fields, f"tl_rule_{t.name}")
 
 
-def _param_refs(k: ir.Kernel) -> list:
+def _param_refs(k: ir.Kernel, names: dict) -> list:
     """The kernel's parameters (abi.kernel_params, its order) as the addresses
-    cuLaunchKernel reads them from."""
+    cuLaunchKernel reads them from (`names`: _own_names)."""
     refs = []
     for p in kernel_params(k):
         if p.kind == "tensor_map":
-            refs.append(f"&{p.name}")
+            refs.append(f"&tl_{p.name}")
         elif p.kind == "pointer":
-            refs.append(f"param(&{p.tensor})")
+            refs.append(f"tl_param(&{p.tensor})")
         elif p.kind == "dim":
-            refs.append(f"param(&{p.tensor}_shape[{p.index}])")
+            refs.append(f"tl_param(&{names['shape', p.tensor]}[{p.index}])")
         elif p.kind == "stride":
-            refs.append(f"param(&{p.tensor}_strides[{p.index}])")
+            refs.append(f"tl_param(&{names['strides', p.tensor]}[{p.index}])")
         elif p.kind == "symbol":
-            refs.append(f"param(&tl_{p.name})")     # its 32-bit copy
+            refs.append(f"tl_param(&tl_i32_{p.name})")     # its 32-bit copy
         elif p.kind == "scalar":
-            refs.append(f"param(&{p.name})")
+            refs.append(f"tl_param(&{p.name})")
         elif p.kind == "workspace":
-            refs.append("param(&workspace)")
+            refs.append(f"tl_param(&{names['workspace']})")
         else:
             raise TilecError(f"cannot export a kernel parameter of kind {p.kind}")
     return refs
@@ -297,6 +315,8 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     name = check_name(k.name if name is None else name)
     source_name = kernel.source.name
     function = f"tilec_{name}"
+    own = _own_names(k)
+    err = [own["err"], own["err_len"]]
     ex = _HostExpr(k)
     lines = []
     fixes = _checked_fixes(k, fixes)
@@ -304,7 +324,7 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     fixed_said = [", ".join(f"{s} = {v}" for s, v in fix.items()) for fix, _ in fixes]     # "C = 24"
 
     def fail(code, *parts):
-        return "\n".join(_wrap("    return fail(", ["err", "err_len", code, *_message(*parts)], ");"))
+        return "\n".join(_wrap("    return tl_fail(", [*err, code, *_message(*parts)], ");"))
 
     def zero_checks(e, what):
         for d in ex.divisors(e):
@@ -314,11 +334,11 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     # Shape symbols: bound by their first bare appearance, checked everywhere else
     # (codegen/host.py's rule). Bindings are printed for the names used below.
     binds, dims = shape_bindings(k)
-    binding = {b.symbol: f"  const long long {b.symbol} = {b.tensor}_shape[{b.dim}];  // {b.tensor} dim {b.dim}"
+    binding = {b.symbol: f"  const long long {b.symbol} = {own['shape', b.tensor]}[{b.dim}];  // {b.tensor} dim {b.dim}"
                for b in binds}
     checks = []
     for c in dims:
-        got, value = f"{c.tensor}_shape[{c.dim}]", ex(c.expr)
+        got, value = f"{own['shape', c.tensor]}[{c.dim}]", ex(c.expr)
         checks.append(f"  if ({got} != {value})")
         if c.bound_from:
             checks.append(fail("TILEC_EARG", f"argument {c.tensor}: dim {c.dim} is ", ("v", got),
@@ -344,13 +364,13 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     lines += _source_comment(k.grid[0].span if k.grid and k.grid[0].span else None)
     for g in k.grid:
         zero_checks(g, "grid")
-    lines.append(f"  const long long grid[3] = {{{', '.join(grid)}}};")
-    lines.append("  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)")
-    lines.append("    return succeed(err, err_len, \"\");  // an empty grid: no block to run")
+    lines.append(f"  const long long tl_grid[3] = {{{', '.join(grid)}}};")
+    lines.append("  if (tl_grid[0] == 0 || tl_grid[1] == 0 || tl_grid[2] == 0)")
+    lines.append(f"    return tl_succeed({', '.join(err)}, \"\");  // an empty grid: no block to run")
 
     fb = kernel.fallback if k.tensor_maps and fallback else None
     slot_bytes = workspace_bytes_per_block(k)
-    workspace = "workspace_bytes, " if k.stream_k else ""
+    stream, err_args = own["stream"], ", ".join(err)
     if fb is not None and workspace_bytes_per_block(fb.kernel_ir) != slot_bytes:
         raise TilecError(f"kernel {k.name}: its thread-copy variant's stream-K slots differ from its own; "
                          "export it with fallback off")
@@ -362,8 +382,8 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
         lines.append(f"  if ({n} > 2147483647)")
         lines.append(fail("TILEC_EARG", f"shape symbol {n} = ", ("v", n),
                           " is over 2^31-1: kernels index each dimension with 32-bit ints"))
-        lines.append(f"  const int tl_{n} = static_cast<int>({n});")
-    params = _param_refs(k)
+        lines.append(f"  const int tl_i32_{n} = static_cast<int>({n});")
+    params = _param_refs(k, own)
     if fb is not None:
         fk = fb.kernel_ir
         if fk.tensor_maps or fk.grid != k.grid or fk.requires != k.requires:
@@ -373,36 +393,38 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
     decls = [_map_decl(k, t, rounded) for t in k.tensor_maps]
     if k.tensor_maps:
         lines.append("  // The tensor maps: every TMA rule checked before its map is encoded.")
-        lines.append("  std::string why;  // the rule an argument breaks")
-        lines.append(f"  CUtensorMap {', '.join(t.name for t in k.tensor_maps)};")
-        for i, t in enumerate(k.tensor_maps):
-            call = (f"encode_{t.kind}({t.name}, {t.name}_rule, {t.tensor}, {t.tensor}_shape, "
-                    f"{t.tensor}_strides, why);")
-            lines.append(f"  int rc = {call}" if i == 0 else f"  if (rc == TILEC_OK) rc = {call}")
+        lines.append("  ::std::string tl_why;  // the rule an argument breaks")
+        lines.append(f"  CUtensorMap {', '.join('tl_' + t.name for t in k.tensor_maps)};")
+        for i, (t, d) in enumerate(zip(k.tensor_maps, decls)):
+            call = (f"tl_encode_{t.kind}(tl_{t.name}, {d.rule}, {t.tensor}, {own['shape', t.tensor]}, "
+                    f"{own['strides', t.tensor]}, tl_why);")
+            lines += _wrap("  int tl_rc = ", [call], "") if i == 0 else \
+                _wrap("  if (tl_rc == TILEC_OK) tl_rc = ", [call], "")
         if fb is not None:
-            fb_params = _param_refs(fb.kernel_ir)
-            lines.append("  if (rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
-            lines += _wrap("    void* thread_copy_params[] = {", fb_params or ["nullptr"], "};")
-            lines.append(f"    return launch(thread_copy_variant, grid, thread_copy_params, stream, {workspace}err, "
-                         "err_len,")
-            lines.append(f"                  why + \": TMA cannot copy it, so kernel {k.name} ran its thread-copy "
-                         "variant (correct, slower)\");")
+            fb_params = _param_refs(fb.kernel_ir, own)
+            lines.append("  if (tl_rc == TILEC_ETMA) {  // what TMA cannot copy, the thread-copy variant does")
+            lines += _wrap("    void* tl_thread_copy_params[] = {", fb_params or ["nullptr"], "};")
+            fb_args = ["tl_thread_copy_variant", "tl_grid", "tl_thread_copy_params", stream,
+                       *([own["workspace_bytes"]] if k.stream_k else []), *err,
+                       f"tl_why + \": TMA cannot copy it, so kernel {k.name} ran its thread-copy variant (correct, "
+                       "slower)\""]
+            lines += _wrap("    return tl_launch(", fb_args, ");")
             lines.append("  }")
-        lines.append("  if (rc != TILEC_OK)")
-        lines.append("    return fail(err, err_len, rc, why);")
-    lines += _wrap("  void* params[] = {", params or ["nullptr"], "};")
-    lines.append(f"  return launch({'tma_variant' if k.tensor_maps else 'the_kernel'}, grid, params, stream, "
-                 f"{workspace}err, err_len, \"\");")
+        lines.append("  if (tl_rc != TILEC_OK)")
+        lines.append(f"    return tl_fail({err_args}, tl_rc, tl_why);")
+    lines += _wrap("  void* tl_params[] = {", params or ["nullptr"], "};")
+    lines += _wrap("  return tl_launch(", ["tl_tma_variant" if k.tensor_maps else "tl_kernel", "tl_grid", "tl_params",
+                                          stream, *([own["workspace_bytes"]] if k.stream_k else []), *err, '""'], ");")
 
     names = ex.names | set(symbols)
     bindings = [binding[n] for n in binding if n in names]
     if bindings:
         bindings[:0] = _source_comment(k.tensors[0].span) + ["  // shape symbols, bound by their first appearance"]
     entry = []
-    call = ["stream"] + (["workspace", "workspace_bytes"] if k.stream_k else []) + \
-        [a for p in k.params for a in ((p.name, f"{p.name}_shape", f"{p.name}_strides")
-                                       if isinstance(p, ir.TensorParam) else (p.name,))] + ["err", "err_len"]
-    read_at = {b.symbol: f"{b.tensor}_shape[{b.dim}]" for b in binds}
+    call = [stream] + ([own["workspace"], own["workspace_bytes"]] if k.stream_k else []) + \
+        [a for p in k.params for a in ((p.name, own["shape", p.name], own["strides", p.name])
+                                       if isinstance(p, ir.TensorParam) else (p.name,))] + err
+    read_at = {b.symbol: f"{own['shape', b.tensor]}[{b.dim}]" for b in binds}
     for (fix, _), sub, said in zip(fixes, fixed_exports, fixed_said):
         if not entry:
             entry.append("  // a launch with shape symbols a program was compiled for runs that program (export fixes)")
@@ -410,20 +432,21 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
         entry.append(f"  if ({test})  // {said}")
         entry += _wrap(f"    return tilec_{sub.name}(", call, ");")
     if k.stream_k:
-        entry += ["  if (workspace == 0)",
+        entry += [f"  if ({own['workspace']} == 0)",
                   fail("TILEC_EARG", "workspace: a null pointer; a stream_k = 1 kernel needs a zeroed workspace "
                        f"of {function}_workspace_bytes() bytes")]
     entry += ["  // what a Python tensor cannot break: negative dims, a null pointer to elements;",
               "  // and no two elements of a written tensor at one address"]
     written = written_tensors(k)
     for t in k.tensors:
-        entry.append(f"  const Tensor t_{t.name}{{{_c_string(t.name)}, {t.name}, {len(t.shape)}, {t.name}_shape, "
-                     f"{t.name}_strides, {t.dtype.size}, {'true' if t.name in written else 'false'}}};")
-    entry.append("  CUdevice device = -1;  // the current context's, once a tensor's memory is checked")
+        entry += _wrap(f"  const tl_tensor tl_t_{t.name}{{", [
+            _c_string(t.name), t.name, str(len(t.shape)), own["shape", t.name], own["strides", t.name],
+            str(t.dtype.size), "true" if t.name in written else "false"], "};")
+    entry.append("  CUdevice tl_device = -1;  // the current context's, once a tensor's memory is checked")
     for t in k.tensors:
-        entry.append(f"  if (int rc = check_tensor(t_{t.name}, device, err, err_len))")
-        entry.append("    return rc;")
-    pairs = _overlap_checks(k, written)
+        entry.append(f"  if (int tl_rc = tl_check_tensor(tl_t_{t.name}, tl_device, {err_args}))")
+        entry.append("    return tl_rc;")
+    pairs = _overlap_checks(k, written, err_args)
     lines = entry + bindings + lines[:grid_at] + pairs + lines[grid_at:]
 
     doc, args = [], []
@@ -431,20 +454,20 @@ def generate(kernel, fallback: bool = True, name: str | None = None, fixes=()) -
         if isinstance(p, ir.TensorParam):
             rank = len(p.shape)
             decl = f"{p.name}: {p.dtype.name}[{', '.join(tile_expr(d) for d in p.shape)}]"
-            args.append(f"CUdeviceptr {p.name}, const int64_t {p.name}_shape[{rank}], "
-                        f"const int64_t {p.name}_strides[{rank}]")
+            args.append(f"CUdeviceptr {p.name}, const int64_t {own['shape', p.name]}[{rank}], "
+                        f"const int64_t {own['strides', p.name]}[{rank}]")
             doc.append(f"{decl}: device pointer, shape[{rank}], strides[{rank}] in elements")
         else:
             args.append(f"{SCALAR_CTYPES[p.dtype.name]} {p.name}")
             note = f" ({BITS_NOTE[p.dtype.name]})" if p.dtype.name in BITS_NOTE else ""
             doc.append(f"{p.name}: {p.dtype.name}{note}")
-    args = ["CUstream stream"] + (["CUdeviceptr workspace", "size_t workspace_bytes"] if k.stream_k else []) + \
-        args + ["char* err", "size_t err_len"]
+    args = [f"CUstream {stream}"] + ([f"CUdeviceptr {own['workspace']}", f"size_t {own['workspace_bytes']}"]
+                                     if k.stream_k else []) + args + [f"char* {err[0]}", f"size_t {err[1]}"]
     kinds = {t.kind for t in k.tensor_maps}
-    variants = [("tma_variant" if k.tensor_maps else "the_kernel", f"{name}.cubin", kernel.cubin, k.smem_bytes,
+    variants = [("tl_tma_variant" if k.tensor_maps else "tl_kernel", f"{name}.cubin", kernel.cubin, k.smem_bytes,
                  k.launch_threads, "the TMA variant" if k.tensor_maps else "the kernel")]
     if fb is not None:
-        variants.append(("thread_copy_variant", f"{name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
+        variants.append(("tl_thread_copy_variant", f"{name}.thread_copy.cubin", fb.cubin, fb.kernel_ir.smem_bytes,
                          fb.kernel_ir.launch_threads, "the thread-copy variant, for arguments TMA cannot describe"))
     common = dict(version=__version__, source_name=source_name, kernel_name=k.name, file_name=name, function=function,
                   fixes=[(said, sub.name) for said, sub in zip(fixed_said, fixed_exports)],
@@ -496,7 +519,7 @@ def check_name(name) -> str:
     return name
 
 
-def _overlap_checks(k: ir.Kernel, written) -> list:
+def _overlap_checks(k: ir.Kernel, written, err_args: str) -> list:
     """rt.Call.check_overlaps: each pair of tensors of which the kernel writes one."""
     tensors = [t.name for t in k.tensors]
     why = dict(k.in_place)
@@ -507,8 +530,8 @@ def _overlap_checks(k: ir.Kernel, written) -> list:
                 w, r = (x, y) if x in written else (y, x)
                 reason = None if r in written else why[(w, r)]    # None: may be one (mark-in-place)
                 reason = "nullptr" if reason is None else _c_string(reason)
-                lines.append(f"  if (int rc = check_pair(t_{x}, t_{y}, {reason}, err, err_len))")
-                lines.append("    return rc;")
+                lines.append(f"  if (int tl_rc = tl_check_pair(tl_t_{x}, tl_t_{y}, {reason}, {err_args}))")
+                lines.append("    return tl_rc;")
     if lines:
         lines[:0] = ["  // no written tensor shares memory with another argument, unless in place (mark-in-place)"]
     return lines
@@ -534,6 +557,13 @@ def export(src, out_dir, arch: str = "sm_90a", fallback: bool = True, name: str 
     """Compile `src` (a path or the program text) with `consts` for `arch` and write
     its export (named `name`, default the kernel's; with `fixes`, generate's) to
     `out_dir`; the paths written."""
+    return export_consts(src, out_dir, consts, arch, fallback, name, fixes)
+
+
+def export_consts(src, out_dir, consts: dict, arch: str = "sm_90a", fallback: bool = True, name: str | None = None,
+                  fixes=()) -> list:
+    """export() with the consts as a dict (`tilec export -D name=...`: a const may
+    have the name of one of export()'s arguments)."""
     from ..kernel import compile as compile_kernel
     if name is not None:
         check_name(name)        # before compiling

@@ -41,7 +41,7 @@ def py_expr(e, prec=0) -> str:
             c, a, b = (py_expr(x) for x in e.args)
             return f"({a} if {c} else {b})"
         args = ", ".join(py_expr(a) for a in e.args)
-        return f"rt.cdiv({args})" if e.func == "cdiv" else f"{e.func}({args})"
+        return f"tl_rt.cdiv({args})" if e.func == "cdiv" else f"{e.func}({args})"
     raise TypeError(f"not a host expression: {e!r}")
 
 
@@ -55,7 +55,7 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
     x = k.param(t.tensor)
     where = f"line {t.span.line}" if t.span else "the kernel"
     common = [("tensorDataType", f'"{x.dtype.tmap}"'), ("tensorRank", str(len(x.shape))),
-              ("globalAddress", f"arg_{x.name}.ptr")]
+              ("globalAddress", f"tl_arg_{x.name}.ptr")]
     layout = [("interleave", '"NONE"'), ("swizzle", '"NONE"' if t.swizzle == "none" else f'"{t.swizzle}"'),
               ("l2Promotion", '"NONE"' if t.l2_promotion == "none" else f'"L2_{t.l2_promotion}"'),
               ("oobFill", '"NONE"')]
@@ -64,10 +64,10 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
         symbol = channel_symbol(k, t)
         symbol = [("channelSymbol", f'"{symbol}"')] if symbol else []
         return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeIm2col",
-                    comment=[f"{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
+                    comment=[f"tl_{t.name}: {t.box[0]} pixels x {t.box[1]} channels of {v.name} = im2col({x.name}) "
                              f"per load (copies at {where})"],
-                    args=common + [("globalDim", f"arg_{x.name}.global_dims()"),
-                                   ("globalStrides", f"arg_{x.name}.global_strides()"),
+                    args=common + [("globalDim", f"tl_arg_{x.name}.global_dims()"),
+                                   ("globalStrides", f"tl_arg_{x.name}.global_strides()"),
                                    ("pixelBoxLowerCorner", _tuple(t.lower_corner)),
                                    ("pixelBoxUpperCorner", _tuple(t.upper_corner)),
                                    ("channelsPerPixel", str(t.box[1])), ("pixelsPerColumn", str(t.box[0])),
@@ -75,50 +75,52 @@ def _map(k: ir.Kernel, t: ir.TensorMap) -> dict:
     box = ", ".join(map(str, t.box))
     rows = ["its rows cut at their last whole 16-byte granule (TMA stores write whole granules;",
             "the kernel's store tail writes the rest)"] if t.inner_rounded else []
-    dims = f"arg_{x.name}.global_dims(whole_granules=True)" if t.inner_rounded else f"arg_{x.name}.global_dims()"
+    dims = f"tl_arg_{x.name}.global_dims(whole_granules=True)" if t.inner_rounded else f"tl_arg_{x.name}.global_dims()"
     return dict(name=t.name, tensor=x.name, function="cuTensorMapEncodeTiled",
-                comment=[f"{t.name}: {x.name} in boxes of [{box}] (copies at {where})" + ("," if rows else "")] + rows,
-                args=common + [("globalDim", dims), ("globalStrides", f"arg_{x.name}.global_strides()"),
+                comment=[f"tl_{t.name}: {x.name} in boxes of [{box}] (copies at {where})" + ("," if rows else "")]
+                + rows,
+                args=common + [("globalDim", dims), ("globalStrides", f"tl_arg_{x.name}.global_strides()"),
                                ("boxDim", _tuple(t.box)), ("elementStrides", _tuple(t.element_strides))] + layout)
 
 
 def _param(k: ir.Kernel, p) -> str:
     """A non-map kernel parameter as the ctypes value the launch packs."""
     if p.kind == "debug_record":
-        return "call.debug_record()"
+        return "tl_call.debug_record()"
     if p.kind == "workspace":
-        return f"rt.Workspace({workspace_bytes_per_block(k)})"     # per launched block: its slot of partial sums
+        return f"tl_rt.Workspace({workspace_bytes_per_block(k)})"     # per launched block: its slot of partial sums
     if p.kind == "pointer":
-        return f"rt.pointer(arg_{p.tensor})"
+        return f"tl_rt.pointer(tl_arg_{p.tensor})"
     if p.kind == "dim":
-        return f"rt.i64(arg_{p.tensor}.shape[{p.index}])"
+        return f"tl_rt.i64(tl_arg_{p.tensor}.shape[{p.index}])"
     if p.kind == "stride":
-        return f"rt.i64(arg_{p.tensor}.strides[{p.index}])"
+        return f"tl_rt.i64(tl_arg_{p.tensor}.strides[{p.index}])"
     if p.kind == "symbol":
-        return f'rt.symbol("{p.name}", {p.name})'
-    return f'rt.scalar_value({p.name}, "{p.dtype.name}")'
+        return f'tl_rt.symbol("{p.name}", {p.name})'
+    return f'tl_rt.scalar_value({p.name}, "{p.dtype.name}")'
 
 
 def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
     arguments = []
     for p in k.params:
         if isinstance(p, ir.TensorParam):
-            arguments.append(f'arg_{p.name} = call.tensor({p.name}, "{p.name}", "{p.dtype.name}", {len(p.shape)})')
+            arguments.append(f'tl_arg_{p.name} = tl_call.tensor({p.name}, "{p.name}", "{p.dtype.name}", '
+                             f'{len(p.shape)})')
         else:
-            arguments.append(f'{p.name} = call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
+            arguments.append(f'{p.name} = tl_call.scalar({p.name}, "{p.name}", "{p.dtype.name}")')
     # shape symbols: bound by their first bare appearance, checked everywhere else
     bound, dims = shape_bindings(k)
-    binds = [f"{b.symbol} = arg_{b.tensor}.shape[{b.dim}]" for b in bound]
-    checks = [f'call.bind(arg_{c.tensor}, {c.dim}, {c.expr.name}, "{c.expr.name}", "{c.bound_from}")'
-              if c.bound_from else f'call.expect(arg_{c.tensor}, {c.dim}, {py_expr(c.expr)}, "{c.says}")'
+    binds = [f"{b.symbol} = tl_arg_{b.tensor}.shape[{b.dim}]" for b in bound]
+    checks = [f'tl_call.bind(tl_arg_{c.tensor}, {c.dim}, {c.expr.name}, "{c.expr.name}", "{c.bound_from}")'
+              if c.bound_from else f'tl_call.expect(tl_arg_{c.tensor}, {c.dim}, {py_expr(c.expr)}, "{c.says}")'
               for c in dims]
     for r in k.requires:
         values = "{" + ", ".join(f'"{n}": {n}' for n in sorted(free_names(r.cond))) + "}"
-        checks.append(f'call.require({py_expr(r.cond)}, {r.text!r}, {values})')
+        checks.append(f'tl_call.require({py_expr(r.cond)}, {r.text!r}, {values})')
     tensors = [p for p in k.params if isinstance(p, ir.TensorParam)]
     overlaps = bool(written_tensors(k)) and len(tensors) > 1
     if overlaps:
-        checks.append("call.check_overlaps(IN_PLACE)")     # after the shapes: their errors say more
+        checks.append("tl_call.check_overlaps(tl_IN_PLACE)")     # after the shapes: their errors say more
     params = kernel_params(k, debug)
     at = {b.symbol: ([p.name for p in k.params].index(b.tensor), b.dim) for b in bound}
     fixable = {s: at[s] for s in (channel_symbol(k, t) for t in k.tensor_maps) if s}
@@ -133,4 +135,4 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False) -> str:
         arguments=arguments, binds=binds, checks=checks, persistent=bool(k.persistent), balanced=balanced_grid(k),
         stream_k=bool(k.stream_k), grid=", ".join([py_expr(g) for g in k.grid] + ["1"] * (3 - len(k.grid))),
         maps=[_map(k, k.tensor_map(p.name)) for p in params if p.kind == "tensor_map"], fixable=fixable,
-        params=[p.name if p.kind == "tensor_map" else _param(k, p) for p in params])
+        params=["tl_" + p.name if p.kind == "tensor_map" else _param(k, p) for p in params])

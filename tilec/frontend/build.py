@@ -11,27 +11,12 @@ from lark.exceptions import VisitError
 
 from ..errors import SemanticError, Source, Span
 from ..ir import nodes as ir
-from ..ir.exprs import (CALL_PARAMS, FLOAT_CALLS, INT_CALLS, INT_MAX, children, divides_by, fold, map_stmt_exprs,
-                        walk_expr)
+from ..ir.exprs import CALL_PARAMS, INT_CALLS, INT_MAX, children, divides_by, fold, map_stmt_exprs, walk_expr
 from ..ir.printer import expr as print_expr
+from .names import why_reserved
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
 
-# Names the generated CUDA uses or C++ forbids; tilec's own CUDA names start with tl_.
-_CXX_KEYWORDS = set("""alignas alignof and asm auto bool break case catch char class const constexpr const_cast
-continue decltype default delete do double dynamic_cast else enum explicit export extern false float for friend
-goto if inline int long mutable namespace new noexcept not nullptr operator or private protected public register
-reinterpret_cast return short signed sizeof static static_assert static_cast struct switch template this throw true
-try typedef typeid typename union unsigned using virtual void volatile wchar_t while""".split())
-_CUDA_NAMES = set("""threadIdx blockIdx blockDim gridDim warpSize CUtensorMap smem_addr mbarrier_init
-fence_mbarrier_init mbarrier_arrive_expect_tx mbarrier_wait mbarrier_wait_bounded globaltimer_ns bulk_commit_group
-bulk_wait_group_read fence_proxy_async_shared f16_t bf16_t f8e4m3_t f8e5m2_t min max abs cdiv""".split()) | \
-    FLOAT_CALLS | {f + "f" for f in FLOAT_CALLS}      # exp and CUDA's expf, ...
-
-
-def reserved(name: str) -> bool:
-    return name in _CXX_KEYWORDS or name in _CUDA_NAMES or name.startswith(("tl_", "__")) or \
-        name.startswith(("tma_load_", "tma_store_"))
 _DTYPE_NAMES = "|".join(ir.DTYPES)
 _DECLS = ("const", "let", "require", "grid", "threads", "shared", "local")
 
@@ -346,9 +331,9 @@ class _Builder(Transformer):
                 raise SemanticError(f"tensor '{p.name}' has rank {len(p.shape)}; tensors have rank 1 to 5", p.span)
         for p in params:
             for d in getattr(p, "shape", ()):
-                if isinstance(d, ir.Var) and reserved(d.name):     # a shape symbol: a name in device code too
-                    raise SemanticError(f"'{d.name}' is a reserved name (C++ or the generated CUDA uses it); "
-                                        "choose another", d.span)
+                why = isinstance(d, ir.Var) and why_reserved(d.name, "shape symbol")  # a name in device code too
+                if why:
+                    raise SemanticError(why, d.span)
         for s in body:
             if isinstance(s, _Decl) and s.kind in ("let", "require", "grid", "threads", "shared", "local"):
                 self._no_later_lets(s, seen, let_lines)
@@ -389,9 +374,9 @@ class _Builder(Transformer):
                 if isinstance(d, ir.Var):
                     bound.setdefault(d.name, "shape symbol")
         self._check_bound(stmts, bound)
-        if reserved(str(name)):
-            raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); choose another",
-                                self._tok_span(name))
+        why = why_reserved(str(name), "kernel")
+        if why:
+            raise SemanticError(why, self._tok_span(name))
         if grid is None:
             raise SemanticError(f"kernel '{name}' has no grid declaration", self._tok_span(name),
                                 note="add e.g. `grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));`")
@@ -469,9 +454,9 @@ class _Builder(Transformer):
     def _declare(self, seen, name, span, what):
         if re.fullmatch(_DTYPE_NAMES, name):
             raise SemanticError(f"'{name}' is a dtype (it converts a value: {name}(x)); choose another name", span)
-        if reserved(name):
-            raise SemanticError(f"'{name}' is a reserved name (C++ or the generated CUDA uses it); "
-                                "choose another", span)
+        why = why_reserved(name, what)
+        if why:
+            raise SemanticError(why, span)
         if name in seen:
             raise SemanticError(f"'{name}' is already declared (as a {seen[name]})", span)
         seen[name] = what

@@ -27,13 +27,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if k.producer_warpgroup and t + ir.PRODUCER_THREADS > 1024:
         raise SemanticError(f"threads {t} and the producer warpgroup (producer = 1) make {t + ir.PRODUCER_THREADS} "
                             "threads, over a block's 1024", k.threads.span)
-    for g in k.grid:
-        _only_kinds(g, _GRID_KINDS, "a grid size")
-        _integer(k, g, "a grid size")
-        if isinstance(g, ir.Int) and g.value < 0:
-            raise SemanticError(f"a grid size of {g.value}: a grid has 0 or more blocks a dimension", g.span)
-    for r in k.requires:
-        _only_kinds(r.cond, _GRID_KINDS, "a require")
+    # the shapes first: a scalar parameter named like a shape symbol is an error there, whatever its dtype
     for p in k.tensors:
         for d in p.shape:
             for x in walk_expr(d):
@@ -43,6 +37,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                         note=f"name the dimension with a shape symbol and, if it must equal "
                                         f"'{x.name}', check that with a require: require SYMBOL == {x.name};"
                                         if x.kind == "scalar" else None)
+    for g in k.grid:
+        _only_kinds(g, _GRID_KINDS, "a grid size")
+        _integer(k, g, "a grid size")
+        if isinstance(g, ir.Int) and g.value < 0:
+            raise SemanticError(f"a grid size of {g.value}: a grid has 0 or more blocks a dimension", g.span)
+    for r in k.requires:
+        _only_kinds(r.cond, _GRID_KINDS, "a require")
     for e in k.grid + tuple(r.cond for r in k.requires):
         _no_zero_divisor(k, e)
     _no_zero_divisors(k, k.body)

@@ -60,7 +60,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         key = (tensor.name, "tiled", box, swizzle, rounded)
         if key not in maps:
             n = sum(1 for t, kind, *_ in maps if t == tensor.name and kind == "tiled")
-            name = f"tmap_{tensor.name}" + (f"_{n}" if n else "")
+            name = _unique_name(f"tmap_{tensor.name}", n, maps)
             maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, swizzle, L2_PROMOTION,
                                      inner_rounded=rounded, span=s.span)
         tm = maps[key]
@@ -109,6 +109,17 @@ def _tap_chunked_tiles(k):
                                     for b in k.buffers))
 
 
+def _unique_name(base: str, n: int, maps: dict) -> str:
+    """A map's name: `base`, or base_n for a tensor's n-th map, and one not taken
+    (tensor A's second map tmap_A_1 and tensor A_1's first are two maps)."""
+    taken = {m.name for m in maps.values()}
+    name = base + (f"_{n}" if n else "")
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
 def _plan_im2col(k, s, maps):
     """TMA im2col loads of a tile [BM, BK] at view coordinates (m0, k0): output
     pixels m0 .. m0+BM-1 (walking ow, then oh, then n) by view columns k0 ..
@@ -153,7 +164,8 @@ def _plan_im2col(k, s, maps):
     n, origins = im2col.row(v, x, m0)
     key = (x.name, "im2col", v.name, bm, width, swizzle)
     if key not in maps:
-        maps[key] = ir.TensorMap(f"tmap_{v.name}" + (f"_{len(maps)}" if any(m[2] == v.name for m in maps) else ""),
+        maps[key] = ir.TensorMap(_unique_name(f"tmap_{v.name}", len(maps) if any(m[2] == v.name for m in maps) else 0,
+                                              maps),
                                  x.name, "im2col", (bm, width), (1, *v.stride, 1), swizzle, L2_PROMOTION,
                                  lower, upper, span=s.span)
     tm = maps[key]

@@ -201,7 +201,7 @@ def torch_call_key(args):
 
 def written_params(launch, writes) -> tuple:
     """((position, name), ...) of the tensor parameters the kernel writes, in the call's
-    order: the generated wrapper's `launch(call, ...)` parameters that WRITES names."""
+    order: the generated wrapper's `launch(tl_call, ...)` parameters that WRITES names."""
     code = launch.__code__
     return tuple((i, n) for i, n in enumerate(code.co_varnames[1:code.co_argcount]) if n in writes)
 
@@ -284,7 +284,7 @@ def home_device(args):
 
 class Call:
     """The state of one launch: its arguments, device, stream, and host copies.
-    A generated host wrapper's `launch(call, *args)` reads, checks, encodes and
+    A generated host wrapper's `launch(tl_call, *args)` reads, checks, encodes and
     launches through it. `fallback`: what runs the kernel's thread-copy variant
     on the same arguments when a TMA rule rules a map out (None: raise).
     `fixed`: fixed(symbols) -> what runs the program compiled with those shape

@@ -59,7 +59,11 @@ def _host_code(text):
 def _host_eval(e, env):
     """A grid size, a shape or a require, with the host wrapper's Python semantics."""
     from ...codegen.host import py_expr
-    return eval(_host_code(py_expr(e)), {"rt": host, "__builtins__": {"min": min, "max": max, "abs": abs}}, env)
+    return eval(_host_code(py_expr(e)), _HOST_GLOBALS, env)
+
+
+# the names py_expr's text calls besides the kernel's (env): the host wrapper's
+_HOST_GLOBALS = {"tl_rt": host, "__builtins__": {"min": min, "max": max, "abs": abs, "bool": bool}}
 
 
 # ---------------------------------------------------------------- the kernel object
