@@ -218,7 +218,7 @@ kernel k(A: f32[M, N], n: i32) {
 }
 """, backend="interpret")
     with pytest.raises(LaunchError, match=r"^error: kernel k: a host expression divides by zero for these "
-                                          r"arguments: `grid = \(rt.cdiv\(M, n\), 1, 1\)` in its host wrapper "
+                                          r"arguments: `tl_grid = \(tl_rt.cdiv\(M, n\), 1, 1\)` in its host wrapper "
                                           r"\(k.host_source line \d+\); the grid, the declared dims and the requires "
                                           r"are computed from the arguments' shapes and scalars$"):
         k(np.zeros((4, 4), np.float32), 0)
