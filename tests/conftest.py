@@ -48,13 +48,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(autouse=True)
-def _fallback_warnings_again():
-    """tilec warns of a TMA fallback once per kernel and reason in a process; each
-    test sees its own (a test that makes the warning an error must not pass because
-    an earlier test used up the warning)."""
-    from tilec.runtime import host
-    host._WARNED.clear()
-    yield

@@ -87,8 +87,8 @@ def numpy_args(p, inputs):
 def call(p, strict, kern, make_args, expect, check):
     """Run the kernel compiled with fallback=False (`strict`): a TmaRuleError where
     the program's views break a TMA rule; then the default kernel (its thread-copy
-    variant there). tilec warns once per kernel and message, so the rule is checked
-    with `strict`, not by the warning. `make_args()` gives fresh arguments each run,
+    variant there). Python shows a warning once per calling line and message, so the
+    rule is checked with `strict`, not by the warning. `make_args()` gives fresh arguments each run,
     `check(what)` compares them after one."""
     try:
         strict(*make_args(), *p.scalar_values())

@@ -315,3 +315,97 @@ def test_invisible_characters(tmp_path):
     f = tmp_path / "bom.tile"
     f.write_bytes("\ufeff".encode() + (ROOT / "examples/copy2d.tile").read_bytes())
     tilec.compile(str(f), arch="sm_90a")
+
+
+# ---------------------------------------------------------------- arguments at launch
+
+def _scale():
+    return tilec.compile("examples/scale.tile", backend="interpret")
+
+
+def test_big_endian_arrays_are_refused():
+    """'>f4' is named float32 too: its bytes were read (and written) swapped, silently."""
+    x = np.arange(40 * 64, dtype=">f4").reshape(40, 64)
+    with pytest.raises(LaunchError, match=r"^error: argument X: its elements are in the other byte order \(numpy "
+                                          r"dtype '>f4'\), which the kernel would read and write swapped: pass "
+                                          r"X.astype\(X.dtype.newbyteorder\('='\)\)$"):
+        _scale()(x, np.zeros((40, 64), np.float32), 1.0)
+    y = np.zeros((40, 64), np.float32)
+    _scale()(x.astype(x.dtype.newbyteorder("=")), y, 1.0)
+    assert np.array_equal(y, np.arange(40 * 64, dtype=np.float32).reshape(40, 64) + 1)
+
+
+def test_scalars_outside_their_type_are_refused():
+    """2**31 for an i32 became -2^31 in the kernel, after `require n >= 1` had passed on 2**31."""
+    k = tilec.compile("""\
+kernel k(X: f32[M], Y: f32[M], n: i32, b: u8, a: f32) {
+    require n >= 1;
+    grid (bx) = (cdiv(M, 64));
+    threads 64;
+    shared s: f32[64];
+    copy(X[bx * 64], s);
+    parallel (i) in (64) { s[i] = s[i] * a + f32(n) + f32(b); }
+    copy(s, Y[bx * 64]);
+}
+""", backend="interpret")
+    x, y = np.ones(64, np.float32), np.zeros(64, np.float32)
+    for args, message in [((2**31, 0, 1.0), r"argument n: 2147483648 is outside i32 \(-2147483648 .. 2147483647\)"),
+                          ((1, -1, 1.0), r"argument b: -1 is outside u8 \(0 .. 255\)"),
+                          ((1, 256, 1.0), r"argument b: 256 is outside u8 \(0 .. 255\)"),
+                          ((1, 0, 1e300), r"argument a: 1e\+300 is past f32's largest finite value"),
+                          ((1, 0, 10**400), r"argument a: 1000000.* is past f32's largest finite value")]:
+        with pytest.raises(LaunchError, match=message):
+            k(x, y, *args)
+    k(x, y, 2**31 - 1, 255, float("inf"))          # the edges, and an infinity asked for
+    assert (y == np.inf).all()
+    k(x, y, 3, 4, 3.4028234e38)
+    assert np.allclose(y, 3.4028234e38)
+
+
+def test_a_wrong_number_of_arguments_names_the_kernels_parameters():
+    """The GPU kernel said `launch() takes 4 positional arguments but 5 were given`."""
+    k = tilec.compile("examples/scale.tile", arch="sm_90a")
+    with pytest.raises(TypeError, match=r"^kernel scale takes 3 arguments \(X, Y, alpha\), got 4$"):
+        k._run(None, (1, 2, 3, 4))
+
+
+def test_a_refused_launch_frees_the_device_copies_of_numpy_arguments(monkeypatch):
+    """The GPU path copies numpy arguments to the device before it checks the rest;
+    a LaunchError after that left the copies allocated (a loop over bad inputs ran the
+    GPU out of memory). Driver calls stood in, on the CPU."""
+    from cuda.bindings import driver as cu
+    from tilec.runtime import driver, host
+    ok = cu.CUresult.CUDA_SUCCESS
+    live = {}
+    monkeypatch.setattr(driver, "make_current", lambda dev: None)
+    monkeypatch.setattr(cu, "cuMemAlloc", lambda n: (ok, live.setdefault(0x10000 + 4096 * len(live), n) and
+                                                     0x10000 + 4096 * (len(live) - 1)))
+    monkeypatch.setattr(cu, "cuMemcpyHtoD", lambda p, h, n: (ok,))
+    monkeypatch.setattr(cu, "cuMemFree", lambda p: (live.pop(p), (ok,))[1])
+    k = tilec.compile("examples/scale.tile", arch="sm_90a")
+    x = np.ones((40, 64), np.float32)
+    for y in (np.zeros((40, 64), np.float64), np.zeros((40, 10), np.float32)):
+        with pytest.raises(LaunchError):
+            k._run(host.Call("scale", None, None, k._writes), (x, y, 1.0))
+        assert live == {}, "device copies left allocated"
+
+
+def test_the_fallback_warning_follows_pythons_filters_at_the_callers_line():
+    """tilec kept its own once-per-kernel set: under simplefilter("error") the first
+    call raised and the second ran the thread-copy variant silently; the warning named
+    a line of tilec, not the caller's."""
+    import warnings
+    k = tilec.compile("examples/copy2d.tile", backend="interpret")
+    a = np.arange(300 * 7, dtype=np.float32).reshape(300, 7)
+    b = np.zeros_like(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tilec.TmaFallbackWarning)
+        for _ in range(2):
+            with pytest.raises(tilec.TmaFallbackWarning):
+                k(a, b)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", tilec.TmaFallbackWarning)
+        k(a, b)
+        k(a, b)
+    assert [w.filename for w in seen] == [__file__] * 2
+    assert np.array_equal(a, b)

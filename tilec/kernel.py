@@ -176,11 +176,24 @@ class Kernel(Program):
         for fix in self._fixes:
             if _has(args, fix, self._fixable):
                 return self._launcher_fixed(fix)(*args, stream=stream)
-        return self._launch(self._call(stream, self._run_fallback if self._fallback_allowed else None, args), *args)
+        return self._run(self._call(stream, self._run_fallback if self._fallback_allowed else None, args), args)
 
     def _run_fallback(self, *args, stream=None):
         fb = self.fallback
-        return fb._launch(fb._call(stream, None, args), *args)
+        return fb._run(fb._call(stream, None, args), args)
+
+    def _run(self, call, args):
+        """The host wrapper's launch of `args` through `call`; a call it refuses frees
+        the device copies of the numpy arguments it made before the check that failed."""
+        code = self._launch.__code__
+        if len(args) != code.co_argcount - 1:
+            names = ", ".join(code.co_varnames[1:code.co_argcount])
+            raise TypeError(f"kernel {self.name} takes {code.co_argcount - 1} arguments ({names}), got {len(args)}")
+        try:
+            return self._launch(call, *args)
+        except BaseException:
+            call.abandon()
+            raise
 
     def __call__(self, *args, stream=None):
         key = host.torch_call_key(args) if stream is None else None

@@ -4,6 +4,7 @@ tensor maps and launch."""
 from __future__ import annotations
 
 import ctypes
+import math
 import functools
 import numbers
 import sys
@@ -15,12 +16,44 @@ from .driver import check
 from .tensormap import TmaRuleError, check_im2col, check_tiled, encode_im2col, encode_tiled
 
 __all__ = ["Call", "TensorArg", "TmaRuleError", "cdiv", "i64", "pointer", "scalar_value", "symbol"]
-_WARNED = set()
 
 _NP_NAMES = {d.numpy: d.name for d in DTYPES.values() if d.numpy}
 _TORCH_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "int8": "i8",
                 "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32", "uint32": "u32",
                 "int64": "i64", "uint64": "u64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+
+
+_PACKAGE = __file__.rsplit("runtime", 1)[0]     # .../tilec/
+
+
+def user_stacklevel() -> int:
+    """The stacklevel of warnings.warn, called by this function's caller, that names
+    the first frame outside tilec (its modules and the generated host wrappers)."""
+    f, level = sys._getframe(2), 2
+    while f is not None and (f.f_code.co_filename.startswith(_PACKAGE) or
+                             f.f_code.co_filename.startswith("<tilec host wrapper")):
+        f, level = f.f_back, level + 1
+    return level
+
+
+def numpy_dtype(a, name: str) -> str:
+    """The tilec dtype of numpy array `a`, argument `name`: a LaunchError for a dtype
+    tilec has not, and for elements in the other byte order ('>f4' is named float32
+    too, but its bytes would be read swapped)."""
+    dtype = _NP_NAMES.get(a.dtype.name)
+    if dtype is None:
+        raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
+    if not a.dtype.isnative:
+        raise LaunchError(f"argument {name}: its elements are in the other byte order (numpy dtype "
+                          f"'{a.dtype.str}'), which the kernel would read and write swapped: pass "
+                          f"{name}.astype({name}.dtype.newbyteorder('='))")
+    return dtype
+
+
+_INT_RANGES = {f"{s}{b}": ((-(1 << (b - 1)), (1 << (b - 1)) - 1) if s == "i" else (0, (1 << b) - 1))
+               for s in "iu" for b in (8, 16, 32, 64)}
+_FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": float("inf"), "f16": 65504.0, "bf16": 3.3895313892515355e38}
+_FLOAT_ROUNDS_TO_INF = {"f32": 2.0 ** 128 * (1 - 2.0 ** -25), "f16": 65520.0, "bf16": 2.0 ** 128 * (1 - 2.0 ** -9)}
 
 
 def division_by_zero(name: str, host_source: str, exc: ZeroDivisionError) -> LaunchError:
@@ -405,9 +438,7 @@ class Call:
 
     def _numpy(self, a, name):
         import numpy as np
-        dtype = _NP_NAMES.get(a.dtype.name)
-        if dtype is None:
-            raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
+        dtype = numpy_dtype(a, name)
         host = np.ascontiguousarray(a)
         dev = self.device if self.device is not None else self.home or 0
         driver.make_current(dev)
@@ -476,10 +507,24 @@ class Call:
             ml_float = type(value).__module__ == "ml_dtypes" and type(value).__name__.startswith(("float", "bfloat"))
             if not (isinstance(value, numbers.Real) or ml_float) or isinstance(value, bool):
                 raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
-            return float(value)
+            try:
+                v = float(value)
+            except OverflowError:
+                v = None
+            limit = _FLOAT_ROUNDS_TO_INF.get(dtype)
+            if v is None or limit is not None and math.isfinite(v) and abs(v) >= limit:
+                raise LaunchError(f"argument {name}: {value} is past {dtype}'s largest finite value "
+                                  f"({_FLOAT_MAX[dtype]:g}): it would be {'-' if v is not None and v < 0 else ''}inf "
+                                  "in the kernel (pass inf if that is meant)")
+            return v
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}")
-        return int(value)
+        v = int(value)
+        lo, hi = _INT_RANGES[dtype]
+        if not lo <= v <= hi:
+            raise LaunchError(f"argument {name}: {v} is outside {dtype} ({lo} .. {hi}): the kernel would see it "
+                              "wrapped")
+        return v
 
     # ------------------------------------------------------------ kernel parameters
     def cuTensorMapEncodeTiled(self, arg, *, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides,
@@ -559,14 +604,14 @@ class Call:
                 return run(*args, stream=self.stream_arg)
         if self.fallback is None:
             raise err
-        if (self.kernel_name, err.message) not in _WARNED:
-            _WARNED.add((self.kernel_name, err.message))
-            import warnings
-            from ..errors import TmaFallbackWarning
-            warnings.warn(TmaFallbackWarning(
-                f"{err.message}: TMA cannot copy it, so kernel {self.kernel_name} runs its thread-copy "
-                "variant (correct, slower); pass fallback=False to tilec.compile to get an error instead"),
-                stacklevel=4)
+        import warnings
+        from ..errors import TmaFallbackWarning
+        # Python's filters decide how often it shows (once per line of the caller by default, every
+        # call with "always", an exception with "error"), at the user's line that called the kernel
+        warnings.warn(TmaFallbackWarning(
+            f"{err.message}: TMA cannot copy it, so kernel {self.kernel_name} runs its thread-copy "
+            "variant (correct, slower); pass fallback=False to tilec.compile to get an error instead"),
+            stacklevel=user_stacklevel())
         return self.fallback(*args, stream=self.stream_arg)
 
     def launch(self, grid, threads, smem_bytes, params, persistent=False, balanced=False, stream_k=False):
@@ -608,9 +653,18 @@ class Call:
                     check(cu.cuMemcpyDtoH(host.ctypes.data, a.ptr, host.nbytes), "cuMemcpyDtoH")
                 if host is not orig:
                     orig[...] = host
-        for k in self.keep:
-            if isinstance(k, int):
-                cu.cuMemFree(k)
+        self.abandon()
+
+    def abandon(self):
+        """Free the device copies of numpy arguments (once): after a launch, and where
+        a check refused the call before it (else each refused call would leak them)."""
+        copies = [k for k in self.keep if isinstance(k, int)]
+        if not copies:
+            return
+        self.keep = [k for k in self.keep if not isinstance(k, int)]
+        from cuda.bindings import driver as cu
+        for k in copies:
+            cu.cuMemFree(k)
 
 
 class Workspace(ctypes.c_void_p):

@@ -25,9 +25,7 @@ class _Tensor:
 
 
 def _numpy_tensor(a, name):
-    dtype = host._NP_NAMES.get(a.dtype.name)
-    if dtype is None:
-        raise LaunchError(f"argument {name}: numpy dtype {a.dtype} has no tilec dtype")
+    dtype = host.numpy_dtype(a, name)
     # The GPU path copies numpy arrays into fresh, contiguous device memory: the
     # TMA rules see that copy (aligned, C strides), whatever the array's layout.
     return _Tensor(name, dtype, a.view(storage_dtype(ir.DTYPES[dtype])), 0, host._c_strides(a.shape))
