@@ -526,3 +526,81 @@ def test_an_epilogues_second_store_shares_the_first_ones_tail_choice(monkeypatch
     monkeypatch.setattr(check_barriers._Checker, "step", recording)
     assert check_barriers.run(k, Options()).check_notes == ()
     assert "C" in ran and "R" in ran
+
+
+def nest(depth, extent):
+    """`depth` loops of range(extent), one in the other, a TMA load and store in the
+    innermost (the loads' row from the outermost variable, the stores' from the
+    innermost)."""
+    loops = "".join(f"for i{d} in range({extent}) {{ " for d in range(depth))
+    return f"""kernel nest(A: f32[M, N], B: f32[M, N], n: i32) {{
+    grid (bx) = (1);
+    threads 128;
+    shared s: f32[16, 16];
+    {loops}copy(A[i0 * 16, 0], s); copy(s, B[i{depth - 1} * 16, 0]); {"} " * depth}
+}}
+"""
+
+
+@pytest.mark.parametrize("extent", ["2", "4", "n", "cdiv(M, 16)"])
+def test_a_nest_runs_each_loop_a_few_times_per_level(extent, monkeypatch):
+    """A loop's run depends on the state it is entered with, and of the env only on what
+    it reads: an inner loop entered again at the next trip of the loops around it, in a
+    state that differs in their variables only, is run once (`_Checker.loop`), and a
+    barrier's state is finite (the parity of its phases, not their count), so that the
+    states of two trips a phase apart are equal. The loops run grow by a constant per
+    level (3, and 9 where the first loop's extent is unknown). Before, each level ran the
+    one inside it once per path of each of its trips: 3 nested range(4) took 20 s to
+    check, 4 nested range(n) 15 s and 5 of them 80 s, 6 nested range(2) 70 s."""
+    import time
+    runs = [0]
+    run_loop = check_barriers._Checker.run_loop
+
+    def counted(self, *a):
+        runs[0] += 1
+        return run_loop(self, *a)
+    monkeypatch.setattr(check_barriers._Checker, "run_loop", counted)
+    counts = {}
+    for depth in (3, 4, 8):
+        k = barriers_ir(nest(depth, extent))
+        runs[0] = 0
+        start = time.perf_counter()
+        assert check_barriers.run(k, Options()).check_notes == ()
+        assert time.perf_counter() - start < 5
+        counts[depth] = runs[0]
+    step = counts[4] - counts[3]
+    assert 0 < step <= 9 and counts[8] == counts[3] + 5 * step, counts
+
+
+def _when(var, value):
+    """A change wrapping a statement in `if var == value`."""
+    return lambda s: ir.If(ir.BinOp("==", ir.Var(var, "loop"), ir.Int(value)), (s,), ())
+
+
+@pytest.mark.parametrize("extent", ["2", "n"])
+@pytest.mark.parametrize("pick, change, message", [
+    (ir.MbarrierWait, None, "before its load on mbarrier bar0 was waited on"),
+    (ir.FlipPhase, None, "with parity 0, but the phase in flight has parity 1"),
+    (ir.ArriveExpectTx, lambda s: replace(s, bytes=s.bytes + 16), "expect-tx is 1040 bytes but its TMA loads bring"),
+    (ir.BulkWait, None, "TMA load overwrites 's' while a TMA store may still be reading it"),
+    # bugs on some trips of an outer loop only: the loops inside it run again where they read its variable
+    (ir.BulkWait, _when("i0", 0), "TMA load overwrites 's' while a TMA store may still be reading it"),
+    (ir.FlipPhase, _when("i0", 0), "(a phase bit that was not flipped)"),
+    (ir.FlipPhase, _when("i5", 1), "(a phase bit that was not flipped)"),
+    (ir.ArriveExpectTx, _when("i2", 1), "which has no arrive.expect_tx for it"),
+])
+def test_a_deep_nest_still_catches_a_broken_protocol(extent, pick, change, message):
+    """Six nested loops (six of range(2): 70 s to check before), their protocol broken
+    in the innermost body, everywhere or on some trips of an outer loop: rejected."""
+    k = broken(nest(6, extent), lambda s: isinstance(s, pick), change or (lambda s: None))
+    err = rejected(k)
+    assert message in err.message, err.message
+    assert err.span.line == 5
+
+
+def test_a_deep_nest_still_catches_a_store_left_in_flight():
+    k = barriers_ir(nest(6, "n"))
+    last = k.body[-1]
+    assert isinstance(last, ir.OneThread) and isinstance(last.body[-1], ir.BulkWait)
+    err = rejected(replace(k, body=k.body[:-1] + (replace(last, body=last.body[:-1]),)))
+    assert "the kernel can exit while a TMA store still reads shared memory" in err.message

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import operator
 import os
+import random
 import re
 import statistics
 import sys
@@ -122,6 +124,54 @@ def candidates(tune: dict, first: dict | None = None) -> list:
         out.remove(first)
         out.insert(0, dict(first))
     return out
+
+
+# A cold tune compiles each candidate it times (~0.5 s of CPU each for gemm.tile's), `tilec check`
+# each candidate of the space: a space of 6 consts of 10 values each is 10^6 of them, weeks of CPU.
+# A tune compiles at most MAX_TUNED candidates (an error beyond: gemm.tile's largest is 228);
+# `tilec check` at most MAX_CHECKED (a sample spread over the space beyond: gemm.tile has 588),
+# evaluating the `where` condition on at most CHECK_POOL of the space's candidates (spread
+# over it: for every shape the condition folds, ~80 us a candidate), and a tune's `where`
+# filters a space of at most MAX_SPACE (~4 us a candidate).
+MAX_TUNED = 4096
+MAX_CHECKED = 1024
+CHECK_POOL = 20_000
+MAX_SPACE = 1_000_000
+
+
+def space_size(tune: dict) -> int:
+    """The candidates of a tune space (the product of its lists' lengths), counted, not built."""
+    return math.prod(len(values) for values in tune.values())
+
+
+def _shape_of(tune: dict) -> str:
+    """'17 x 3 x 4 x 2 x 2 x 2 x 2 values': how a space is made."""
+    return f"{' x '.join(str(len(v)) for v in tune.values())} values"
+
+
+def candidate_at(tune: dict, i: int) -> dict:
+    """Candidate i of the space's cartesian product (`candidates`' order, the last
+    name varying fastest), without building the others."""
+    out = {}
+    for name, values in reversed(tune.items()):
+        i, j = divmod(i, len(values))
+        out[name] = values[j]
+    return dict(reversed(out.items()))
+
+
+def spread(n: int, k: int) -> list:
+    """k of range(n)'s indices (all of them where k >= n), in order: a sample drawn with
+    a fixed seed, so that every value of every const turns up (an even stride through the
+    product would keep the fastest-varying consts in step with it: 1 in 50 of a space of
+    10 values a const has only two values of the last two)."""
+    return list(range(n)) if k >= n else sorted(random.Random(n * 1_000_003 + k).sample(range(n), k))
+
+
+def too_many(what: str, n: int, limit: int, tune: dict, why: str = "") -> str:
+    """The message of a tune refused for its size: `what` (who), its n candidates."""
+    return (f"{what}: {n} candidates to compile and time{why}, more than a tune takes ({limit}; compiling one is "
+            f"about half a second of CPU): narrow the space ({_shape_of(tune)}) with a `where` condition or fewer "
+            "values, or give some of its consts when compiling (`tilec.compile(src, NAME=VALUE)`)")
 
 
 def _space(tune: dict) -> tuple:
@@ -926,9 +976,18 @@ class TunedKernel:
         if overlap:
             raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
 
+    def _in_order(self):
+        """The candidates one by one (`_candidates`' order), none built before it is asked for."""
+        if self._first_cfg is not None:
+            yield dict(self._first_cfg)
+        for combo in itertools.product(*self._tune.values()):
+            cfg = dict(zip(self._tune, combo))
+            if cfg != self._first_cfg:
+                yield cfg
+
     def _first(self, kv, why: str):
         errors = []
-        for cfg in self._candidates:
+        for cfg in self._in_order():
             try:
                 k = self._compile(cfg)
             except TilecError as e:
@@ -977,11 +1036,21 @@ class TunedKernel:
         """The candidates the tune statement's `where` condition keeps for key values
         kv, and the report's line on the others (None without a condition). Where
         it keeps none (consts given to tilec.compile can do that), all of them."""
+        total, who = space_size(self._tune), f"autotune {self._name()} at {_describe(dict(zip(self._key, kv)))}"
         if self._where is None:
+            if total > MAX_TUNED:
+                raise TilecError(too_many(who, total, MAX_TUNED, self._tune))
             return self._candidates, None
+        if total > MAX_SPACE:
+            raise TilecError(too_many(who, total, MAX_TUNED, self._tune, f" before the tune condition `"
+                                      f"{self._where.text}`, more than a tune filters ({MAX_SPACE}) and"))
         names = dict(zip(self._key, kv))
         cands = [cfg for cfg in self._candidates if self._where.meets(cfg, names) is not False]
         left = len(self._candidates) - len(cands)
+        if len(cands) > MAX_TUNED or (not cands and total > MAX_TUNED):
+            raise TilecError(too_many(who, len(cands) or total, MAX_TUNED, self._tune,
+                                      f" (the tune condition `{self._where.text}` is {'true' if cands else 'false'} "
+                                      f"for {len(cands) or total} of the space's {total})"))
         if not cands:
             return self._candidates, f"the tune condition `{self._where.text}` is false for every candidate at " \
                 f"{_describe(names)}: all were tried"
@@ -1226,6 +1295,33 @@ def statement_space(source, consts) -> tuple:
     return tune, {name: declared[name] for name in tune}, where if tune else None
 
 
+def checked_candidates(source, consts, space: dict, first: dict, where: str | None, limit: int = MAX_CHECKED):
+    """What `tilec check` compiles of a tune space: (the candidates, the declared values
+    first; how many the `where` condition keeps of those it was evaluated on; how many
+    it was evaluated on, the declared values included; whether the candidates are a
+    sample of the space). The condition is evaluated on every candidate of a space of
+    at most CHECK_POOL (any_shape_candidates), else on CHECK_POOL drawn from it
+    (`spread`); more than `limit` left are cut to `limit` drawn from them. `limit` 0:
+    every candidate, whatever the space."""
+    total = space_size(space)
+    if total <= CHECK_POOL or not limit:
+        cands = any_shape_candidates(source, consts, space, first, where)
+        pool = total
+    else:
+        skip = 0                # the declared candidate's place in the product, drawn first
+        for name, values in space.items():
+            skip = skip * len(values) + values.index(first[name])
+        cands = [dict(first)] + [candidate_at(space, i + (i >= skip)) for i in spread(total - 1, CHECK_POOL - 1)]
+        pool = len(cands)
+        if where is not None:
+            condition = Condition(source, consts, where)
+            cands = cands[:1] + [cfg for cfg in cands[1:] if condition.meets(cfg, {}) is not False]
+    kept = len(cands)
+    if limit and kept > limit:
+        cands = cands[:1] + [cands[1 + i] for i in spread(kept - 1, limit - 1)]
+    return cands, kept, pool, len(cands) < total and (len(cands) < kept or pool < total)
+
+
 def any_shape_candidates(source, consts, space: dict, first: dict, where: str | None) -> list:
     """The candidates of a tune statement's space, its declared values first (kept
     whatever the condition says), less those its `where` condition excludes for
@@ -1260,7 +1356,7 @@ def first_interpreted(source, consts, tune, key, fallback, arch):
     from .runtime.interpret import interpret
     tune, _ = check_tune(source, consts, tune, key)
     errors = []
-    for cfg in candidates(tune):
+    for cfg in (dict(zip(tune, combo)) for combo in itertools.product(*tune.values())):     # (none built ahead)
         lines = [f"{_describe(c)}: refused: {e}" for c, e in errors] + \
             [f"{_describe(cfg)}: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
              "compiler accepts)"]

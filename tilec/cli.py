@@ -3,7 +3,6 @@ for use without Python, run the demo."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +14,7 @@ from .passes import PASS_NAMES
 EMITS = ("cuda", "host", "ptx", "ir", "tma")
 ARCH_HELP = ("the target: sm_80, sm_86, sm_89 (no TMA: thread copies, no gemm), sm_90a, sm_100a, sm_120a "
              "(default: the GPU's, sm_90a without one)")
+MAX_CHECKED = 1024      # autotune.MAX_CHECKED (the command line does not import autotune until it checks)
 DEFINE_HELP = "override a const, or fix a shape symbol (-D C=24: the kernel takes 24 only)"
 
 
@@ -68,29 +68,54 @@ def _cmd_emit(args):
 
 def _cmd_check(args):
     """The kernel of the declared consts; with a tune statement, every other
-    candidate too (those the compiler refuses are listed, not failures)."""
-    from .autotune import any_shape_candidates, compile_candidates, statement_space
+    candidate too (those the compiler refuses are listed, not failures), or,
+    past --max-candidates, a sample spread over the space (said up front)."""
+    from .autotune import checked_candidates, compile_candidates, space_size, statement_space
     from .kernel import compile as compile_kernel, env_debug
     consts, arch = _consts(args.define), _arch(args)
+    if args.max_candidates < 0:
+        raise TilecError(f"--max-candidates takes a count (0: every candidate), got {args.max_candidates}")
     source = _source(args)
     space, first, where = statement_space(source, consts)
     k = compile_kernel(source, arch=arch, tune=False, **consts, **first)    # as the first candidate
     if not space:
         print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch})")
         return
-    cands = any_shape_candidates(source, consts, space, first, where)
-    total = math.prod(len(values) for values in space.values())
-    excluded = f"; {total - len(cands)} more excluded by the tune condition for every shape" if len(cands) < total else ""
+    total, limit = space_size(space), args.max_candidates
+    cands, kept, pool, sampled = checked_candidates(source, consts, space, first, where, limit)
+    if pool == total:
+        excluded = f"; {total - kept} more excluded by the tune condition for every shape" if kept < total else ""
+    else:
+        excluded = f"; the tune condition excludes {pool - kept} of {pool} drawn from the space for every shape" \
+            if kept < pool else ""
+    if sampled:
+        shape = " x ".join(str(len(v)) for v in space.values())
+        if pool < total:
+            what = (f"tilec check draws {pool} of them{f' (the tune condition keeps {kept})' if where else ''} and "
+                    f"compiles {f'{len(cands)} of those (--max-candidates {limit})' if len(cands) < kept else 'those'}")
+        else:
+            what = (f"{f'{kept} left by the tune condition; ' if kept < total else ''}tilec check compiles "
+                    f"{len(cands)} of them drawn at random (--max-candidates {limit})")
+        print(f"{args.file}: warning: tune: the space has {total} candidates ({shape} values); {what}: narrow the "
+              "space (a `where` condition, fewer values, -D for a const) or give --max-candidates 0 to check every "
+              "one", file=sys.stderr)
+    elif len(cands) > _SAY_ABOVE:
+        print(f"{args.file}: tune: checking {len(cands)} candidates{excluded}", file=sys.stderr)
+    sys.stderr.flush()
     with warnings.catch_warnings():     # said below, a line per candidate (or group of them)
         warnings.simplefilter("ignore", PipelineWarning)
         compiled, errors = compile_candidates(source, [{**consts, **cfg} for cfg in cands[1:]], arch, True,
                                               env_debug())
     refused = [(cands[1 + i], errors[i]) for i in sorted(errors)]
     plain = [(cands[1 + i], note) for i in sorted(compiled) for note in compiled[i].pipeline_notes]
+    sample = f"; a sample of the space's {total}" if sampled else ""
     print(f"{args.file}: ok (kernel {k.name}, {len(k.cubin)}-byte cubin for {k.arch}; tune: "
-          f"{len(cands) - len(refused)} of {len(cands)} candidates compile{excluded})")
+          f"{len(cands) - len(refused)} of {len(cands)} candidates compile{excluded}{sample})")
     for line in _refusals(cands, refused) + _grouped(cands, plain, "compile with a warning", "compiles with a warning"):
         print(f"{args.file}: {line}")
+
+
+_SAY_ABOVE = 32       # tilec check says up front how many candidates it compiles where more than this
 
 
 def _refusals(tried: list, refused: list) -> list:
@@ -172,6 +197,9 @@ def main(argv=None) -> int:
     c.add_argument("file")
     c.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE", help=DEFINE_HELP)
     c.add_argument("--arch", help=ARCH_HELP)
+    c.add_argument("--max-candidates", type=int, default=MAX_CHECKED, metavar="N",
+                   help=f"with a tune statement, compile at most N of its candidates, a sample of them where there are "
+                        f"more (default {MAX_CHECKED}; 0: every one)")
     c.set_defaults(run=_cmd_check)
     x = sub.add_parser("export", help="write the kernel as a cubin, a C header and a C++ launcher (no Python "
                                       "needed to run it)")

@@ -438,9 +438,25 @@ def tiles_named(body) -> set:
     return names
 
 
-def linear_terms(e):
+def tree_size(e) -> int:
+    """The nodes of `e` as a tree (what printing it writes), counted over `e` as it is
+    held, a graph whose shared subexpressions are counted once: in time linear in
+    the graph, where the tree may be exponentially larger (a chain of lets, each
+    reading the one before twice)."""
+    sizes = {}
+
+    def count(x):
+        n = sizes.get(id(x))
+        if n is None:
+            n = sizes[id(x)] = 1 + sum(count(c) for c in children(x))
+        return n
+    return count(e)
+
+
+def linear_terms(e, division: str = "floor"):
     """`e` folded as a linear combination: ({printed term: (term, coefficient)}, constant).
-    Non-linear parts (products of names, divisions, calls) are opaque terms."""
+    Non-linear parts (products of names, divisions, calls) are opaque terms.
+    `division`: fold's, for the division of constants."""
     from ..ir.printer import expr as show
 
     terms: dict = {}
@@ -464,14 +480,14 @@ def linear_terms(e):
             old = terms.get(key, (x, 0))
             terms[key] = (x, old[1] + coef)
 
-    add(fold(e), 1)
+    add(fold(e, division), 1)
     return terms, const
 
 
-def linear(e):
+def linear(e, division: str = "floor"):
     """Fold `e` as a linear combination: terms that cancel are dropped, so
     `(by * 64 + 64) - by * 64` becomes 64. Non-linear parts stay opaque terms."""
-    terms, const = linear_terms(e)
+    terms, const = linear_terms(e, division)
     out = None
     for x, coef in terms.values():
         if coef == 0:

@@ -8,7 +8,9 @@ small ones are where tails go wrong; a pipelined ring 0 to stages + 2 times); a
 loop whose extent is known (a constant, or fixed earlier on the path) runs that
 many times, or, past twice the rings' fill plus one period of the barriers'
 state, its first and last trips with a multiple of that period left out
-(`_Checker.trips`). Both sides of every
+(`_Checker.trips`). A loop inside another loop is run once per state it is
+entered in (`_Checker.loop`: a nest costs a few runs a level, not the product
+of its trips). Both sides of every
 `if` are explored. A `let` that runs again (stream-K's K-step count, once per
 unit) starts a new generation of its value, so units of one block run counts of
 their own (`_Checker.let`, `_Checker.counts`).
@@ -50,7 +52,7 @@ import collections
 import copy
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..errors import SemanticError
 from ..ir import nodes as ir
@@ -160,17 +162,26 @@ class BarrierBug(SemanticError):
 
 @dataclass
 class _Bar:
+    """An mbarrier on a path. Its state is finite, so that a path's state repeats where
+    the barrier's does (a phase later), and a loop nest's paths meet (`_Checker.loop`):
+    not the count of completed phases but whether any completed and the last one's
+    parity, and per class whether it observed the last one."""
     armed: bool = False
     expect: int = 0
     loaded: int = 0
     tiles: set = field(default_factory=set)
-    completed: int = 0
-    seen: dict = field(default_factory=lambda: {T0: -1, REST: -1, PRODUCER: -1})  # last phase each class observed
+    completed: int = 0      # 0: no phase completed; else 1 or 2, the count of completed phases mod 2 (as 1, 2)
+    seen: dict = field(default_factory=lambda: {T0: True, REST: True, PRODUCER: True})  # observed the last phase
     counted: bool = False                               # completed by arrivals alone (a pipeline's empty)
 
     def clone(self):
         return _Bar(self.armed, self.expect, self.loaded, set(self.tiles), self.completed, dict(self.seen),
                     self.counted)
+
+    def complete(self):
+        """A phase completes: the next one's parity, and no class has observed it yet."""
+        self.completed = 2 if self.completed & 1 else 1
+        self.seen = dict.fromkeys(self.seen, False)
 
 
 @dataclass
@@ -186,7 +197,7 @@ class _State:
     uncommitted: set = field(default_factory=set)      # read by TMA stores not in a bulk group yet
     env: dict = field(default_factory=dict)            # loop variables and loop extents on this path
     wgmma: list = field(default_factory=list)          # each wgmma group in flight: the tiles it reads, its acc
-    released: dict = field(default_factory=dict)       # tile@stage -> (empty barrier, phase) that frees it
+    released: dict = field(default_factory=dict)       # tile@stage -> the empty barrier whose wait frees it
     wgmma_read: set = field(default_factory=set)       # operands of wgmmas issued since the last block barrier
 
     def __deepcopy__(self, memo):
@@ -217,6 +228,18 @@ def _fingerprint(st, env=None) -> tuple:
             tuple(frozenset(w) for w in st.wgmma), tuple(st.released.items()), frozenset(st.wgmma_read))
 
 
+def _dedupe(states) -> list:
+    """`states` without repeats (in order), however few: a loop's paths where the check
+    remembers them (`_Checker.loop`)."""
+    seen, out = set(), []
+    for st in states:
+        key = _fingerprint(st)
+        if key not in seen:
+            seen.add(key)
+            out.append(st)
+    return out
+
+
 def _distinct(states) -> list:
     """`states` without repeats (in order): a store tail or an unknown `if` in a loop forks
     every trip, and the two arms mostly end in the same state, so without this a loop nest
@@ -235,6 +258,23 @@ def _distinct(states) -> list:
                 continue
             seen.add(key)
         out.append(st)
+    return out
+
+
+# the fields of statements whose expressions the checker evaluates on a path (a let's value too)
+_EVALUATED = ("extent", "cond", "index", "barrier_index", "parity", "stage", "by")
+
+
+def _texts(e, out: set) -> set:
+    """The text of `e` and of every expression in it: the env keys that evaluating
+    it may read (`evaluate` looks each subexpression's text up)."""
+    if isinstance(e, ir.Expr):
+        out.add(_key(e))
+        for f in fields(e):
+            _texts(getattr(e, f.name), out)
+    elif isinstance(e, tuple):
+        for x in e:
+            _texts(x, out)
     return out
 
 
@@ -405,6 +445,12 @@ class _Checker:
         self._lets = {}             # an env key -> the lets it reads
         self._inert = {}            # id(loop) -> whether its trips change nothing checked
         self._forks_after = {}      # id(block) -> (the block, forks_after's answer)
+        self._reads = {}            # id(loop) -> (the loop, the env keys its run may read, the lets it runs)
+        self._loops = {}            # (id(loop), classes, state) -> (the loop, the states after its run)
+        # loops inside another loop: entered again at each of its trips, so their runs are remembered
+        self.nested = {id(x) for s in ir.walk_stmts(k.body) if isinstance(s, ir.For)
+                       for x in ir.walk_stmts(s.body) if isinstance(x, ir.For)}
+        self.loop_runs = 0          # loops run (not remembered): tests count them
         self.forking_tails = _forking_tails(k.body)
 
     def lets(self, key) -> frozenset:
@@ -500,30 +546,7 @@ class _Checker:
         if isinstance(s, ir.OneThread):
             return self.run(s.body, [st], (T0,))
         if isinstance(s, ir.For):
-            out = []
-            extent = show(s.extent)
-            known = evaluate(s.extent, st.env)
-            if known is not None:       # a constant extent, or one fixed on this path: its own count
-                plans = (self.trips(known),)
-            elif self.inert(s):
-                return [st]
-            else:
-                counts = self.counts(extent, TRIP_COUNTS if s.stages is None else range(0, s.stages + 3), st.env,
-                                     st.env.get(LAST + extent))
-                plans = [range(n) for n in counts]
-            for trips in plans:
-                cur = [copy.deepcopy(st)]
-                if known is None:       # fixed for the rest of the path (until a let it reads runs again)
-                    for c in cur:
-                        c.env[extent] = c.env[LAST + extent] = len(trips)
-                for i in trips:
-                    for c in cur:
-                        c.env[s.var] = i
-                    cur = self.run(s.body, cur, classes)
-                    if len(cur) > MERGE_ABOVE:      # the next trip may fork them again
-                        cur = _distinct(cur)
-                out += cur
-            return out
+            return self.loop(s, st, classes) if id(s) in self.nested else self.run_loop(s, st, classes)
         if isinstance(s, ir.StoreTail):
             # in blocks whose tile crosses the last whole granule: barrier, reads, barrier
             forks = [st]
@@ -552,6 +575,87 @@ class _Checker:
             return self.run(s.then, [copy.deepcopy(st)], classes) + self.run(s.orelse, [copy.deepcopy(st)], classes)
         self.step(s, st, classes)
         return [st]
+
+    def reads(self, loop) -> tuple:
+        """The env keys a run of `loop` may read (the texts of every expression the
+        checker evaluates in it and their subexpressions, and the ring counts it
+        advances) and the lets it runs (a let drops the keys that read its name)."""
+        hit = self._reads.get(id(loop))
+        if hit is None or hit[0] is not loop:
+            texts, lets = set(), set()
+            for x in ir.walk_stmts([loop]):
+                for f in _EVALUATED:
+                    _texts(getattr(x, f, None), texts)
+                if isinstance(x, ir.Let):
+                    _texts(x.value, texts)
+                    lets.add(x.name)
+                elif isinstance(x, ir.RingAdvance):
+                    texts.add(x.var)
+            keys = {LAST + t for t in texts} | {GEN + n for t in texts for n in self.lets(t)} | {GEN + n for n in lets}
+            hit = self._reads[id(loop)] = (loop, frozenset(texts | keys | {TAIL}), frozenset(lets))
+        return hit[1:]
+
+    def loop(self, s, st, classes):
+        """The paths after loop `s` entered with state `st`. A run of a loop depends only
+        on the state it starts from, and of the env only on the keys it reads (`reads`):
+        in a nest the same inner loop is entered again at every trip of the loops around
+        it, in states that differ in their variables only, which it does not read. So
+        each run is remembered by the state with the env cut to those keys (a loop
+        variable written in the loop but never read, such as an outer one, left out),
+        and a state that cuts to one seen before gets that run's paths, with the keys
+        left out put back (the run's own writes first). Without this a nest of d loops
+        ran its innermost body once per path of every level: ~(paths a trip)^d. (Loops in no
+        other loop are run as they come: remembering costs a fingerprint and a copy of
+        each path, and they are entered again only by paths that met.)"""
+        texts, lets = self.reads(s)
+        env, kept = st.env, {}
+        for key, value in env.items():
+            if key in texts or (lets and key[0] != "#" and self.lets(key) & lets):
+                kept[key] = value
+        st.env = kept
+        memo = (id(s), classes, _fingerprint(st))
+        hit = self._loops.get(memo)
+        if hit is None or hit[0] is not s:
+            hit = self._loops[memo] = (s, _dedupe(self.run_loop(s, copy.deepcopy(st), classes)))
+        st.env = env
+        out = []
+        for after in hit[1]:
+            after = copy.deepcopy(after)
+            written = after.env
+            after.env = {key: written[key] if key in written else value for key, value in env.items()
+                         if key in written or key not in kept}     # (a key kept and gone: a let dropped it)
+            for key, value in written.items():
+                after.env.setdefault(key, value)
+            out.append(after)
+        return out
+
+    def run_loop(self, s, st, classes):
+        """Run loop `s` from `st`: its trip counts, each trip over all the paths."""
+        self.loop_runs += 1
+        out = []
+        extent = show(s.extent)
+        known = evaluate(s.extent, st.env)
+        if known is not None:       # a constant extent, or one fixed on this path: its own count
+            plans = (self.trips(known),)
+        elif self.inert(s):
+            return [st]
+        else:
+            counts = self.counts(extent, TRIP_COUNTS if s.stages is None else range(0, s.stages + 3), st.env,
+                                 st.env.get(LAST + extent))
+            plans = [range(n) for n in counts]
+        for trips in plans:
+            cur = [copy.deepcopy(st)]
+            if known is None:       # fixed for the rest of the path (until a let it reads runs again)
+                for c in cur:
+                    c.env[extent] = c.env[LAST + extent] = len(trips)
+            for i in trips:
+                for c in cur:
+                    c.env[s.var] = i
+                cur = self.run(s.body, cur, classes)
+                if len(cur) > MERGE_ABOVE:      # the next trip may fork them again
+                    cur = _distinct(cur)
+            out += cur
+        return out
 
     # ---- a warp-specialised block
     def specialized(self, s, st):
@@ -694,7 +798,8 @@ class _Checker:
             name = self.bar_name(st, s.barrier, s.index, s)
             bar = self.bar(st, name, s)
             if bar.armed:
-                _fail(f"mbarrier {name} is armed again before its phase {bar.completed} was waited on", s.span)
+                _fail(f"mbarrier {name} is armed again before the phase it is armed for (parity {bar.completed & 1}) "
+                      "was waited on", s.span)
             bar.armed, bar.expect, bar.loaded, bar.tiles = True, s.bytes, 0, set()
         elif isinstance(s, ir.MbarrierArrive):
             name = self.bar_name(st, s.barrier, s.index, s)
@@ -706,8 +811,8 @@ class _Checker:
                     if any(t in group for group in st.wgmma):
                         _fail(f"stage {stage} is released on mbarrier {name} while a wgmma may still read '{t}'",
                               s.span)
-                    st.released[t] = (name, bar.completed)
-            bar.completed += 1
+                    st.released[t] = name
+            bar.complete()
         elif isinstance(s, ir.WgmmaWait):
             del st.wgmma[:max(0, len(st.wgmma) - s.pending)]
         elif isinstance(s, ir.TmaLoad):
@@ -824,7 +929,7 @@ class _Checker:
         if bar.armed:
             return parity == bar.completed & 1 and bar.loaded >= bar.expect
         # a phase another class completed, which c has not observed yet
-        return bar.completed > 0 and parity == (bar.completed - 1) & 1 and bar.seen[c] < bar.completed - 1
+        return bar.completed > 0 and parity == (bar.completed - 1) & 1 and not bar.seen[c]
 
     @staticmethod
     def stuck(name, bar, parity, c):
@@ -844,8 +949,8 @@ class _Checker:
         if not self.passes(bar, parity, c):
             _fail(self.stuck(name, bar, parity, c), s.span)
         if bar.counted:
-            for t, (rel, phase) in list(st.released.items()):
-                if rel == name and phase <= bar.completed - 1:
+            for t, rel in list(st.released.items()):
+                if rel == name:     # (a wait that passes is for the last phase: the release's or a later one)
                     st.touched.discard(t)
                     del st.released[t]
             return
@@ -853,12 +958,12 @@ class _Checker:
             if bar.loaded != bar.expect:
                 _fail(_tx_mismatch(name, bar), s.span)      # it completed early
             bar.armed = False
-            bar.completed += 1
+            bar.complete()
         self._observe(st, bar, c)
 
     @staticmethod
     def _observe(st, bar, c):
-        bar.seen[c] = bar.completed - 1
+        bar.seen[c] = True
         for t in sorted(bar.tiles):     # (sorted: see _fingerprint)
             st.unwaited.pop(t, None)
             st.visible.setdefault(t, set()).add(c)

@@ -6,13 +6,20 @@ from dataclasses import replace
 
 from ..errors import SemanticError, TilecError
 from ..ir import nodes as ir
-from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, fold, free_names, map_expr, map_stmt_exprs,
-                        substitute, substitute_body, walk_expr)
+from ..ir.exprs import (FLOAT_CALLS, INT_CALLS, INT_MAX, INT_MIN, children, fold, free_names, linear, map_expr,
+                        map_stmt_exprs, substitute, substitute_body, tree_size, walk_expr)
 from ..ir.printer import expr as show_expr
 
 NAME = "fold-consts"
 
 MAX_STAGES = 8
+# A let is copied into each use, the lets it reads written out in it, so a chain of lets that each
+# read the one before twice (`let L2 = L1 * 2 + L1;`) doubles at each link: 2^20 nodes at 20 links,
+# which every pass and the printers walked (50 s). A let's value past LET_LINEAR_ABOVE nodes (the
+# examples' largest is 29) is folded as a linear combination where that is smaller (`M * 9`); one
+# still past MAX_LET_NODES (a chain of divisions or calls) is an error at the let.
+LET_LINEAR_ABOVE = 256
+MAX_LET_NODES = 10_000
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -74,10 +81,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
     env = dict(values)
     lets = []
+    floats = {p.name for p in k.params if isinstance(p, ir.ScalarParam) and p.dtype.is_float}
     later = {name for name, _ in k.lets}
     for name, e in k.lets:
+        written = e
         later.discard(name)
-        for x in walk_expr(e):      # (a let's names are checked here, used or not)
+        for x in walk_expr(e):      # (a let's names are checked here, used or not; as written: lets unexpanded)
             if isinstance(x, ir.Var) and x.name not in kinds and x.name not in env:
                 if x.name in later or x.name == name:
                     raise SemanticError(f"let '{name}' reads '{x.name}' before its let statement", x.span)
@@ -87,12 +96,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             kinds[name] = "view"
             lets.append((name, e))
             continue
-        for x in walk_expr(e):
+        for x in walk_expr(written):
             if isinstance(x, ir.Var) and kinds.get(x.name) in ("tensor", "tile", "view"):
                 what = {"tensor": "a tensor", "tile": "a tile", "view": "an im2col view"}[kinds[x.name]]
                 raise SemanticError(f"let '{name}' reads '{x.name}', {what}: a let names a number (an integer or "
                                     f"float expression) or an im2col view (let Xc = im2col(X, ...)); use "
                                     f"'{x.name}' by its own name", x.span)
+        e = _bounded(name, e, "exact", written.span, floats)
         env[name] = e
         lets.append((name, e))
 
@@ -149,7 +159,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     if group > 1 and len(k.grid) < 2:
         raise SemanticError(f"group = {group} numbers the tiles of {group} rows (the grid's second index) "
                             "together: it needs a grid of 2 or 3 dims", k.group.span)
-    body = _resolve_body(k.body, lambda e, bound: resolve(e, bound, "trunc"), {})   # device code: C++'s / and %
+    body = _resolve_body(k.body, lambda e, bound: resolve(e, bound, "trunc"), {},    # device code: C++'s / and %
+                         floats)
     requires = []
     for r in k.requires:
         cond = resolve(r.cond, {})
@@ -168,7 +179,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                    buffers=tuple(buffers), body=body)
 
 
-def _resolve_body(body, resolve, bound):
+def _resolve_body(body, resolve, bound, floats=frozenset()):
     out = []
     body = list(body)
     while body:
@@ -176,7 +187,7 @@ def _resolve_body(body, resolve, bound):
         if isinstance(s, ir.Let):       # a let inside a block: its value in the rest of the block
             if isinstance(s.value, ir.Call) and s.value.func == "im2col":
                 raise SemanticError("an im2col view is declared at the top level of the kernel", s.span)
-            value = resolve(s.value, bound)
+            value = _bounded(s.name, resolve(s.value, bound), "trunc", s.value.span, floats)
             body = list(substitute_body(body, {s.name: value}))
             continue
         if isinstance(s, ir.For):
@@ -197,14 +208,14 @@ def _resolve_body(body, resolve, bound):
             s = replace(s, extent=resolve(s.extent, bound), stages=stages, producer=producer,
                         start=None if s.start is None else resolve(s.start, bound),
                         step=None if s.step is None else resolve(s.step, bound),
-                        body=_resolve_body(s.body, resolve, inner))
+                        body=_resolve_body(s.body, resolve, inner, floats))
         elif isinstance(s, ir.Parallel):
             inner = dict(bound, **{v: "lane" for v in s.vars})
             s = replace(s, extents=tuple(resolve(x, bound) for x in s.extents),
-                        body=_resolve_body(s.body, resolve, inner))
+                        body=_resolve_body(s.body, resolve, inner, floats))
         elif isinstance(s, ir.If):
-            s = replace(s, cond=resolve(s.cond, bound), then=_resolve_body(s.then, resolve, bound),
-                        orelse=_resolve_body(s.orelse, resolve, bound))
+            s = replace(s, cond=resolve(s.cond, bound), then=_resolve_body(s.then, resolve, bound, floats),
+                        orelse=_resolve_body(s.orelse, resolve, bound, floats))
         else:
             s = map_stmt_exprs(s, lambda e: resolve(e, bound))
             if isinstance(s, (ir.Copy,)):
@@ -217,6 +228,40 @@ def _resolve_body(body, resolve, bound):
                 resolve(ir.Var(s.dst, span=s.dst_span), bound)
         out.append(s)
     return tuple(out)
+
+
+def _bounded(name, e, division, span, floats):
+    """A let's value `e` (its lets substituted, folded with `division`) as it is
+    copied into its uses: past LET_LINEAR_ABOVE nodes as a linear combination
+    where it is an integer one (no float, tile element or cast in it: `floats`
+    names the float scalars; a float sum's rounding would change), that is smaller
+    and whose coefficients are 64-bit integers; an error past MAX_LET_NODES."""
+    n = tree_size(e)
+    if n <= LET_LINEAR_ABOVE:
+        return e
+    if all(not isinstance(x, (ir.Float, ir.Subscript, ir.Cast)) and not (isinstance(x, ir.Var) and x.name in floats)
+           and not (isinstance(x, ir.Call) and x.func in FLOAT_CALLS) for x in _nodes(e)):
+        folded = linear(e, division)
+        if tree_size(folded) < n and all(INT_MIN <= x.value <= INT_MAX for x in _nodes(folded)
+                                         if isinstance(x, ir.Int)):
+            e, n = folded, tree_size(folded)
+    if n > MAX_LET_NODES:
+        raise SemanticError(f"let '{name}' is an expression of {n} nodes once the lets it reads are written out in "
+                            f"it (at most {MAX_LET_NODES})", span,
+                            note="a let is copied into each use, so a let that reads another twice doubles its "
+                                 "size: a chain of them grows exponentially; compute the value in fewer steps")
+    return e
+
+
+def _nodes(e):
+    """Each node of `e` once (a let's value is a graph: its shared parts are not walked again)."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if id(x) not in seen:
+            seen.add(id(x))
+            yield x
+            todo.extend(children(x))
 
 
 def _option(value, valid, message, resolve) -> int:
