@@ -328,6 +328,17 @@ def _check_shared_bounds(k, body, lanes):
     visit(body, False)
 
 
+def _addends(e):
+    """The terms of `e` as a sum (`by * 16 + 4294967296`: the product and the literal):
+    a literal among them is the coordinate's offset. (A large literal inside a product
+    or a `%` is computed in 64 bits and may leave a small coordinate.)"""
+    if isinstance(e, ir.BinOp) and e.op in "+-":
+        yield from _addends(e.lhs)
+        yield from _addends(e.rhs)
+    else:
+        yield e
+
+
 def _within(inner, outer) -> bool:
     """Does span `inner` lie inside span `outer` (an index written in the subscript,
     not substituted from a let elsewhere)?"""
@@ -628,7 +639,7 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
             for d, x in enumerate(r.starts):
                 _no_elements(x, "a region origin")
                 _integer(k, x, "a region origin")
-                big = next((i for i in walk_expr(x) if isinstance(i, ir.Int) and not -2**31 <= i.value < 2**31), None)
+                big = next((i for i in _addends(x) if isinstance(i, ir.Int) and not -2**31 <= i.value < 2**31), None)
                 if big is not None:
                     what = f"is {big.value}" if big is x else f"({show_expr(x)}) holds {big.value}"
                     raise SemanticError(f"the region's coordinate {d} {what}, outside a "
