@@ -1276,8 +1276,9 @@ BAD = {
                         "loads fit the taps)"),
     "im2col channels of 8 bytes": ("im2col", [t(0x7f0000000000, (2, 9, 10, 4)), t(0x7f0000100000, (180, 36))], 2,
                                    "argument X: 4 channels is not a multiple of the 64 channels of one im2col load "
-                                   "(a TMA im2col load must not straddle two filter taps; pad the channels to a "
-                                   "multiple of 64 or choose a K tile that divides 4)"),
+                                   "(a TMA im2col load must not straddle two filter taps, and a tap of 4 channels "
+                                   "is 8 bytes, no multiple of the 16 bytes TMA moves: pad the channels to a "
+                                   "multiple of 8)"),
     "floor below zero": ("weird", [t(0x7f0000000000, (32, 65)), t(0x7f0000100000, (32, 65)), 2, 1.0], 1,
                          "require (N - 70) / 4 >= -1 failed (N = 65)"),
     "comparisons of comparisons": ("weird", [t(0x7f0000000000, (34, 128)), t(0x7f0000100000, (34, 128)), 2, 1.0],

@@ -213,8 +213,9 @@ def runs_the_thread_copies(c, warning, error):
 def test_a_channel_count_of_no_whole_16_bytes_runs_the_thread_copies():
     """20 f16 channels are 40 bytes a pixel: no im2col load fits them, fixed or not."""
     runs_the_thread_copies(20, r"argument X: 20 channels is not a multiple of the 64 channels of one im2col load "
-                               r"\(a TMA im2col load must not straddle two filter taps; pad the channels to a "
-                               r"multiple of 64 or choose a K tile that divides 20\); dim 1 stride",
+                               r"\(a TMA im2col load must not straddle two filter taps, and a tap of 20 channels is "
+                               r"40 bytes, no multiple of the 16 bytes TMA moves: pad the channels to a multiple of "
+                               r"8\); dim 1 stride",
                            "20 channels is not a multiple of the 64 channels")
 
 

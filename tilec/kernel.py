@@ -186,7 +186,7 @@ class Kernel(Program):
         """The host wrapper's launch of `args` through `call`; a call it refuses frees
         the device copies of the numpy arguments it made before the check that failed."""
         code = self._launch.__code__
-        if len(args) != code.co_argcount - 1:
+        if len(args) != code.co_argcount - 1 and not code.co_flags & 0x04:    # (0x04: CO_VARARGS, a stand-in's)
             names = ", ".join(code.co_varnames[1:code.co_argcount])
             raise TypeError(f"kernel {self.name} takes {code.co_argcount - 1} arguments ({names}), got {len(args)}")
         try:

@@ -181,9 +181,16 @@ def check_im2col(arg, pixels_per_column, channels_per_pixel, lower, upper, eleme
             f", or compile the kernel with {channel_symbol} = {channels} fixed (-D {channel_symbol}={channels}), " \
             "where its loads fit the taps" if channel_symbol else \
             f", or declare the {channels} channels in the kernel's header, where its loads fit the taps"
-        problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one im2col "
-                        "load (a TMA im2col load must not straddle two filter taps; pad the channels to a multiple "
-                        f"of {channels_per_pixel}{',' if fit else ' or'} choose a K tile that divides {channels}{fit})")
+        size = DTYPES[arg.dtype].size
+        if channels * size % 16:        # no K tile helps: a tap is no whole number of 16-byte units
+            problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one "
+                            f"im2col load (a TMA im2col load must not straddle two filter taps, and a tap of "
+                            f"{channels} channels is {channels * size} bytes, no multiple of the 16 bytes TMA moves: "
+                            f"pad the channels to a multiple of {16 // size})")
+        else:
+            problems.append(f"{channels} channels is not a multiple of the {channels_per_pixel} channels of one "
+                            "im2col load (a TMA im2col load must not straddle two filter taps; pad the channels to "
+                            f"a multiple of {channels_per_pixel}, choose a K tile that divides {channels}{fit})")
         if fit and channel_symbol:
             fix = {channel_symbol: channels}
     others = im2col_problems(DTYPES[arg.dtype].size, arg.ptr, arg.shape, arg.tma_strides(), lower, upper,
