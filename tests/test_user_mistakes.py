@@ -388,6 +388,17 @@ def test_a_refused_launch_frees_the_device_copies_of_numpy_arguments(monkeypatch
         with pytest.raises(LaunchError):
             k._run(host.Call("scale", None, None, k._writes), (x, y, 1.0))
         assert live == {}, "device copies left allocated"
+    # a 0-d array where a tensor goes: its rank is 0 (np.ascontiguousarray had made it 1-d: "rank 1")
+    with pytest.raises(LaunchError, match=r"^error: argument X: rank 0 does not match the declared rank 2$"):
+        k._run(host.Call("scale", None, None, k._writes), (np.float32(1), x, 1.0))
+    assert live == {}
+
+
+def test_a_one_element_array_for_a_scalar_says_item():
+    x = np.ones((40, 64), np.float32)
+    with pytest.raises(LaunchError, match=r"^error: argument alpha: expected a number for f32, got ndarray \(a 0-d "
+                                          r"array of one element: pass alpha.item\(\)\)$"):
+        _scale()(x, np.zeros_like(x), np.array(2.0, np.float32))
 
 
 def test_the_fallback_warning_follows_pythons_filters_at_the_callers_line():

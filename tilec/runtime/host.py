@@ -56,6 +56,14 @@ _FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": float("inf"), "f16": 65504.0,
 _FLOAT_ROUNDS_TO_INF = {"f32": 2.0 ** 128 * (1 - 2.0 ** -25), "f16": 65520.0, "bf16": 2.0 ** 128 * (1 - 2.0 ** -9)}
 
 
+def _zero_d_hint(value, name: str) -> str:
+    """What to do with a one-element array or tensor passed for a scalar."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and all(n == 1 for n in shape):
+        return f" (a {len(shape)}-d array of one element: pass {name}.item())"
+    return ""
+
+
 def division_by_zero(name: str, host_source: str, exc: ZeroDivisionError) -> LaunchError:
     """The launch error for a host expression (a grid size, a declared dim, a
     require) that divides by zero for a call's arguments (`grid (a) = (cdiv(M, n))`
@@ -439,7 +447,8 @@ class Call:
     def _numpy(self, a, name):
         import numpy as np
         dtype = numpy_dtype(a, name)
-        host = np.ascontiguousarray(a)
+        a0 = np.asarray(a)          # (np.ascontiguousarray makes a 0-d array 1-d, and the rank check wrong)
+        host = a0 if a0.flags.c_contiguous else np.ascontiguousarray(a0)
         dev = self.device if self.device is not None else self.home or 0
         driver.make_current(dev)
         from cuda.bindings import driver as cu
@@ -506,7 +515,8 @@ class Call:
         if dtype.startswith(("f", "bf")):
             ml_float = type(value).__module__ == "ml_dtypes" and type(value).__name__.startswith(("float", "bfloat"))
             if not (isinstance(value, numbers.Real) or ml_float) or isinstance(value, bool):
-                raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}")
+                raise LaunchError(f"argument {name}: expected a number for {dtype}, got {type(value).__name__}"
+                                  + _zero_d_hint(value, name))
             try:
                 v = float(value)
             except OverflowError:
@@ -518,7 +528,8 @@ class Call:
                                   "in the kernel (pass inf if that is meant)")
             return v
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}")
+            raise LaunchError(f"argument {name}: expected an integer for {dtype}, got {type(value).__name__}"
+                              + _zero_d_hint(value, name))
         v = int(value)
         lo, hi = _INT_RANGES[dtype]
         if not lo <= v <= hi:
