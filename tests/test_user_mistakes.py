@@ -420,3 +420,19 @@ def test_the_fallback_warning_follows_pythons_filters_at_the_callers_line():
         k(a, b)
     assert [w.filename for w in seen] == [__file__] * 2
     assert np.array_equal(a, b)
+
+
+def test_an_f64_scalar_past_doubles_says_the_largest_double():
+    k = tilec.compile("""\
+kernel k(X: f64[M], a: f64) {
+    grid (bx) = (cdiv(M, 64));
+    threads 64;
+    shared s: f64[64];
+    copy(X[bx * 64], s);
+    parallel (i) in (64) { s[i] = s[i] * a; }
+    copy(s, X[bx * 64]);
+}
+""", backend="interpret")
+    with pytest.raises(LaunchError, match=r"argument a: 1000000\d* is past f64's largest finite value "
+                                          r"\(1.79769e\+308\)"):
+        k(np.ones(64), 10**400)

@@ -119,11 +119,18 @@ def candidates(tune: dict, first: dict | None = None) -> list:
     """The tune space's cartesian product, in order: a list of {name: value}.
     `first` (a tune statement's declared values) is moved to the front."""
     names, values = check_space(tune)
-    out = [dict(zip(names, combo)) for combo in itertools.product(*values)]
+    return list(iter_candidates(dict(zip(names, values)), first))
+
+
+def iter_candidates(tune: dict, first: dict | None = None):
+    """`candidates`' order one by one, none built before it is asked for (a space
+    too large to list is refused after its first candidates compile)."""
     if first is not None:
-        out.remove(first)
-        out.insert(0, dict(first))
-    return out
+        yield dict(first)
+    for combo in itertools.product(*tune.values()):
+        cfg = dict(zip(tune, combo))
+        if cfg != first:
+            yield cfg
 
 
 # A cold tune compiles each candidate it times (~0.5 s of CPU each for gemm.tile's), `tilec check`
@@ -976,18 +983,9 @@ class TunedKernel:
         if overlap:
             raise TilecError(f"{', '.join(sorted(overlap))} both tuned and given as a const")
 
-    def _in_order(self):
-        """The candidates one by one (`_candidates`' order), none built before it is asked for."""
-        if self._first_cfg is not None:
-            yield dict(self._first_cfg)
-        for combo in itertools.product(*self._tune.values()):
-            cfg = dict(zip(self._tune, combo))
-            if cfg != self._first_cfg:
-                yield cfg
-
     def _first(self, kv, why: str):
         errors = []
-        for cfg in self._in_order():
+        for cfg in iter_candidates(self._tune, self._first_cfg):
             try:
                 k = self._compile(cfg)
             except TilecError as e:
@@ -1356,7 +1354,7 @@ def first_interpreted(source, consts, tune, key, fallback, arch):
     from .runtime.interpret import interpret
     tune, _ = check_tune(source, consts, tune, key)
     errors = []
-    for cfg in (dict(zip(tune, combo)) for combo in itertools.product(*tune.values())):     # (none built ahead)
+    for cfg in iter_candidates(tune):
         lines = [f"{_describe(c)}: refused: {e}" for c, e in errors] + \
             [f"{_describe(cfg)}: chosen untimed (backend=\"interpret\" does not time: the first candidate the "
              "compiler accepts)"]

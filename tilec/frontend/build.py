@@ -17,7 +17,6 @@ from .names import why_reserved
 
 _KEYWORD_CONSTS = {"true": 1, "false": 0}
 
-_DTYPE_NAMES = "|".join(ir.DTYPES)
 _DECLS = ("const", "let", "require", "grid", "threads", "shared", "local")
 
 
@@ -387,12 +386,11 @@ class _Builder(Transformer):
         where = tune[0].value[1] if tune is not None else None
         if where is not None:
             check_tune_condition(where.cond, seen, params)
-        exprs = [v for _, v, _ in consts] + [v for _, v in lets] + list(grid[1]) + [threads] + \
-            [getattr(r, "cond", r) for r in requires] + [d for p in params for d in getattr(p, "shape", ())]
-        for st in ir.walk_stmts(stmts):
-            map_stmt_exprs(st, lambda e: exprs.append(e) or e)
-        for e in exprs:
+        for e in [v for _, v, _ in consts] + [v for _, v in lets] + list(grid[1]) + [threads] + \
+                [r.cond for r in requires] + [d for p in params for d in getattr(p, "shape", ())]:
             _no_tuple(e)
+        for st in ir.walk_stmts(stmts):
+            map_stmt_exprs(st, _no_tuple)
         return ir.Kernel(str(name), params, tuple(consts), tuple(lets), tuple(requires),
                          grid[0], grid[1], threads, tuple(buffers), tuple(stmts), span=span, tune=space,
                          tune_where=where, persistent=grid[2], stream_k=grid[3], group=grid[4])
@@ -443,8 +441,16 @@ class _Builder(Transformer):
         """A top-level let is unknown before its statement: `grid (bx) = (X); let X = M;`
         is an error at the grid's X, as `let Y = X; let X = M;` is."""
         v = decl.value
-        exprs = {"let": lambda: [v[1]], "require": lambda: [getattr(v, "cond", v)], "grid": lambda: list(v[1]),
-                 "threads": lambda: [v], "shared": lambda: list(v.shape), "local": lambda: list(v.shape)}[decl.kind]()
+        if decl.kind == "let":
+            exprs = [v[1]]
+        elif decl.kind == "require":
+            exprs = [v.cond]
+        elif decl.kind == "grid":
+            exprs = list(v[1])
+        elif decl.kind == "threads":
+            exprs = [v]
+        else:                       # shared, local
+            exprs = list(v.shape)
         for e in exprs:
             for x in walk_expr(e) if isinstance(e, ir.Expr) else ():
                 if isinstance(x, ir.Var) and x.name in let_lines and x.name not in seen:
@@ -452,7 +458,7 @@ class _Builder(Transformer):
                                         f"{let_lines[x.name].line}): a let is known from its statement on", x.span)
 
     def _declare(self, seen, name, span, what):
-        if re.fullmatch(_DTYPE_NAMES, name):
+        if name in ir.DTYPES:
             raise SemanticError(f"'{name}' is a dtype (it converts a value: {name}(x)); choose another name", span)
         why = why_reserved(name, what)
         if why:
@@ -504,8 +510,9 @@ class _Builder(Transformer):
 
 
 def _no_tuple(e):
-    """A parenthesised list `(a, b)` is a value only as an im2col keyword's, one per
-    spatial dimension (`kernel = (3, 3)`); anywhere else it is an error at the tuple."""
+    """`e`, where a parenthesised list `(a, b)` in it is a value only as an im2col
+    keyword's, one per spatial dimension (`kernel = (3, 3)`); anywhere else it is an
+    error at the tuple."""
     if isinstance(e, ir.TupleExpr):
         raise SemanticError("a tuple is not a value here: a parenthesised list only gives an im2col keyword one "
                             "value per dimension (kernel = (3, 3))", e.span)
@@ -518,6 +525,7 @@ def _no_tuple(e):
     for x in inner:
         if isinstance(x, ir.Expr):
             _no_tuple(x)
+    return e
 
 
 def check_tune_condition(cond, declared: dict, params):

@@ -408,7 +408,7 @@ def _check_races(k, body, lanes):
         if b is None or b.scope != "shared" or not all(isinstance(n, int) for n in b.shape):
             continue
         owner = np.full(math.prod(b.shape), -1, np.int64)        # the lane that writes each element
-        where = {}                                                # element -> the write's subscript
+        writer = np.full(math.prod(b.shape), -1, np.int64)       # and the first write of it (an index in `mine`)
         mine = []
         for sub, write, mask in accesses:
             if sub.name != name:
@@ -423,7 +423,7 @@ def _check_races(k, body, lanes):
                 active &= (v >= 0) & (v < n)
                 flat = flat * n + np.clip(v, 0, n - 1)
             mine.append((sub, write, lane_ids[active], flat[active]))
-        for sub, write, ls, es in mine:
+        for i, (sub, write, ls, es) in enumerate(mine):
             if not write:
                 continue
             order = np.lexsort((ls, es))
@@ -436,16 +436,15 @@ def _check_races(k, body, lanes):
             bad = np.nonzero((prior >= 0) & (prior != ls))[0]
             if bad.size:
                 e = int(es[bad[0]])
-                _race(k, lanes, b, sub, where[e], int(ls[bad[0]]), int(prior[bad[0]]), e, True)
+                _race(k, lanes, b, sub, mine[writer[e]][0], int(ls[bad[0]]), int(prior[bad[0]]), e, True)
             owner[es] = ls
-            for e in np.unique(es).tolist():
-                where.setdefault(e, sub)
+            writer[es[writer[es] < 0]] = i
         for sub, write, ls, es in mine:
             w = owner[es]
             bad = np.nonzero((w >= 0) & (w != ls))[0]
             if bad.size:
                 e = int(es[bad[0]])
-                _race(k, lanes, b, sub, where[e], int(ls[bad[0]]), int(w[bad[0]]), e, write)
+                _race(k, lanes, b, sub, mine[writer[e]][0], int(ls[bad[0]]), int(w[bad[0]]), e, write)
 
 
 def _race(k, lanes, b, sub, writer, lane, other, element, write):
@@ -644,7 +643,8 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
                     what = f"is {big.value}" if big is x else f"({show_expr(x)}) holds {big.value}"
                     raise SemanticError(f"the region's coordinate {d} {what}, outside a "
                                         f"32-bit int: kernels index each dimension with 32-bit ints (TMA coordinates "
-                                        f"are), and a shape symbol is at most {2**31 - 1}", big.span or x.span or r.span)
+                                        f"are), and a shape symbol is at most {2**31 - 1}",
+                                        big.span or x.span or r.span)
             sides.append((sp, p.dtype, None))
     (ssp, sdt, sshape), (dsp, ddt, dshape) = sides
     if ssp == "view":

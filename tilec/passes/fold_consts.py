@@ -82,14 +82,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     env = dict(values)
     lets = []
     floats = {p.name for p in k.params if isinstance(p, ir.ScalarParam) and p.dtype.is_float}
-    later = {name for name, _ in k.lets}
     for name, e in k.lets:
         written = e
-        later.discard(name)
-        for x in walk_expr(e):      # (a let's names are checked here, used or not; as written: lets unexpanded)
+        for x in walk_expr(e):      # (a let's names are checked here, used or not; as written: lets unexpanded;
+            # a later let's name is the builder's error, _no_later_lets)
             if isinstance(x, ir.Var) and x.name not in kinds and x.name not in env:
-                if x.name in later or x.name == name:
-                    raise SemanticError(f"let '{name}' reads '{x.name}' before its let statement", x.span)
                 raise SemanticError(f"unknown name '{x.name}'", x.span)
         e = fold(substitute(e, env), "exact")
         if isinstance(e, ir.Call) and e.func == "im2col":

@@ -4,8 +4,8 @@ tensor maps and launch."""
 from __future__ import annotations
 
 import ctypes
-import math
 import functools
+import math
 import numbers
 import sys
 
@@ -52,7 +52,7 @@ def numpy_dtype(a, name: str) -> str:
 
 _INT_RANGES = {f"{s}{b}": ((-(1 << (b - 1)), (1 << (b - 1)) - 1) if s == "i" else (0, (1 << b) - 1))
                for s in "iu" for b in (8, 16, 32, 64)}
-_FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": float("inf"), "f16": 65504.0, "bf16": 3.3895313892515355e38}
+_FLOAT_MAX = {"f32": 3.4028234663852886e38, "f64": sys.float_info.max, "f16": 65504.0, "bf16": 3.3895313892515355e38}
 _FLOAT_ROUNDS_TO_INF = {"f32": 2.0 ** 128 * (1 - 2.0 ** -25), "f16": 65520.0, "bf16": 2.0 ** 128 * (1 - 2.0 ** -9)}
 
 
