@@ -72,7 +72,7 @@ def runs_everywhere(slot, name):
     np.testing.assert_array_equal(b, expected(a))
 
 
-REFUSALS = re.compile(r"is a reserved name|is a Python keyword|is a keyword argument of tilec\.compile\(\)")
+REFUSALS = re.compile(r"is a reserved name|a boolean literal|is a literal|is a Python keyword|is a keyword argument of tilec\.compile\(\)")
 
 
 def refused_or_runs(slot, name):
@@ -139,6 +139,15 @@ kernel launch(rt: f32[call, grid], tmap_rt: f32[call, grid], arg_rt: f32, THREAD
     b = np.zeros_like(a)
     interp(a, b, 3.0, 0.5, 1, 2, 3, 4)
     np.testing.assert_array_equal(b, a * np.float32(3.0) + np.float32(0.5))
+
+
+@pytest.mark.parametrize("slot", sorted(DEFAULTS))
+@pytest.mark.parametrize("name", ["true", "false"])
+def test_the_boolean_literals_are_no_names(slot, name):
+    """true and false are the literals 1 and 0: a shape symbol named false was a dim of 0
+    (the launch then said "dim 0 is 64 but the declaration says 0"; found by the
+    property below). Wherever a name is declared they do not parse or are refused."""
+    assert refused_or_runs(slot, name) in ("parse", "refused")
 
 
 # ---------------------------------------------------------------- any identifier

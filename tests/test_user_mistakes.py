@@ -269,6 +269,12 @@ kernel k(A: f32[M, N], B: f32[M, N]) {
      "expression of consts and symbols)"),
     ("kernel k(A: f32[2.5, N]) {\n    grid (a) = (1);\n    threads 128;\n}\n",
      "t.tile:1:17: error: dim 0 of tensor 'A' is 2.5: a dimension is an integer >= 0"),
+    # true and false are the literals 1 and 0 (gemm's flags), not names: a symbol named so was a dim of 0
+    ("kernel k(A: f32[M, false]) {\n    grid (a) = (1);\n    threads 128;\n}\n",
+     "t.tile:1:20: error: dim 1 is false, a boolean literal: a dimension is an integer (a shape symbol, or an "
+     "integer expression of consts and symbols)"),
+    ("kernel k(A: f32[M, N]) {\n    grid (a) = (1);\n    threads 128;\n    shared s: f32[true, 64];\n}\n",
+     "t.tile:4:19: error: dim 0 is true, a boolean literal"),
     ("kernel k(A: f32[M, N]) {\n    grid (a) = (-1);\n    threads 128;\n}\n",
      "t.tile:2:17: error: a grid size of -1: a grid has 0 or more blocks a dimension"),
     ("kernel k(A: f32[M, N]) {\n    const f16 = 1;\n    grid (a) = (1);\n    threads 128;\n}\n",

@@ -41,6 +41,14 @@ class _Builder(Transformer):
     def _tok_span(self, tok: Token) -> Span:
         return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)
 
+    def _named(self, tok: Token) -> str:
+        """A declared name: not true or false, which the expressions after it would read as
+        the literals 1 and 0 (refused here, before a use of the name meets the literal)."""
+        if str(tok) in _KEYWORD_CONSTS:
+            raise SemanticError(f"'{tok}' is a literal ({_KEYWORD_CONSTS[str(tok)]}, as in gemm's transpose_b = "
+                                f"true), not a name; choose another", self._tok_span(tok))
+        return str(tok)
+
     # ------------------------------------------------------------ expressions
     def _int(self, tok: Token) -> int:
         v = int(tok)
@@ -123,24 +131,29 @@ class _Builder(Transformer):
 
     # ------------------------------------------------------------ statements
     def shape(self, meta, ch):
+        for d, x in enumerate(ch):
+            text = x.span and self.source.line(x.span.line)[x.span.col - 1:x.span.end_col - 1]
+            if isinstance(x, ir.Int) and text in _KEYWORD_CONSTS:
+                raise SemanticError(f"dim {d} is {text}, a boolean literal: a dimension is an integer (a shape "
+                                    "symbol, or an integer expression of consts and symbols)", x.span)
         return tuple(ch)
 
     def param(self, meta, ch):
         name, dtype, shape = ch
-        dt = ir.DTYPES[str(dtype)]
+        dt, name = ir.DTYPES[str(dtype)], self._named(name)
         if shape is None:
-            return ir.ScalarParam(str(name), dt, span=self._span(meta))
-        return ir.TensorParam(str(name), dt, shape, span=self._span(meta))
+            return ir.ScalarParam(name, dt, span=self._span(meta))
+        return ir.TensorParam(name, dt, shape, span=self._span(meta))
 
     def const_item(self, meta, ch):
-        return (str(ch[0]), ch[1], self._tok_span(ch[0]))
+        return (self._named(ch[0]), ch[1], self._tok_span(ch[0]))
 
     def const_stmt(self, meta, ch):
         return _Decl("const", list(ch), self._span(meta))
 
     def tune_item(self, meta, ch):
         name, *values = ch
-        return (str(name), tuple((self._int(v), self._tok_span(v)) for v in values), self._tok_span(name))
+        return (self._named(name), tuple((self._int(v), self._tok_span(v)) for v in values), self._tok_span(name))
 
     def tune_stmt(self, meta, ch):
         *items, where = ch
@@ -151,7 +164,7 @@ class _Builder(Transformer):
         return ir.TuneWhere(ch[0], " ".join(text.split()), span=self._span(meta))
 
     def let_stmt(self, meta, ch):
-        return _Decl("let", (str(ch[0]), ch[1], self._tok_span(ch[0])), self._span(meta))
+        return _Decl("let", (self._named(ch[0]), ch[1], self._tok_span(ch[0])), self._span(meta))
 
     def require_stmt(self, meta, ch):
         text = self.source.text[meta.start_pos:meta.end_pos]
@@ -177,7 +190,7 @@ class _Builder(Transformer):
                 raise SemanticError(f"{key} is given twice", span)
             given.add(key)
             options[key] = value
-        return _Decl("grid", (tuple(map(str, names)), tuple(exprs), options["persistent"], options["stream_k"],
+        return _Decl("grid", (tuple(map(self._named, names)), tuple(exprs), options["persistent"], options["stream_k"],
                               options["group"]), self._span(meta))
 
     def threads_stmt(self, meta, ch):
@@ -185,7 +198,7 @@ class _Builder(Transformer):
 
     def _tile_decl(self, scope, meta, ch):
         name, dtype, shape = ch
-        return _Decl(scope, ir.Buffer(str(name), scope, ir.DTYPES[str(dtype)], shape,
+        return _Decl(scope, ir.Buffer(self._named(name), scope, ir.DTYPES[str(dtype)], shape,
                                       span=self._span(meta)), self._span(meta))
 
     def shared_decl(self, meta, ch):
@@ -270,7 +283,7 @@ class _Builder(Transformer):
 
     def for_stmt(self, meta, ch):
         var, kind, *rest = ch
-        body = rest[-1]
+        var, body = self._named(var), rest[-1]
         pos, kws = self._split_args(rest[:-1])
         span = self._span(meta)
         kind_s = str(kind)
@@ -293,7 +306,7 @@ class _Builder(Transformer):
                             self._tok_span(kind))
 
     def parallel_stmt(self, meta, ch):
-        names = [str(c) for c in ch if isinstance(c, Token)]
+        names = [self._named(c) for c in ch if isinstance(c, Token)]
         rest = [c for c in ch if not isinstance(c, Token)]
         body = rest[-1]
         extents = rest[:-1]
