@@ -1011,8 +1011,9 @@ def test_statement_reader_agrees_with_the_parser():
         "K % 8 != 0 || BM >= 128 && BN >= 128 && STAGES <= 4)")
     assert autotune.statement(programs["conv2d"]) == (
         (("BM", (64, 128, 192)), ("BN", (64, 128, 256)), ("STAGES", (3, 4, 5, 6)), ("PRODUCER", (0, 1)),
-         ("PERSISTENT", (0, 1))),
-        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0}, "BN <= 64 || F > BN / 2")
+         ("PERSISTENT", (0, 1)), ("BK", (64, 32))),
+        {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0, "BK": 64},
+        "(BN <= 64 || F > BN / 2) && (BK == 64 || KH * KW * C <= 128 && STAGES <= 4)")
     assert autotune.statement(programs["layout"])[0] == (("BN", (64, 128, 256)), ("BM", (32,)))
     assert autotune.statement(programs["where"])[2] == "(BM <= M && WIDE * 2 <= max(N, 128))"
 
@@ -1112,8 +1113,8 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "
-                        r"tune: 34 of 36 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
-    assert "examples/conv2d.tile: 2 candidates with BM=192 BN=256 PRODUCER=1 refused: " in p.stdout
+                        r"tune: 68 of 72 candidates compile\)\n", p.stdout.splitlines(True)[0]), p.stdout
+    assert "examples/conv2d.tile: 4 candidates with BM=192 BN=256 PRODUCER=1 refused: " in p.stdout
 
 
 def test_check_of_a_space_of_one_candidate(tmp_path):
@@ -1296,6 +1297,46 @@ def test_gpu_half_tiles_in_bf16_at_the_shapes_that_try_them(bm):
         c.check()
 
 
+def test_conv2d_tries_k_tiles_32_deep_for_few_channels_and_each_computes_the_convolution():
+    """conv2d.tile tunes BK in (64, 32) where a filter's K = KH * KW * C is at most 128
+    (C = 8: three K tiles of 32 instead of two of 64, the second mostly past the last
+    tap, and half the shared memory a stage: 1.52 x cuDNN against 1.34 for the tuned
+    BK = 64 at 112x112 C8 on the H200, benchmarks/NOTES.md session 49). Every such
+    candidate the compiler accepts computes the convolution in the interpreter (the
+    launch fixes C = 8), its output a view with a guarded margin; at C = 64 none is tried."""
+    from guard import guarded
+    source = load_source(CONV_PATH)
+    space, first, where = autotune.statement_space(source, {})
+    condition = autotune.Condition(source, {}, where)
+    at = lambda c: [cfg for cfg in autotune.candidates(space, first)
+                    if condition.meets(cfg, {"N": 2, "H": 9, "W": 7, "C": c, "F": 200, "NP": 2 * 9 * 7})]
+    assert {cfg["BK"] for cfg in at(64)} == {64}
+    deep32 = [cfg for cfg in at(8) if cfg["BK"] == 32]
+    assert len(deep32) == 72 and all(c["STAGES"] <= 4 for c in deep32)
+    rng = np.random.default_rng(7)
+    n, h, w, ch, f = 2, 9, 7, 8, 200
+    x = rng.standard_normal((n, h, w, ch)).astype(np.float16)
+    wt = (rng.standard_normal((9 * ch, f)) / 8).astype(np.float16)
+    xp = np.pad(x.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    cols = np.stack([xp[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], axis=3).reshape(n * h * w, -1)
+    want = cols @ wt.astype(np.float32)
+    ran = 0
+    for cfg in deep32:
+        try:
+            k = tilec.compile(CONV_PATH, tune=False, backend="interpret", **cfg)
+        except tilec.SemanticError as e:
+            assert "registers per thread" in str(e) and cfg["BM"] == 192 and cfg["BN"] == 256, (cfg, str(e))
+            continue
+        y = guarded((n * h * w, f), "f16", like="numpy", fill=np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
+            k(x, wt, y.view)
+        np.testing.assert_allclose(y.view.astype(np.float32), want, atol=2e-3, rtol=2e-3, err_msg=str(cfg))
+        y.check()
+        ran += 1
+    assert ran == 68
+
+
 @pytest.mark.gpu
 def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution(fresh_caches):
     import torch
@@ -1315,7 +1356,8 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
         assert torch.isfinite(y.view.float()).all() and err < 2e-3, (what, err)
         y.check()
     cands = shipped_candidates(CONV_PATH)
-    assert len(cands) == 144 and cands[0] == {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0}
+    assert len(cands) == 216 and cands[0] == {"BM": 128, "BN": 128, "STAGES": 3, "PRODUCER": 0, "PERSISTENT": 0,
+                                              "BK": 64}
     refused = {"registers": [], "shared memory": []}
     for cfg in cands:
         try:
@@ -1326,7 +1368,8 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
             continue
         check(kern, cfg)
     assert refused["registers"] == [
-        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p} for s in (3, 4, 5, 6) for p in (0, 1)]
+        {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "BK": bk}
+        for s in (3, 4, 5, 6) for p in (0, 1) for bk in ((64, 32) if s <= 4 else (64,))]
     assert len(refused["shared memory"]) == 21 and all(c["STAGES"] >= 5 for c in refused["shared memory"])
     tuned_conv = tilec.compile(CONV_PATH)
     check(tuned_conv, "tuned")
