@@ -52,7 +52,7 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
     if no_rotation is None and any(isinstance(s, ir.For) and s.producer for s in ir.walk_stmts(k.body)):
         no_rotation = "a kernel with a producer warpgroup (producer = 1) rotates no other loop"
 
-    def plan(s):
+    def plan(s, looped):
         if not isinstance(s, ir.For) or s.stages is None:
             return s
         tiles = _loaded_tiles_then_gemms(k, s.body)
@@ -77,17 +77,22 @@ def _plan(k: ir.Kernel, no_rotation: str | None = None) -> ir.Kernel:
                 raise SemanticError(f"producer = 1: the ring loads {reread[0]}, which the kernel also writes (other "
                                     "than in place, tile by tile); a producer warpgroup loads ahead of the "
                                     "consumers' writes, so it could read what they have not yet written", s.span)
+        if not looped and isinstance(s.extent, ir.Int) and s.extent.value + 1 < s.stages:
+            # a ring run once: its prologue issues every trip with n + 1 stages; more only take shared memory
+            s = replace(s, stages=max(s.extent.value + 1, 2))
         stages.update({t: max(s.stages, stages.get(t, 1)) for t in tiles})     # rings may share a tile
         return replace(s, ring=True)
 
-    def block(body):
+    def block(body, looped):
+        """`looped`: inside a loop (a persistent kernel's over its tiles, too)."""
         out = []
         for s in body:
-            nested = {f: block(getattr(s, f)) for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
-            out.append(plan(replace(s, **nested) if nested else s))
+            nested = {f: block(getattr(s, f), looped or isinstance(s, ir.For))
+                      for f in ir.STMT_BLOCK_FIELDS.get(type(s), ())}
+            out.append(plan(replace(s, **nested) if nested else s, looped))
         return tuple(out)
 
-    body = block(k.body)
+    body = block(k.body, False)
     if notes:
         k = replace(k, pipeline_notes=tuple(notes))
     if not stages and not copies:
