@@ -72,7 +72,8 @@ def runs_everywhere(slot, name):
     np.testing.assert_array_equal(b, expected(a))
 
 
-REFUSALS = re.compile(r"is a reserved name|a boolean literal|is a literal|is a Python keyword|is a keyword argument of tilec\.compile\(\)")
+REFUSALS = re.compile(r"is a reserved name|a boolean literal|is a literal|is a Python keyword|"
+                      r"is a keyword argument of tilec\.compile\(\)")
 
 
 def refused_or_runs(slot, name):

@@ -132,8 +132,8 @@ class _Builder(Transformer):
     # ------------------------------------------------------------ statements
     def shape(self, meta, ch):
         for d, x in enumerate(ch):
-            text = x.span and self.source.line(x.span.line)[x.span.col - 1:x.span.end_col - 1]
-            if isinstance(x, ir.Int) and text in _KEYWORD_CONSTS:
+            text = isinstance(x, ir.Int) and x.span and self.source.line(x.span.line)[x.span.col - 1:x.span.end_col - 1]
+            if text in _KEYWORD_CONSTS:
                 raise SemanticError(f"dim {d} is {text}, a boolean literal: a dimension is an integer (a shape "
                                     "symbol, or an integer expression of consts and symbols)", x.span)
         return tuple(ch)

@@ -6,7 +6,9 @@ global tensor or an im2col view into shared tiles) followed by gemms that read
 only those tiles can overlap the loads of later iterations with the gemms of
 this one: the loop is marked `ring` (insert-barriers builds the ring's
 full/empty barriers) and each tile it loads gets `stages = S` (plan-smem places
-S copies; the most stages of the rings that load it). A `pipelined` loop
+S copies; the most stages of the rings that load it; a ring in no loop, which runs
+once, over a trip count n known at compile time, at most n + 1: its prologue then
+issues every iteration). A `pipelined` loop
 (stages >= 2) of any other body that starts with TMA loads and loads nothing
 after them is marked `rotate`, at any depth of
 loops: each tile it loads gets S copies (`ir.stage_tile`; the most stages of
