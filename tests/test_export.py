@@ -360,7 +360,7 @@ CHECK:      const TiledMap tl_rule_tmap_Wt = {
 CHECK:      const TiledMap tl_rule_tmap_Y = {
 CHECK:        if (Wt_shape[0] != 9 * C)
 CHECK:        if (Y_shape[1] != F)
-CHECK:        // {{.*}}examples/conv2d.tile:10: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
+CHECK:        // {{.*}}examples/conv2d.tile:12: grid (bx, by) = (cdiv(F, BN), cdiv(N * OH * OW, BM)), persistent = PERSISTENT;
 CHECK-NEXT:   const long long tl_grid[3] = {tl_cdiv(F, 128), tl_cdiv(N * H * W, 128), 1};
 CHECK:        int tl_rc = tl_encode_im2col(tl_tmap_Xc, tl_rule_tmap_Xc, X, X_shape, X_strides, tl_why);
 CHECK-NEXT:   if (tl_rc == TILEC_OK) tl_rc = tl_encode_tiled(tl_tmap_Wt, tl_rule_tmap_Wt, Wt, Wt_shape, Wt_strides, tl_why);
