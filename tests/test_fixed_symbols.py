@@ -87,28 +87,32 @@ def test_a_launch_fixes_the_channels_on_the_gpu(c, fallback):
     fixes_the_channels("torch", c, fallback)
 
 
-def ring_run_once(like, persistent):
+def ring_run_once(like, persistent, producer):
     """conv2d.tile on 8 channels asks for 6 stages: with C fixed, K = 72 is two K tiles of
     64, and a ring run once (no persistent loop around it) gets 3 stages, what its
     prologue needs to issue both; one a persistent block runs per tile keeps 6 (the
     next tile's loads use them). The exact result either way, the output guarded."""
-    k = tilec.compile(CONV, tune=False, STAGES=6, BM=128, BN=64, PERSISTENT=persistent, **backend(like))
+    k = tilec.compile(CONV, tune=False, STAGES=6, BM=128, BN=64, PERSISTENT=persistent, PRODUCER=producer,
+                      **backend(like))
     args, y, want = conv_problem(2, 5, 6, 8, 64, like)
     run(k, args, y, want, like)
     ir_text = printer.kernel(k.fixed(C=8).kernel_ir)
     stages = 6 if persistent else 3
-    assert f"for k in pipelined(2, stages = {stages})" in ir_text and f"layout sw16 stages {stages}" in ir_text
+    assert re.search(rf"for k in pipelined\(2, stages = {stages}\b", ir_text), ir_text
+    assert f"layout sw16 stages {stages}" in ir_text
 
 
+@pytest.mark.parametrize("producer", [0, 1])
 @pytest.mark.parametrize("persistent", [0, 1])
-def test_a_ring_run_once_has_no_stages_past_its_trips_in_the_interpreter(persistent):
-    ring_run_once("numpy", persistent)
+def test_a_ring_run_once_has_no_stages_past_its_trips_in_the_interpreter(persistent, producer):
+    ring_run_once("numpy", persistent, producer)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("producer", [0, 1])
 @pytest.mark.parametrize("persistent", [0, 1])
-def test_a_ring_run_once_has_no_stages_past_its_trips_on_the_gpu(persistent):
-    ring_run_once("torch", persistent)
+def test_a_ring_run_once_has_no_stages_past_its_trips_on_the_gpu(persistent, producer):
+    ring_run_once("torch", persistent, producer)
 
 
 @pytest.mark.gpu
