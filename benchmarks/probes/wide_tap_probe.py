@@ -13,15 +13,22 @@ loads are not slow (session 47 found loads wholly out of bounds slow).
 2. Speed: blocks walk the 128-pixel tiles of 128 x 56 x 56 x 24 (two tiles in
    flight each) loading all 9 taps of each: (a) 27 loads of 8 channels, (b) 9 loads
    of 32 channels over the 24, (c) 9 loads of 32 channels of a real 32-channel X
-   (the same bytes, all in bounds). CUDA events, median of 20 after warm-up.
+   (the same bytes, all in bounds); alternating rounds (common.rounds).
+
+tilec's own NVRTC call, tensor-map encode and kernel launch do the driver work.
 
     python benchmarks/probes/wide_tap_probe.py"""
 import ctypes
+import os
 import sys
 
 import numpy as np
 import torch
-from cuda.bindings import driver as cu, nvrtc
+
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import rounds  # noqa: E402
+from tilec import TilecError  # noqa: E402
+from tilec.runtime import driver, nvrtc, tensormap  # noqa: E402
 
 SRC = r'''
 struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
@@ -67,7 +74,8 @@ extern "C" __global__ void one(const __grid_constant__ CUtensorMap tm, unsigned 
 }
 
 // Speed: every tile's taps, two tiles in flight a block.
-extern "C" __global__ void walk(const __grid_constant__ CUtensorMap tm, int tiles, int OW, int OHW, int chunks, int ch) {
+extern "C" __global__ void walk(const __grid_constant__ CUtensorMap tm, int tiles, int OW, int OHW, int chunks,
+                                int ch) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bars[2];
   unsigned base = (unsigned)__cvta_generic_to_shared(smem), size = 9 * 128 * 64;   // a buffer: 9 taps of 64 bytes
@@ -90,58 +98,43 @@ extern "C" __global__ void walk(const __grid_constant__ CUtensorMap tm, int tile
 '''
 
 
-def ck(r):
-    err, *rest = r if isinstance(r, tuple) else (r,)
-    if int(err) != 0:
-        raise RuntimeError(str(err))
-    return rest[0] if len(rest) == 1 else rest
+WALK_SMEM = 2 * 9 * 128 * 64 + 1024      # two tiles' buffers of 9 taps x 128 pixels x 64 bytes
 
 
-def build():
-    ck(cu.cuInit(0))
-    torch.zeros(1, device="cuda")      # torch's primary context
-    prog = ck(nvrtc.nvrtcCreateProgram(SRC.encode(), b"wide_tap.cu", 0, [], []))
-    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17"]
-    if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
-        n = ck(nvrtc.nvrtcGetProgramLogSize(prog))
-        log = b" " * n
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        sys.exit(log.decode())
-    n = ck(nvrtc.nvrtcGetCUBINSize(prog))
-    cubin = b" " * n
-    ck(nvrtc.nvrtcGetCUBIN(prog, cubin))
-    mod = ck(cu.cuModuleLoadData(cubin))
-    return {name: ck(cu.cuModuleGetFunction(mod, name.encode())) for name in ("one", "walk")}
+def kernels():
+    """The probe's two kernels, loaded on device 0 (torch's primary context)."""
+    torch.zeros(1, device="cuda")
+    cubin = nvrtc.compile_cuda(SRC, "wide_tap", "sm_90a").cubin
+    return {"one": driver.LoadedKernel(cubin, "one", 0, 128 * 64 + 1024),
+            "walk": driver.LoadedKernel(cubin, "walk", 0, WALK_SMEM)}
 
 
 def im2col_map(X, channels):
     """A 3x3, stride-1, pad-1 im2col map of NHWC X: boxes of 128 pixels x `channels`."""
     N, H, W, C = X.shape
-    u64 = lambda xs: [cu.cuuint64_t(int(x)) for x in xs]
-    return ck(cu.cuTensorMapEncodeIm2col(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, X.data_ptr(),
-        u64([C, W, H, N]), u64([C * 2, W * C * 2, H * W * C * 2]), [-1, -1], [-1, -1], channels, 128,
-        [cu.cuuint32_t(1)] * 4, cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+    return tensormap.encode_im2col("X", "FLOAT16", 4, X.data_ptr(), (C, W, H, N), (C * 2, W * C * 2, H * W * C * 2),
+                                   (-1, -1), (-1, -1), channels, 128, (1, 1, 1, 1), "NONE", "NONE", "NONE", "NONE")
 
 
-def launch(fn, grid, smem, tm, *ints, ptr=None):
-    cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-    vals = [ctypes.c_void_p(int(tm.getPtr()))] + ([ctypes.c_void_p(ptr)] if ptr is not None else []) + \
-        [ctypes.c_int(v) for v in ints]
-    ptrs = (ctypes.c_void_p * len(vals))(vals[0].value, *[ctypes.addressof(v) for v in vals[1:]])
-    ck(cu.cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, smem, torch.cuda.current_stream().cuda_stream,
-                         ctypes.addressof(ptrs), 0))
+def launcher(loaded, grid, smem, tm, *ints, ptr=None):
+    """A function launching `loaded` on torch's stream with the map `tm`, then `ptr`, then `ints`."""
+    vals = ([ctypes.c_void_p(ptr)] if ptr is not None else []) + [ctypes.c_int(v) for v in ints]
+    params = (ctypes.c_void_p * (1 + len(vals)))(int(tm.getPtr()), *[ctypes.addressof(v) for v in vals])
+    launch = driver.launcher(loaded, (grid, 1, 1), 128, smem, params, "probe")
+
+    def run():
+        launch(torch.cuda.current_stream().cuda_stream)
+    run.keep = (vals, params)       # the launch reads them by address
+    return run
 
 
-def correctness(fns):
+def correctness(ks):
     torch.manual_seed(0)
     N, H, W, C = 2, 5, 7, 24
     X = torch.randn(N, H, W, C, device="cuda").half()
     try:
         tm = im2col_map(X, 32)
-    except RuntimeError as e:
+    except TilecError as e:
         print(f"cuTensorMapEncodeIm2col refuses channelsPerPixel 32 over 24 channels: {e}")
         return False
     Xn, good, cases = X.cpu().numpy(), 0, 0
@@ -151,8 +144,8 @@ def correctness(fns):
                 out = torch.full((128 * 32,), -12345, dtype=torch.int16, device="cuda")
                 n, r = divmod(m0, H * W)
                 oh, ow = divmod(r, W)
-                launch(fns["one"], 1, 128 * 64 + 1024, tm, 0, ow - 1, oh - 1, n, kw, kh, 128 * 64,
-                       ptr=out.data_ptr())
+                launcher(ks["one"], 1, 128 * 64 + 1024, tm, 0, ow - 1, oh - 1, n, kw, kh, 128 * 64,
+                         ptr=out.data_ptr())()
                 torch.cuda.synchronize()
                 got = out.view(torch.float16).view(128, 32).cpu().numpy()
                 want = np.zeros((128, 32), np.float16)
@@ -169,36 +162,23 @@ def correctness(fns):
     return good == cases
 
 
-def speed(fns):
+def speed(ks):
     N, H, W = 128, 56, 56
     tiles = N * H * W // 128
     x24 = torch.randn(N, H, W, 24, device="cuda").half()
     x32 = torch.randn(N, H, W, 32, device="cuda").half()
-    modes = {"27 loads of 8 channels (C = 24, today)": (im2col_map(x24, 8), 3, 8),
-             "9 loads of 32 channels over C = 24": (im2col_map(x24, 32), 1, 32),
+    today = "27 loads of 8 channels (C = 24, today)"
+    modes = {today: (im2col_map(x24, 8), 3, 8), "9 loads of 32 channels over C = 24": (im2col_map(x24, 32), 1, 32),
              "9 loads of 32 channels of C = 32": (im2col_map(x32, 32), 1, 32)}
-    smem = 2 * 9 * 128 * 64 + 1024
     for grid in (132, 264):
-        times = {}
-        for name, (tm, chunks, ch) in modes.items():
-            run = lambda: launch(fns["walk"], grid, smem, tm, tiles, W, H * W, chunks, ch)
-            for _ in range(3):
-                run()
-            samples = []
-            for _ in range(20):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                run()
-                b.record()
-                b.synchronize()
-                samples.append(a.elapsed_time(b) * 1e3)
-            times[name] = float(np.median(samples))
-        base = times["27 loads of 8 channels (C = 24, today)"]
+        fns = {name: launcher(ks["walk"], grid, WALK_SMEM, tm, tiles, W, H * W, chunks, ch)
+               for name, (tm, chunks, ch) in modes.items()}
+        times = rounds(fns)
         for name, t in times.items():
-            print(f"  {grid} blocks  {name:42s} {t:8.1f} us  x{base / t:.2f} of today's")
+            print(f"  {grid} blocks  {name:42s} {t * 1e3:8.1f} us  x{times[today] / t:.2f} of today's")
 
 
 if __name__ == "__main__":
-    fns = build()
-    if correctness(fns):
-        speed(fns)
+    ks = kernels()
+    if correctness(ks):
+        speed(ks)
