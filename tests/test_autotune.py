@@ -1303,8 +1303,9 @@ def test_conv2d_tries_k_tiles_32_deep_for_few_channels_and_each_computes_the_con
     tap, and half the shared memory a stage: 1.52 x cuDNN against 1.34 for the tuned
     BK = 64 at 112x112 C8 on the H200, benchmarks/NOTES.md session 49). Every such
     candidate the compiler accepts computes the convolution in the interpreter (the
-    launch fixes C = 8), its output a view with a guarded margin; at C = 64 none is tried."""
-    from guard import guarded
+    launch fixes C = 8, on TMA), exactly, its output a view with a guarded margin; at C = 64
+    none is tried."""
+    from test_fixed_symbols import conv_problem, run as run_conv
     source = load_source(CONV_PATH)
     space, first, where = autotune.statement_space(source, {})
     condition = autotune.Condition(source, {}, where)
@@ -1313,13 +1314,6 @@ def test_conv2d_tries_k_tiles_32_deep_for_few_channels_and_each_computes_the_con
     assert {cfg["BK"] for cfg in at(64)} == {64}
     deep32 = [cfg for cfg in at(8) if cfg["BK"] == 32]
     assert len(deep32) == 72 and all(c["STAGES"] <= 4 for c in deep32)
-    rng = np.random.default_rng(7)
-    n, h, w, ch, f = 2, 9, 7, 8, 200
-    x = rng.standard_normal((n, h, w, ch)).astype(np.float16)
-    wt = (rng.standard_normal((9 * ch, f)) / 8).astype(np.float16)
-    xp = np.pad(x.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    cols = np.stack([xp[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], axis=3).reshape(n * h * w, -1)
-    want = cols @ wt.astype(np.float32)
     ran = 0
     for cfg in deep32:
         try:
@@ -1327,12 +1321,10 @@ def test_conv2d_tries_k_tiles_32_deep_for_few_channels_and_each_computes_the_con
         except tilec.SemanticError as e:
             assert "registers per thread" in str(e) and cfg["BM"] == 192 and cfg["BN"] == 256, (cfg, str(e))
             continue
-        y = guarded((n * h * w, f), "f16", like="numpy", fill=np.nan)
+        args, y, want = conv_problem(2, 9, 7, 8, 200, "numpy")
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
-            k(x, wt, y.view)
-        np.testing.assert_allclose(y.view.astype(np.float32), want, atol=2e-3, rtol=2e-3, err_msg=str(cfg))
-        y.check()
+            warnings.simplefilter("error", tilec.TmaFallbackWarning)
+            run_conv(k, args, y, want, "numpy")
         ran += 1
     assert ran == 68
 
