@@ -42,11 +42,14 @@ __device__ __forceinline__ void expect(unsigned long long* bar, unsigned bytes) 
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(sa(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void load2(void* dst, const CUtensorMap* m, unsigned long long* bar, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4}], [%2];"
                :: "r"(sa(dst)), "l"(m), "r"(sa(bar)), "r"(c0), "r"(c1) : "memory");
 }
-__device__ __forceinline__ void load4(void* dst, const CUtensorMap* m, unsigned long long* bar, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+__device__ __forceinline__ void load4(void* dst, const CUtensorMap* m, unsigned long long* bar, int c0, int c1, int c2,
+                                      int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];"
                :: "r"(sa(dst)), "l"(m), "r"(sa(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 __device__ __forceinline__ void store4(const CUtensorMap* m, const void* src, int c0, int c1, int c2, int c3) {
@@ -165,7 +168,8 @@ def source(C):
     for s, (a, b) in enumerate(steps):
         lbo = offset(b) - offset(a)
         assert lbo > 0
-        lines.append(f"    mma(acc, desc(p + {offset(a)}, {lbo}, {PW * 16}, 0), desc(bsm + {s * 2048}, 8192, 1024, 1));")
+        lines.append(f"    mma(acc, desc(p + {offset(a)}, {lbo}, {PW * 16}, 0), "
+                     f"desc(bsm + {s * 2048}, 8192, 1024, 1));")
     kp = 16 * len(steps)
     head = f"#define CH {C // 8}\n#define PW {PW}\n#define PH {PH}\n#define PATCH {PATCH}\n" \
            f"#define KP {kp}\n#define BBYTES {(kp * 128 + 1023) // 1024 * 1024}\n"
