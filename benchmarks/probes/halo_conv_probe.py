@@ -1,4 +1,4 @@
-"""A 3x3 conv of few channels from one patch of X per tile, not one im2col load per tap.
+"""A conv of few channels from one patch of X per tile, not one im2col load per tap.
 
 conv2d.tile loads its A operand by TMA im2col: a 128-pixel tile of a C = 24 conv is 27
 loads of 16-byte chunks (one per tap and 8 channels), each pixel read 9 times, and it
@@ -12,12 +12,15 @@ k16 step pairs two (tap, 8 channels) items (LBO = the bytes between them: 16 for
 next tap of a row). The weights stay in shared memory for the whole persistent block,
 reordered so that k16 step s holds the pair's 16 rows (a lone last item pairs with a
 zero-weight tap, the patch's extra column); the output goes out by 4-D TMA stores.
+A stride-2 conv (the 7x7 stem) loads two patches per 8 channels, of the even and the odd
+input columns (TMA element stride 2 along W), so a tap's 8 pixels are again contiguous.
 
 Asks: does wgmma take descriptors whose core matrices overlap (LBO 16 bytes) and sit on
 a pitch of 11 pixels, and how fast is this against cuDNN and conv2d.tile (same run,
 alternating rounds)? Output guarded by a sentinel tail; relative error vs cuDNN.
 
-    python benchmarks/probes/halo_conv_probe.py"""
+    python benchmarks/probes/halo_conv_probe.py [layer index ...]    (0: 56x56 C24, 1: 56x56 C8,
+                                                                     2: 112x112 C8, 3: the 7x7 stem)"""
 import ctypes
 import os
 import sys
@@ -27,9 +30,6 @@ import torch
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Conv, rounds  # noqa: E402
 from tilec.runtime import driver, nvrtc, tensormap  # noqa: E402
-
-PW, PH = 11, 18                          # patch: 8 + 2 columns + 1 (the zero-weight tap's), 16 + 2 rows
-PATCH = (PH * PW * 16 + 127) // 128 * 128
 
 SRC = r'''
 struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
@@ -72,22 +72,25 @@ __device__ __forceinline__ void mma(float* d, unsigned long long a, unsigned lon
       : "l"(a), "l"(b));
 }
 
-// One tile's patch, CH loads of 8 channels, into stage b.
+// One tile's patches into stage b: per 8 channels, S of them (input columns S apart, from column phase q).
 __device__ __forceinline__ void issue(const CUtensorMap* tx, unsigned char* patches, unsigned long long* full, int t,
                                       int H, int W, int b) {
   const int tw = (W + 7) / 8, th = (H + 15) / 16, n = t / (tw * th), r = t % (tw * th);
   const int oh0 = r / tw * 16, ow0 = r % tw * 8;
-  expect(&full[b], CH * PH * PW * 16);
-  for (int c = 0; c < CH; ++c) load4(patches + (b * CH + c) * PATCH, tx, &full[b], c * 8, ow0 - 1, oh0 - 1, n);
+  expect(&full[b], CH * S * PH * PWQ * 16);
+  for (int c = 0; c < CH; ++c)
+    for (int q = 0; q < S; ++q)
+      load4(patches + ((b * CH + c) * S + q) * PATCH, tx, &full[b], c * 8, ow0 * S - P + q, oh0 * S - P, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256) halo(const __grid_constant__ CUtensorMap tx,
-    const __grid_constant__ CUtensorMap tw_map, const __grid_constant__ CUtensorMap ty, int H, int W, int tiles) {
+    const __grid_constant__ CUtensorMap tw_map, const __grid_constant__ CUtensorMap ty,
+    int H, int W, int tiles) {                      // H, W: the output's
   extern __shared__ unsigned char raw[];
   unsigned char* sm = raw + ((1024u - (sa(raw) & 1023u)) & 1023u);
   unsigned char* bsm = sm;                              // the weights, K' rows of 128 bytes (128-byte swizzle)
   unsigned char* out = sm + BBYTES;                     // a warpgroup's 64 x 64 f16 output, 128-byte swizzle
-  unsigned char* patches = out + 2 * 8192;              // 2 stages x CH patches
+  unsigned char* patches = out + 2 * 8192;              // 2 stages x CH x S patches
   __shared__ __align__(8) unsigned long long full[2], wbar;
   const int g = threadIdx.x / 128, lane = threadIdx.x % 32, warp = threadIdx.x % 128 / 32;
   if (threadIdx.x == 0) {
@@ -99,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) halo(const __grid_constant__ C
   __syncthreads();
   if (threadIdx.x == 0) {
     expect(&wbar, KP * 128);
-    load2(bsm, &tw_map, &wbar, 0, 0);
+    for (int s = 0; s < KP / 16; ++s) load2(bsm + s * 2048, &tw_map, &wbar, 0, s * 16);   // a k16 step a box
     if (blockIdx.x < tiles) issue(&tx, patches, full, blockIdx.x, H, W, 0);
     if (blockIdx.x + gridDim.x < tiles) issue(&tx, patches, full, blockIdx.x + gridDim.x, H, W, 1);
   }
@@ -112,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) halo(const __grid_constant__ C
     float acc[32];
     #pragma unroll
     for (int r = 0; r < 32; ++r) acc[r] = 0.f;
-    unsigned char* p = patches + b * CH * PATCH + g * 8 * PW * 16;     // warpgroup g: output rows 8g..8g+7
+    unsigned char* p = patches + b * CH * S * PATCH + g * 8 * S * PWQ * 16;   // warpgroup g: rows 8g..8g+7
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 STEPS
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -142,74 +145,84 @@ STEPS
 '''
 
 
-def plan(C):
-    """The k16 steps: [(item a, item b)], items (chunk, kh, kw); a lone item pairs with (chunk, 2, 3)."""
-    steps, left = [], []
-    for c in range(C // 8):
-        taps = [(c, kh, kw) for kh in range(3) for kw in range(3)]
-        steps += [(taps[i], taps[i + 1]) for i in range(0, 8, 2)]
-        left.append(taps[8])
-    while len(left) >= 2:
-        steps.append((left.pop(0), left.pop(0)))
-    if left:
-        c = left[0][0]
-        steps.append((left[0], (c, 2, 3)))
-    return steps
+class Geometry:
+    """A KS x KS, stride-S conv of C channels (pad KS // 2) in tiles of 16 x 8 output pixels,
+    a warpgroup's m64 tile 8 rows of 8 pixels. Per 8 channels c and column phase q < S, a
+    patch of PH rows x PWQ pixels: input columns ow0 * S - P + q + S * i (TMA element
+    stride S), rows oh0 * S - P + j. Tap (kh, kw) of chunk c is item (c, kh, kw) at patch
+    (c, kw % S), row kh, pixel kw // S; output row jj is S patch rows further (SBO)."""
 
+    def __init__(self, C, KS, S):
+        self.C, self.KS, self.S, self.P, self.CH = C, KS, S, KS // 2, C // 8
+        self.PWQ = 8 + (KS - 1) // S + 1            # + 1: the pixel a lone item pairs with (zero weights)
+        self.PH = 15 * S + KS
+        self.PATCH = (self.PH * self.PWQ * 16 + 127) // 128 * 128
 
-def offset(item):
-    c, kh, kw = item
-    return c * PATCH + (kh * PW + kw) * 16
+    def offset(self, item):
+        c, kh, kw = item
+        return (c * self.S + kw % self.S) * self.PATCH + (kh * self.PWQ + kw // self.S) * 16
 
+    def steps(self):
+        """The k16 steps: [(item a, item b)], items in address order so that LBO > 0; a lone
+        last item pairs with the pixel after it (item None: zero weights)."""
+        items = sorted(((c, kh, kw) for c in range(self.CH) for kh in range(self.KS) for kw in range(self.KS)),
+                       key=self.offset)
+        pairs = [(items[i], items[i + 1] if i + 1 < len(items) else None) for i in range(0, len(items), 2)]
+        return pairs
 
-def source(C):
-    steps = plan(C)
-    lines = []
-    for s, (a, b) in enumerate(steps):
-        lbo = offset(b) - offset(a)
-        assert lbo > 0
-        lines.append(f"    mma(acc, desc(p + {offset(a)}, {lbo}, {PW * 16}, 0), "
-                     f"desc(bsm + {s * 2048}, 8192, 1024, 1));")
-    kp = 16 * len(steps)
-    head = f"#define CH {C // 8}\n#define PW {PW}\n#define PH {PH}\n#define PATCH {PATCH}\n" \
-           f"#define KP {kp}\n#define BBYTES {(kp * 128 + 1023) // 1024 * 1024}\n"
-    return head + SRC.replace("STEPS", "\n".join(lines)), kp, steps
+    def source(self):
+        lines = []
+        for s, (a, b) in enumerate(self.steps()):
+            lbo = self.offset(b) - self.offset(a) if b else 16
+            assert lbo > 0
+            lines.append(f"    mma(acc, desc(p + {self.offset(a)}, {lbo}, {self.S * self.PWQ * 16}, 0), "
+                         f"desc(bsm + {s * 2048}, 8192, 1024, 1));")
+        kp = self.kp()
+        head = "".join(f"#define {k} {v}\n" for k, v in dict(
+            CH=self.CH, S=self.S, P=self.P, PWQ=self.PWQ, PH=self.PH, PATCH=self.PATCH, KP=kp,
+            BBYTES=(kp * 128 + 1023) // 1024 * 1024).items())
+        return head + SRC.replace("STEPS", "\n".join(lines))
 
+    def kp(self):
+        return 16 * len(self.steps())
 
-def weights(wt, C, steps):
-    """conv2d.tile's [9 * C, F] weights as the k16 steps take them: [K', F], pad rows zero."""
-    kp = 16 * len(steps)
-    out = torch.zeros(kp, wt.shape[1], dtype=wt.dtype, device=wt.device)
-    for s, pair in enumerate(steps):
-        for h, (c, kh, kw) in enumerate(pair):
-            if kw < 3:
-                tap = kh * 3 + kw
-                out[s * 16 + h * 8: s * 16 + h * 8 + 8] = wt[tap * C + c * 8: tap * C + c * 8 + 8]
-    return out
+    def weights(self, wt):
+        """conv2d.tile's [KS * KS * C, F] weights as the k16 steps take them: [K', F]."""
+        out = torch.zeros(self.kp(), wt.shape[1], dtype=wt.dtype, device=wt.device)
+        for s, pair in enumerate(self.steps()):
+            for h, item in enumerate(pair):
+                if item:
+                    c, kh, kw = item
+                    row = (kh * self.KS + kw) * self.C + c * 8
+                    out[s * 16 + h * 8: s * 16 + h * 8 + 8] = wt[row: row + 8]
+        return out
+
+    def smem(self):
+        return 1024 + (self.kp() * 128 + 1023) // 1024 * 1024 + 2 * 8192 + 2 * self.CH * self.S * self.PATCH
 
 
 class Halo:
-    def __init__(self, L, C, blocks_per_sm):
-        src, self.kp, steps = source(C)
-        self.smem = 1024 + (self.kp * 128 + 1023) // 1024 * 1024 + 2 * 8192 + 2 * (C // 8) * PATCH
-        cubin = nvrtc.compile_cuda(src, "halo", "sm_90a").cubin
+    def __init__(self, L, geo, blocks_per_sm):
+        self.smem = geo.smem()
+        cubin = nvrtc.compile_cuda(geo.source(), "halo", "sm_90a").cubin
         self.k = driver.LoadedKernel(cubin, "halo", 0, self.smem)
-        N, H, W, _ = L.x.shape
-        self.wp = weights(L.wt, C, steps)
-        self.buf = torch.full((N * H * W * 64 + 4096,), -7.0, dtype=torch.float16, device="cuda")
-        self.y = self.buf[:N * H * W * 64].view(N, H, W, 64)
-        x = L.x
-        self.tx = tensormap.encode_tiled("X", "FLOAT16", 4, x.data_ptr(), (C, W, H, N),
-                                         (C * 2, W * C * 2, H * W * C * 2), (8, PW, PH, 1), (1, 1, 1, 1),
-                                         "NONE", "NONE", "NONE", "NONE")
-        self.tw = tensormap.encode_tiled("Wp", "FLOAT16", 2, self.wp.data_ptr(), (64, self.kp), (128,), (64, self.kp),
+        N, H, W, C = L.x.shape
+        OH = (H + 2 * geo.P - geo.KS) // geo.S + 1
+        OW = (W + 2 * geo.P - geo.KS) // geo.S + 1
+        self.wp, kp = geo.weights(L.wt), geo.kp()
+        self.buf = torch.full((N * OH * OW * 64 + 4096,), -7.0, dtype=torch.float16, device="cuda")
+        self.y = self.buf[:N * OH * OW * 64].view(N, OH, OW, 64)
+        self.tx = tensormap.encode_tiled("X", "FLOAT16", 4, L.x.data_ptr(), (C, W, H, N),
+                                         (C * 2, W * C * 2, H * W * C * 2), (8, geo.PWQ * geo.S, geo.PH, 1),
+                                         (1, geo.S, 1, 1), "NONE", "NONE", "NONE", "NONE")
+        self.tw = tensormap.encode_tiled("Wp", "FLOAT16", 2, self.wp.data_ptr(), (64, kp), (128,), (64, 16),
                                          (1, 1), "NONE", "128B", "NONE", "NONE")
-        self.ty = tensormap.encode_tiled("Y", "FLOAT16", 4, self.y.data_ptr(), (64, W, H, N),
-                                         (128, W * 128, H * W * 128), (64, 8, 8, 1), (1, 1, 1, 1),
+        self.ty = tensormap.encode_tiled("Y", "FLOAT16", 4, self.y.data_ptr(), (64, OW, OH, N),
+                                         (128, OW * 128, OH * OW * 128), (64, 8, 8, 1), (1, 1, 1, 1),
                                          "NONE", "128B", "NONE", "NONE")
-        tiles = N * ((H + 15) // 16) * ((W + 7) // 8)
+        tiles = N * ((OH + 15) // 16) * ((OW + 7) // 8)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.vals = [ctypes.c_int(H), ctypes.c_int(W), ctypes.c_int(tiles)]
+        self.vals = [ctypes.c_int(OH), ctypes.c_int(OW), ctypes.c_int(tiles)]
         self.params = (ctypes.c_void_p * 6)(int(self.tx.getPtr()), int(self.tw.getPtr()), int(self.ty.getPtr()),
                                             *[ctypes.addressof(v) for v in self.vals])
         self.launch = driver.launcher(self.k, (min(tiles, sms * blocks_per_sm), 1, 1), 256, self.smem, self.params,
@@ -228,31 +241,34 @@ def main():
     torch.backends.cudnn.benchmark = True
     warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
     src = open("examples/conv2d.tile").read()
-    for hw, C in ((56, 24), (56, 8), (112, 8)):
-        L = Conv(hw, C, 64, 3, 1)
+    layers = [(56, 24, 3, 1), (56, 8, 3, 1), (112, 8, 3, 1), (224, 8, 7, 2)]
+    for hw, C, KS, S in [layers[int(a)] for a in sys.argv[1:]] or layers:
+        L, geo = Conv(hw, C, 64, KS, S), Geometry(C, KS, S)
         fixed = src.replace("X: f16[N, H, W, C]", f"X: f16[N, H, W, {C}]").replace("KH * KW * C", f"KH * KW * {C}")
-        tl = tilec.compile(fixed, tune=False, BM=128, BN=64, STAGES=4, BK=32 if C == 8 else 64, **L.consts)
+        tl = tilec.compile(fixed, tune=False, BM=128, BN=64, STAGES=4, BK=32 if C * KS * KS <= 128 else 64, **L.consts)
         ytl = torch.empty(L.rows, 64, device="cuda").half()
         fns = {"cudnn": L.cudnn, "conv2d.tile": lambda: tl(L.x, L.wt, ytl)}
         for bps in (2, 3, 4):
             try:
-                h = Halo(L, C, bps)
+                h = Halo(L, geo, bps)
             except Exception as e:          # noqa: BLE001 (a probe: say why and go on)
-                print(f"{hw}x{hw} C{C}: halo kernel, {bps} blocks/SM: {type(e).__name__}: {e}", flush=True)
+                print(f"{hw}x{hw} C{C} {KS}x{KS}: halo kernel, {bps} blocks/SM: {type(e).__name__}: {e}", flush=True)
                 continue
             h()
             torch.cuda.synchronize()
             err = L.relerr(h.y.reshape(-1, 64))
-            print(f"{hw}x{hw} C{C} halo {bps}/SM: relerr {err:.2e}, guard {'intact' if h.guard_intact() else 'BROKEN'}"
-                  f", smem {h.smem} B, K' {h.kp}", flush=True)
+            guard = 'intact' if h.guard_intact() else 'BROKEN'
+            print(f"{hw}x{hw} C{C} {KS}x{KS} halo {bps}/SM: relerr {err:.2e}, guard {guard}, "
+                  f"smem {h.smem} B, K' {geo.kp()}", flush=True)
             if err < 1e-2 and h.guard_intact():
                 fns[f"halo {bps}/SM"] = h
         tl(L.x, L.wt, ytl)
         torch.cuda.synchronize()
-        print(f"{hw}x{hw} C{C} conv2d.tile relerr {L.relerr(ytl):.2e}", flush=True)
+        print(f"{hw}x{hw} C{C} {KS}x{KS} conv2d.tile relerr {L.relerr(ytl):.2e}", flush=True)
         med = rounds(fns)
         for name, t in med.items():
-            print(f"  {hw}x{hw} C{C} {name:14s} {t * 1e3:8.1f} us  vs cuDNN {med['cudnn'] / t:.3f}", flush=True)
+            print(f"  {hw}x{hw} C{C} {KS}x{KS} {name:14s} {t * 1e3:8.1f} us  vs cuDNN {med['cudnn'] / t:.3f}",
+                  flush=True)
 
 
 if __name__ == "__main__":
