@@ -19,16 +19,16 @@ Asks: does wgmma take descriptors whose core matrices overlap (LBO 16 bytes) and
 a pitch of 11 pixels, and how fast is this against cuDNN and conv2d.tile (same run,
 alternating rounds)? Output guarded by a sentinel tail; relative error vs cuDNN.
 
+    python benchmarks/probes/halo_conv_probe.py --emulate      (the descriptors' addressing, on the CPU)
     python benchmarks/probes/halo_conv_probe.py [layer index ...]    (0: 56x56 C24, 1: 56x56 C8,
                                                                      2: 112x112 C8, 3: the 7x7 stem)"""
 import ctypes
 import os
 import sys
 
-import torch
+import numpy as np
 
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Conv, rounds  # noqa: E402
 from tilec.runtime import driver, nvrtc, tensormap  # noqa: E402
 
 SRC = r'''
@@ -187,8 +187,8 @@ class Geometry:
         return 16 * len(self.steps())
 
     def weights(self, wt):
-        """conv2d.tile's [KS * KS * C, F] weights as the k16 steps take them: [K', F]."""
-        out = torch.zeros(self.kp(), wt.shape[1], dtype=wt.dtype, device=wt.device)
+        """conv2d.tile's [KS * KS * C, F] weights (numpy) as the k16 steps take them: [K', F]."""
+        out = np.zeros((self.kp(), wt.shape[1]), wt.dtype)
         for s, pair in enumerate(self.steps()):
             for h, item in enumerate(pair):
                 if item:
@@ -203,13 +203,14 @@ class Geometry:
 
 class Halo:
     def __init__(self, L, geo, blocks_per_sm):
+        import torch
         self.smem = geo.smem()
         cubin = nvrtc.compile_cuda(geo.source(), "halo", "sm_90a").cubin
         self.k = driver.LoadedKernel(cubin, "halo", 0, self.smem)
         N, H, W, C = L.x.shape
         OH = (H + 2 * geo.P - geo.KS) // geo.S + 1
         OW = (W + 2 * geo.P - geo.KS) // geo.S + 1
-        self.wp, kp = geo.weights(L.wt), geo.kp()
+        self.wp, kp = torch.from_numpy(geo.weights(L.wt.cpu().numpy())).cuda(), geo.kp()
         self.buf = torch.full((N * OH * OW * 64 + 4096,), -7.0, dtype=torch.float16, device="cuda")
         self.y = self.buf[:N * OH * OW * 64].view(N, OH, OW, 64)
         self.tx = tensormap.encode_tiled("X", "FLOAT16", 4, L.x.data_ptr(), (C, W, H, N),
@@ -229,6 +230,7 @@ class Halo:
                                       "halo")
 
     def __call__(self):
+        import torch
         self.launch(torch.cuda.current_stream().cuda_stream)
 
     def guard_intact(self):
@@ -237,7 +239,9 @@ class Halo:
 
 def main():
     import warnings
+    import torch
     import tilec
+    from common import Conv, rounds
     torch.backends.cudnn.benchmark = True
     warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
     src = open("examples/conv2d.tile").read()
@@ -271,5 +275,53 @@ def main():
                   flush=True)
 
 
+def emulate(C, KS, S, H=13, W=19, F=16, seed=0):
+    """The kernel's A operands read back through the descriptors it builds (no swizzle,
+    K-major: row m of core matrix m // 8 at start + (m // 8) * SBO + (m % 8) * 16, K
+    columns 8.. at + LBO), from patches laid out as its TMA loads lay them, times the
+    reordered weights, against numpy's conv: integer values, so equal means right."""
+    rng = np.random.default_rng(seed)
+    g, P = Geometry(C, KS, S), KS // 2
+    X = rng.integers(-2, 3, (2, H, W, C)).astype(np.float16)
+    wt = rng.integers(-2, 3, (KS * KS * C, F)).astype(np.float16)
+    wp = g.weights(wt).astype(np.float64)
+    OH, OW = (H + 2 * P - KS) // S + 1, (W + 2 * P - KS) // S + 1
+    Xp = np.zeros((2, H + 2 * P + S * KS, W + 2 * P + S * KS, C))
+    Xp[:, P:P + H, P:P + W] = X
+    want = sum(Xp[:, kh:kh + S * OH:S, kw:kw + S * OW:S] @ wt[(kh * KS + kw) * C:(kh * KS + kw + 1) * C]
+               for kh in range(KS) for kw in range(KS))
+    got = np.full((2, OH, OW, F), np.nan)
+    tw, th = (OW + 7) // 8, (OH + 15) // 16
+    m = np.arange(64)[:, None]
+    k = np.arange(16)[None, :]
+    for t in range(2 * tw * th):
+        n, r = divmod(t, tw * th)
+        oh0, ow0 = r // tw * 16, r % tw * 8
+        smem = np.full(g.CH * S * g.PATCH // 2, np.nan)
+        for c in range(g.CH):
+            for q in range(S):
+                rows, cols = oh0 * S - P + np.arange(g.PH)[:, None], ow0 * S - P + q + S * np.arange(g.PWQ)[None, :]
+                inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)
+                patch = np.where(inside[..., None], X[n, rows.clip(0, H - 1), cols.clip(0, W - 1), c * 8:c * 8 + 8], 0)
+                base = (c * S + q) * g.PATCH // 2
+                smem[base:base + patch.size] = patch.ravel()
+        for wg in range(2):
+            acc = np.zeros((64, F))
+            for s, (a, b) in enumerate(g.steps()):
+                lbo = g.offset(b) - g.offset(a) if b else 16
+                addr = wg * 8 * S * g.PWQ * 16 + g.offset(a) + m // 8 * S * g.PWQ * 16 + m % 8 * 16 + \
+                    k // 8 * lbo + k % 8 * 2
+                acc += smem[addr // 2] @ wp[s * 16:s * 16 + 16]
+            oh, ow = oh0 + wg * 8 + np.arange(64) // 8, ow0 + np.arange(64) % 8
+            keep = (oh < OH) & (ow < OW)
+            got[n, oh[keep], ow[keep]] = acc[keep]
+    return np.array_equal(got, want)
+
+
 if __name__ == "__main__":
-    main()
+    if "--emulate" in sys.argv:
+        for layer in ((8, 3, 1), (24, 3, 1), (8, 7, 2), (16, 3, 2)):
+            print(f"C {layer[0]}, {layer[1]}x{layer[1]}, stride {layer[2]}: "
+                  f"{'equal' if emulate(*layer) else 'DIFFERENT'} to numpy's conv")
+    else:
+        main()
