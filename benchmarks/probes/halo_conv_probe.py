@@ -32,8 +32,9 @@ BK 32 where K <= 128, untuned): it does, exactly (relerr 0 on C = 8, guards inta
 C = 128 does not fit: the resident weights (K' = 1152 rows) pass shared memory.
 
     python benchmarks/probes/halo_conv_probe.py --emulate      (the descriptors' addressing, on the CPU)
-    python benchmarks/probes/halo_conv_probe.py [layer ...]    (0: 56x56 C24, 1: 56x56 C8, 2: 112x112 C8,
-        3: the 7x7 stem; or hw,C,KS,S: 56,64,3,1 is 56x56, 64 channels, 3x3, stride 1; F = 64 always)"""
+    python benchmarks/probes/halo_conv_probe.py [--tuned] [layer ...]
+        --tuned: conv2d.tile tuned over its space too; layers 0: 56x56 C24, 1: 56x56 C8, 2: 112x112 C8,
+        3: the 7x7 stem; or hw,C,KS,S: 56,64,3,1 is 56x56, 64 channels, 3x3, stride 1; F = 64 always"""
 import ctypes
 import os
 import sys
@@ -258,13 +259,22 @@ def main():
     warnings.simplefilter("ignore", tilec.TmaFallbackWarning)
     src = open("examples/conv2d.tile").read()
     layers = [(56, 24, 3, 1), (56, 8, 3, 1), (112, 8, 3, 1), (224, 8, 7, 2)]
-    chosen = [layers[int(a)] if a.isdigit() else tuple(map(int, a.split(","))) for a in sys.argv[1:]]
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    chosen = [layers[int(a)] if a.isdigit() else tuple(map(int, a.split(","))) for a in sys.argv[1:]
+              if a not in flags]
     for hw, C, KS, S in chosen or layers:
         L, geo = Conv(hw, C, 64, KS, S), Geometry(C, KS, S)
         fixed = src.replace("X: f16[N, H, W, C]", f"X: f16[N, H, W, {C}]").replace("KH * KW * C", f"KH * KW * {C}")
         tl = tilec.compile(fixed, tune=False, BM=128, BN=64, STAGES=4, BK=32 if C * KS * KS <= 128 else 64, **L.consts)
         ytl = torch.empty(L.rows, 64, device="cuda").half()
         fns = {"cudnn": L.cudnn, "conv2d.tile": lambda: tl(L.x, L.wt, ytl)}
+        if "--tuned" in flags:                  # conv2d.tile tuned over its space for this layer, C fixed
+            tuned, yt = tilec.compile(fixed, **L.consts), torch.empty(L.rows, 64, device="cuda").half()
+            tuned(L.x, L.wt, yt)
+            torch.cuda.synchronize()
+            print(f"{hw}x{hw} C{C} {KS}x{KS} tuned conv2d.tile: {tuned.best_config}, relerr {L.relerr(yt):.2e}",
+                  flush=True)
+            fns["tuned .tile"] = lambda: tuned(L.x, L.wt, yt)
         for bps in (2, 3, 4):
             try:
                 h = Halo(L, geo, bps)
