@@ -268,6 +268,9 @@ def main():
         tl = tilec.compile(fixed, tune=False, BM=128, BN=64, STAGES=4, BK=32 if C * KS * KS <= 128 else 64, **L.consts)
         ytl = torch.empty(L.rows, 64, device="cuda").half()
         fns = {"cudnn": L.cudnn, "conv2d.tile": lambda: tl(L.x, L.wt, ytl)}
+        if C == 8:                              # cuDNN on the unpadded channels a first layer has (3 or 4)
+            for c in (3, 4):
+                fns[f"cudnn C={c}"] = Conv(hw, c, 64, KS, S).cudnn
         if "--tuned" in flags:                  # conv2d.tile tuned over its space for this layer, C fixed
             tuned, yt = tilec.compile(fixed, **L.consts), torch.empty(L.rows, 64, device="cuda").half()
             tuned(L.x, L.wt, yt)
