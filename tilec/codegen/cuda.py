@@ -167,8 +167,8 @@ class _Printer:
         idx = [self.expr(i, 6 if d < len(indices) - 1 else 5) for d, i in enumerate(indices)]
         if b.swizzle:
             self.swizzles.add(b.swizzle)
-            rows, cols = b.shape
-            return f"{b.name}[tl_sw{b.swizzle}({idx[0]}, {idx[1]}, {rows}, {b.swizzle // b.dtype.size})]"
+            row = idx[0] if len(idx) == 2 else self.flat(b.shape[:-1], idx[:-1])    # a patch's pixel
+            return f"{b.name}[tl_sw{b.swizzle}({row}, {idx[-1]}, {b.chunk_rows}, {b.swizzle // b.dtype.size})]"
         if b.layout == "cols":      # column chunks of b.chunk elements, each row-major
             rows, w = b.shape[0], b.chunk
             return f"{b.name}[({idx[1]}) / {w} * {rows * w} + ({idx[0]}) * {w} + ({idx[1]}) % {w}]"
@@ -496,7 +496,7 @@ class _Printer:
         ta, tb = s.transpose_a, s.transpose_b
         if s.swapped:
             a, b, ta, tb = b, a, not tb, not ta
-        kdim = a.shape[0] if ta else a.shape[1]
+        kdim = (b.shape[1] if tb else b.shape[0]) if s.patch else a.shape[0] if ta else a.shape[1]
         m, n = acc.fragment_shape
         nw = n // s.wg_cols
         dt, esize = a.dtype.name, a.dtype.size
@@ -528,6 +528,8 @@ class _Printer:
             for t in range(s.m_tiles):
                 if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
                     a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
+                elif s.patch:       # the im2col view of a patch: a pair of (tap, 8 channels) items a K step
+                    a_desc = self.patch_desc(s, a, a_stage, kk, t)
                 elif ta:            # [K, M]: chunks of wa M columns, K rows each
                     a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
                     a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
@@ -539,6 +541,31 @@ class _Printer:
                 out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
         return out
+
+    def patch_desc(self, s: ir.Gemm, a: ir.Buffer, a_stage: str, kk: int, t: int) -> str:
+        """The descriptor of K step `kk` of m64 tile `t` of gemm `s`'s im2col view of
+        patch `a` [PH, PW, C] (layout sw16: C / 8 chunks of PH x PW pixels, 16 bytes
+        each). Item i of the view's K (16-byte units) is filter tap i / (C / 8), chunk
+        i % (C / 8); an m64 tile is 8 output rows of 8 pixels: its core matrices are 8
+        pixels of one patch row (16 bytes apart), one patch row apart (the stride byte
+        offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1, the
+        leading byte offset further: the next tap (8 channels) or chunk (C >= 16), or,
+        past the last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
+        (kh, kw), (ph, pw, c) = s.patch, a.shape
+        chunks, chunk_bytes = c // 8, a.chunk_rows * 16
+
+        def item(i):
+            tap, chunk = divmod(i, chunks)
+            return chunk * chunk_bytes + (tap // kw * pw + tap % kw) * 16
+
+        first = item(2 * kk)
+        rows = f"(({_warpgroup_row(s.wg_cols)}) * {s.m_tiles} + {t}) * {8 * pw * 16}"
+        if 2 * kk + 1 < kh * kw * chunks:
+            lead = str(item(2 * kk + 1) - first)
+        else:           # to the same pixel of the zeros, past every stage of the patch
+            zeros = ir.patch_zeros(a.name)
+            lead = f"smem_addr({zeros}) - smem_addr({a.name}) - ({a_stage}{first // chunk_bytes * chunk_bytes})"
+        return f"wgmma_desc({a.name}, {a_stage}{rows} + {first}, {lead}, {pw * 16}, 16)"
 
     def thread_loop(self, shape, names, body, ind) -> list:
         """Element e of a tile goes to thread e % threads, register slot e / threads."""

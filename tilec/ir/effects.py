@@ -93,7 +93,8 @@ def _assign(k, s):
 
 @rule(ir.Gemm)
 def _gemm(k, s):
-    return _effects({s.a, s.b, s.acc}, {s.acc}, (s.stage,))
+    zeros = {ir.patch_zeros(s.a)} if s.patch and k.buffer(ir.patch_zeros(s.a)) else set()
+    return _effects({s.a, s.b, s.acc} | zeros, {s.acc}, (s.stage,))
 
 
 @rule(ir.Parallel)

@@ -196,7 +196,19 @@ class Buffer:
         return n
 
     @property
+    def chunk_rows(self) -> int:
+        """Rows of a column chunk of a chunked layout: the tile's leading dimensions as
+        one; a swizzled im2col patch ([PH, PW, C], rank 3) pads them to whole 8-row
+        groups, so that each chunk starts 128-byte aligned, as its TMA load needs."""
+        rows = 1
+        for d in self.shape[:-1]:
+            rows *= d
+        return -(-rows // 8) * 8 if self.swizzle and len(self.shape) > 2 else rows
+
+    @property
     def bytes(self) -> int:
+        if self.swizzle and len(self.shape) > 2:
+            return self.chunk_rows * self.shape[-1] * self.dtype.size
         return self.elements * self.dtype.size
 
     @property
@@ -335,7 +347,16 @@ class Gemm(Stmt):
     zero: bool = False
     a_in_registers: bool = False
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
+    patch: tuple = ()                     # (KH, KW): a is `im2col(a, kernel = (KH, KW))` of the shared patch
+                                          # a [PH, PW, C]: rows its (PH - KH + 1) x (PW - KW + 1) output
+                                          # pixels, columns (kh, kw, c), zeros past KH * KW * C (patch_zeros)
     span: Optional[Span] = SPAN
+
+
+def patch_zeros(tile: str) -> str:
+    """The zero-filled shared tile placed after patch `tile` that a gemm on its
+    im2col view reads for the view's columns past its filter taps."""
+    return f"tl_{tile}_zeros"
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ def stmt(s, ind: str) -> list:
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
         wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
         wg += f", {s.a} from registers" if s.a_in_registers else ""
+        wg += f", {s.a} as im2col kernel = ({s.patch[0]}, {s.patch[1]})" if s.patch else ""
         wg += f" as {s.acc}^T = {s.b}^T @ {s.a}^T" if s.swapped else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{f', {s.acc} = product' if s.zero else ''}{L}"]

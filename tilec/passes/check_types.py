@@ -11,8 +11,8 @@ import numpy as np
 from ..arch import get as get_arch
 from ..errors import SemanticError
 from ..ir import nodes as ir
-from ..ir.exprs import (FLOAT_CALLS, children, divides_by, float_part, is_float, linear, map_stmt_exprs, reads_f64,
-                        walk_expr)
+from ..ir.exprs import (FLOAT_CALLS, children, divides_by, float_part, is_float, linear, map_body, map_stmt_exprs,
+                        reads_f64, walk_expr)
 from ..ir.printer import expr as show_expr
 
 NAME = "check-types"
@@ -55,9 +55,53 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if p.dtype.name.startswith("f8"):
             raise SemanticError(f"scalar parameter '{p.name}': fp8 scalars are not supported; pass an f32",
                                 p.span)
-    views = tuple(_im2col_view(k, name, e) for name, e in k.lets if isinstance(e, ir.Call) and e.func == "im2col")
-    k = replace(k, views=views)
+    calls = [(name, e) for name, e in k.lets if isinstance(e, ir.Call) and e.func == "im2col"]
+    patches = {name: _patch_view(k, e) for name, e in calls if _of_tile(k, e)}
+    views = tuple(_im2col_view(k, name, e) for name, e in calls if name not in patches)
+    k = replace(k, views=views, body=_patch_gemms(k, k.body, patches))
     return replace(k, body=_check_body(k, k.body, lanes=None))
+
+
+def _of_tile(k, call: ir.Call) -> bool:
+    return bool(call.args) and isinstance(call.args[0], ir.Var) and k.buffer(call.args[0].name) is not None
+
+
+def _patch_view(k, call: ir.Call) -> tuple:
+    """Check `im2col(p, kernel = (KH, KW))` of a shared tile p: (p, (KH, KW))."""
+    p = k.buffer(call.args[0].name)
+    if len(call.args) != 1 or p.scope != "shared" or len(p.shape) != 3:
+        raise SemanticError(f"an im2col view of a tile takes one shared tile of rank 3, a patch of pixels [PH, PW, "
+                            f"C]; '{p.name}' is a {p.scope} tile of rank {len(p.shape)}", call.span)
+    given = dict(call.kwargs)
+    for key, v in call.kwargs:
+        if key != "kernel":
+            raise SemanticError(f"an im2col view of shared tile '{p.name}' takes only kernel = (KH, KW): its stride "
+                                f"is 1, and its padding is the zeros of the load that fills the patch (origins "
+                                f"outside the tensor)", v.span)
+    v = given.get("kernel")
+    items = v.items if isinstance(v, ir.TupleExpr) else ()
+    if len(items) != 2 or not all(isinstance(i, ir.Int) and i.value >= 1 for i in items):
+        raise SemanticError("an im2col view of a tile needs the filter size as compile-time integers: "
+                            "kernel = (KH, KW)", (v or call).span)
+    kh, kw = (i.value for i in items)
+    if kh > p.shape[0] or kw > p.shape[1]:
+        raise SemanticError(f"the filter ({kh} x {kw}) is larger than patch '{p.name}' ({p.shape[0]} x "
+                            f"{p.shape[1]} pixels)", v.span)
+    return p.name, (kh, kw)
+
+
+def _patch_gemms(k, body, patches: dict):
+    """A gemm of an im2col view of a shared tile reads the tile (`Gemm.patch`): the
+    barrier passes see the tile read; the view is no other statement's operand."""
+    def rewrite(s):
+        if isinstance(s, ir.Gemm) and s.a in patches:
+            tile, kernel = patches[s.a]
+            return replace(s, a=tile, patch=kernel)
+        if isinstance(s, ir.Gemm) and {s.b, s.acc} & patches.keys() or \
+                isinstance(s, ir.Copy) and {s.src.name, s.dst.name} & patches.keys():
+            raise SemanticError("an im2col view of a shared tile is only the first operand of a gemm", s.span)
+        return s
+    return map_body(body, rewrite) if patches else body
 
 
 MAX_SHARED_TILE = 2**24         # bytes: far past the 232448 a block can have (plan-smem says so

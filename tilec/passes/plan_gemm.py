@@ -34,6 +34,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
+    patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
     threads = k.threads.value
     target = get_arch(opts.arch)
@@ -50,9 +51,16 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         for t, want in ((a, "shared or local"), (b, "shared"), (acc, "local")):
             if t.scope not in want.split(" or "):
                 raise SemanticError(f"gemm: '{t.name}' must be a {want} tile", s.span)
-        if len(a.shape) != 2 or len(b.shape) != 2 or len(acc.shape) != 2:
+        if s.patch:
+            m, ka = _patch_operand(a, s)
+            if _patch_items(a, s) % 2:
+                patched.add(a.name)
+        elif len(a.shape) != 2:
             raise SemanticError("gemm multiplies 2-D tiles", s.span)
-        m, ka = (reversed(a.shape) if s.transpose_a else a.shape)
+        if len(b.shape) != 2 or len(acc.shape) != 2:
+            raise SemanticError("gemm multiplies 2-D tiles", s.span)
+        if not s.patch:
+            m, ka = (reversed(a.shape) if s.transpose_a else a.shape)
         n, kb = (b.shape if s.transpose_b else reversed(b.shape))
         if ka != kb or tuple(acc.shape) != (m, n):
             ashape = f"[{ka}, {m}]" if s.transpose_a else f"[{m}, {ka}]"
@@ -88,7 +96,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent, or
         # 16-byte chunks not swizzled (a warpgroup's 8, 24, ... M/N-major columns; a K-major operand's chunks
         # tile its im2col taps too); 16-bit M/N-major operands only, a warpgroup's share a multiple of 8 (_split)
-        a_sw = 0 if regs_a else _swizzle(pm // rows, esize) if ta else _k_major_swizzle(k, wa, ka, esize)
+        a_sw = 0 if regs_a else 16 if s.patch else _swizzle(pm // rows, esize) if ta else \
+            _k_major_swizzle(k, wa, ka, esize)
         b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
         for t, lay in ((wa, "wgmma" if regs_a else f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
@@ -109,6 +118,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed)) for b in k.buffers)
+    if patched:     # each such patch's zeros right after it (so a descriptor reaches them forwards), zeroed first
+        buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
+        body = tuple(ir.Fill(ir.patch_zeros(n), ir.Int(0)) for n in sorted(patched)) + body
     k = _spread_fragments(replace(k, body=body, buffers=buffers))
     spread = {b.name: b.elements // threads for b in k.buffers if b.layout == "wgmma" and b.name not in fragments}
     if spread:
@@ -118,6 +130,41 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     _check_uses(k)
     _check_reduces(k)
     return k
+
+
+def _patch_items(a, s) -> int:
+    """The (filter tap, 8 channels) items of an im2col view of patch `a`: its K in 16-byte units."""
+    return s.patch[0] * s.patch[1] * a.shape[2] // 8
+
+
+def _patch_operand(a, s) -> tuple:
+    """(M, K) of gemm `s`'s im2col view of shared patch `a` [PH, PW, C], after its
+    rules: 16-bit channels in whole 16-byte chunks (the patch's layout: each chunk
+    all PH x PW pixels, 16 bytes each, what wgmma's interleaved layout reads), 8
+    output pixels a row (an m64 tile's 8-row core matrices are then 8 pixels of
+    one patch row, one patch row apart), and a k16 step's two (tap, chunk) items in
+    ascending addresses (8 channels: taps t, t + 1; else chunks of one tap, C a
+    multiple of 16). K: KH * KW * C rounded up to 16, the columns past the taps zeros."""
+    (kh, kw), (ph, pw, c) = s.patch, a.shape
+    oh, ow = ph - kh + 1, pw - kw + 1
+    view = f"the im2col view of patch '{a.name}' ({ph} x {pw} pixels, {kh} x {kw} filter: {oh} x {ow} outputs)"
+    if s.transpose_a:
+        raise SemanticError(f"gemm: {view} is [M, K]; transpose_a does not apply", s.span)
+    if a.dtype.size != 2:
+        raise SemanticError(f"gemm: {view} takes f16 or bf16 channels, not {a.dtype.name}", s.span)
+    if c % 8 or c > 8 and c % 16:
+        raise SemanticError(f"gemm: {view}: its {c} channels must be 8 or a multiple of 16 (wgmma reads 16 "
+                            f"channels a step: one tap's 16, or two taps' 8)", s.span)
+    if ow != 8:
+        raise SemanticError(f"gemm: {view}: a row of outputs must be 8 pixels (an m64 tile is 8 rows of 8 "
+                            f"pixels), so the patch is KW + 7 = {kw + 7} pixels wide, not {pw}", s.span)
+    return oh * ow, -(-_patch_items(a, s) // 2) * 16
+
+
+def _zeros(patch: ir.Buffer) -> ir.Buffer:
+    """The zeros an im2col view of `patch` reads past its taps: one 16-byte chunk of its pixels."""
+    return ir.Buffer(ir.patch_zeros(patch.name), "shared", patch.dtype, tuple(patch.shape[:2]) + (8,),
+                     span=patch.span)
 
 
 def _check_register_a(a, acc, esize, swapped, wg_cols, s):

@@ -48,7 +48,13 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             # several im2col filter taps
             width = buf.swizzle // tensor.dtype.size if buf.swizzle else buf.chunk
             full, shape = shape, shape[:-1] + (width,)
-            boxes = [((0,) * (len(shape) - 1) + (c * width,), c * math.prod(shape)) for c in range(full[-1] // width)]
+            parts = _row_parts(shape) if len(shape) == 2 else 1     # a chunk of over MAX_BOX rows: equal parts
+            rows = shape[0] // parts
+            shape = (rows,) + shape[1:]
+            lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box
+            boxes = [(lead + (r * rows if len(shape) == 2 else 0, c * width),
+                      c * buf.chunk_rows * width + r * rows * width)
+                     for c in range(full[-1] // width) for r in range(parts)]
         else:
             shape, boxes = _split(tensor, shape, s)
         box = (1,) * (rank - len(shape)) + shape
@@ -225,6 +231,15 @@ def _split(tensor, shape, s):
         outer = [o + (i,) for o in outer for i in range(n)]
     firsts = [o + (j * w,) + (0,) * (len(shape) - e - 1) for o in outer for j in range(shape[e] // w)]
     return box, [(f, sum(i * math.prod(shape[d + 1:]) for d, i in enumerate(f))) for f in firsts]
+
+
+def _row_parts(shape) -> int:
+    """Into how many equal parts of whole 8-row groups, at most MAX_BOX rows each, a
+    column chunk of `shape` ([rows, width]) splits: 1 when it fits one box (or
+    cannot split so; _check_box then says why)."""
+    rows = shape[0]
+    return next((n for n in range(1, rows // 8 + 1) if rows % n == 0 and rows // n <= MAX_BOX
+                 and (rows // n) % 8 == 0), 1)
 
 
 def _check_box(tensor, box, s):

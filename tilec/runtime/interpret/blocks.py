@@ -233,14 +233,22 @@ def _swizzled_units(address, rows, span):
     return r[:, None], unit
 
 
+def _rows_and_columns(b) -> tuple:
+    """A chunked shared tile as the 2-D tile its layout chunks: its leading dimensions
+    one (an im2col patch [PH, PW, C] is PH x PW rows of C), its last the columns."""
+    return math.prod(b.shape[:-1]), b.shape[-1]
+
+
 def _tile_offsets(b, r, c):
-    """Element (r, c) of a 2-D shared tile in a chunked layout, in elements from its
-    start: codegen's tl_sw<bytes> for swizzled layouts, column chunks of b.chunk for 'cols'."""
+    """Element (r, c) of a shared tile in a chunked layout (rows: _rows_and_columns),
+    in elements from its start: codegen's tl_sw<bytes> for swizzled layouts, column
+    chunks of b.chunk for 'cols'."""
+    rows = b.chunk_rows
     if b.swizzle:
-        return _swizzled_offsets(b.shape[0], b.swizzle // b.dtype.size, b.swizzle // 16, r, c)
+        return _swizzled_offsets(rows, b.swizzle // b.dtype.size, b.swizzle // 16, r, c)
     w = b.chunk
     cc = np.fmod(c, w)
-    return (c - cc) // w * (b.shape[0] * w) + r * w + cc
+    return (c - cc) // w * (rows * w) + r * w + cc
 
 
 class _Blocks:
@@ -311,16 +319,16 @@ class _Blocks:
         base += stage * b.stage_bytes // whole.itemsize
         if b.layout == "row":
             return whole[base:base + b.elements].reshape(b.shape)
-        r, c = _indices(tuple(b.shape))
-        return whole[base + _tile_offsets(b, r.astype(np.int64), c)]
+        r, c = _indices(_rows_and_columns(b))
+        return whole[base + _tile_offsets(b, r.astype(np.int64), c)].reshape(b.shape)
 
     def set_tile(self, b, values):
         if b.scope == "local" or b.layout == "row":
             self.tile(b)[...] = values
         else:
             whole, base = self.whole[b.name]
-            r, c = _indices(tuple(b.shape))
-            whole[base + _tile_offsets(b, r.astype(np.int64), c)] = values
+            r, c = _indices(_rows_and_columns(b))
+            whole[base + _tile_offsets(b, r.astype(np.int64), c)] = np.reshape(values, r.shape)
 
     def _stage(self, e, env):
         return 0 if e is None else _int(self.ev(e, env))
@@ -727,6 +735,11 @@ class _Blocks:
         stage = self._stage(s.stage, env)
         av = decode(self.tile(a, stage), a.dtype).astype(F32)
         bv = decode(self.tile(b, stage), b.dtype).astype(F32)
+        if s.patch:         # the im2col view of patch av [PH, PW, C]: rows its output pixels, columns (kh, kw, c)
+            (kh, kw), (ph, pw, c) = s.patch, av.shape
+            cols = [av[i:i + ph - kh + 1, j:j + pw - kw + 1] for i in range(kh) for j in range(kw)]
+            av = np.concatenate(cols, axis=-1).reshape(-1, kh * kw * c)
+            av = np.pad(av, ((0, 0), (0, bv.shape[1 if s.transpose_b else 0] - av.shape[1])))
         # einsum's own loop, not BLAS: a multithreaded BLAS can be slower than this
         # on small tiles by a hundred times (seen on a 2-core machine)
         spec = f"{'ki' if s.transpose_a else 'ik'},{'nk' if s.transpose_b else 'kn'}->in"
