@@ -551,7 +551,7 @@ class _Printer:
         offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1, the
         leading byte offset further: the next tap (8 channels) or chunk (C >= 16), or,
         past the last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
-        (kh, kw), (ph, pw, c) = s.patch, a.shape
+        (kh, kw), (_, pw, c) = s.patch, a.shape
         chunks, chunk_bytes = c // 8, a.chunk_rows * 16
 
         def item(i):

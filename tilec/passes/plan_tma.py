@@ -48,7 +48,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             # several im2col filter taps
             width = buf.swizzle // tensor.dtype.size if buf.swizzle else buf.chunk
             full, shape = shape, shape[:-1] + (width,)
-            parts = _row_parts(shape) if len(shape) == 2 else 1     # a chunk of over MAX_BOX rows: equal parts
+            parts = _row_parts(shape, width * tensor.dtype.size) if len(shape) == 2 else 1   # over MAX_BOX rows
             rows = shape[0] // parts
             shape = (rows,) + shape[1:]
             lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box
@@ -233,13 +233,14 @@ def _split(tensor, shape, s):
     return box, [(f, sum(i * math.prod(shape[d + 1:]) for d, i in enumerate(f))) for f in firsts]
 
 
-def _row_parts(shape) -> int:
-    """Into how many equal parts of whole 8-row groups, at most MAX_BOX rows each, a
-    column chunk of `shape` ([rows, width]) splits: 1 when it fits one box (or
-    cannot split so; _check_box then says why)."""
-    rows = shape[0]
-    return next((n for n in range(1, rows // 8 + 1) if rows % n == 0 and rows // n <= MAX_BOX
-                 and (rows // n) % 8 == 0), 1)
+def _row_parts(shape, row_bytes) -> int:
+    """Into how many equal parts of at most MAX_BOX rows a column chunk of `shape`
+    ([rows, width], rows of `row_bytes`) splits, each part starting where its TMA
+    load may (1024-byte aligned when swizzled, the pattern's period; 128 if not): 1
+    when it fits one box (or cannot split so; _check_box then says why)."""
+    rows, align = shape[0], 1024 if row_bytes > 16 else 128
+    return next((n for n in range(1, rows + 1) if rows % n == 0 and rows // n <= MAX_BOX
+                 and rows // n * row_bytes % align == 0), 1)
 
 
 def _check_box(tensor, box, s):

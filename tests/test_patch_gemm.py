@@ -1,0 +1,106 @@
+"""gemm on an im2col view of a shared patch: `let pc = im2col(p, kernel = (KH, KW))`
+of a shared tile p [PH, PW, C] (loaded once per tile of output pixels, zeros
+where it lies outside the image), each filter tap's A operand a wgmma descriptor
+into the patch (benchmarks/NOTES.md, session 50). 3x3 convolutions with pad 1
+over 8, 16 and 32 channels, tiles of 16 x 8 output pixels stored tile-major, in
+the interpreter and on the GPU against numpy (integer values: exact), each
+output in a sentinel-filled buffer; and the rules' errors at their lines."""
+import numpy as np
+import pytest
+
+import tilec
+
+from guard import guarded
+from test_two_sources import on
+
+SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
+    const C = 8, KP = 80;
+    grid (bx, by, bz) = (cdiv(W, 8), cdiv(H, 16), N);
+    threads 256;
+    shared p: f16[18, 10, C];
+    shared w: f16[KP, 64];
+    local acc: f32[128, 64];
+    let pc = im2col(p, kernel = (3, 3));
+    copy(X[bz, by * 16 - 1, bx * 8 - 1, 0], p);
+    copy(Wt, w);
+    fill(acc, 0);
+    gemm(pc, w, acc);
+    copy(acc, Y[((bz * cdiv(H, 16) + by) * cdiv(W, 8) + bx) * 128, 0]);
+}"""
+
+CHANNELS = [(8, 80), (16, 144), (32, 288)]      # C, the weights' rows: 9 * C rounded up to 16
+
+
+def problem(n, h, w, c, kp, like):
+    """X, the weights (zero past 9 * C rows), the guarded tile-major output and numpy's
+    result for every pixel of every tile: the convolution of X zero-extended to whole
+    tiles (outputs past the image read zeros there, as the patch loads them)."""
+    rng = np.random.default_rng(n * h * w + c)
+    x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
+    wt = np.zeros((kp, 64), np.float16)
+    wt[:9 * c] = rng.integers(-2, 3, (9 * c, 64))
+    th, tw = -(-h // 16), -(-w // 8)
+    xp = np.zeros((n, th * 16 + 2, tw * 8 + 2, c))
+    xp[:, 1:h + 1, 1:w + 1] = x
+    want = sum(xp[:, i:i + th * 16, j:j + tw * 8] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
+               for i in range(3) for j in range(3))
+    tiles = want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
+    return on(like, [x, wt]), guarded((n * th * tw * 128, 64), "f16", like=like), tiles
+
+
+def run(like, c, kp, n, h, w):
+    src = SRC.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}")
+    k = tilec.compile(src, **({"backend": "interpret"} if like == "numpy" else {}))
+    (x, wt), y, want = problem(n, h, w, c, kp, like)
+    k(x, wt, y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("c,kp", CHANNELS)
+@pytest.mark.parametrize("n,h,w", [(2, 20, 16), (1, 9, 8)])
+def test_a_patch_gemm_convolves_in_the_interpreter(c, kp, n, h, w):
+    run("numpy", c, kp, n, h, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,kp", CHANNELS)
+@pytest.mark.parametrize("n,h,w", [(2, 20, 16), (3, 37, 24)])
+def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
+    run("torch", c, kp, n, h, w)
+
+
+def test_the_cuda_points_each_tap_into_the_patch():
+    """8 channels: a K step pairs taps (t, t + 1), 16 bytes apart on a patch row
+    (160 bytes: 10 pixels); the ninth tap pairs with the zeros after the patch."""
+    cuda = tilec.compile(SRC).cuda_source
+    descs = [line.split("wgmma_desc(p, ")[1].split(", 16), ")[0] for line in cuda.splitlines()
+             if "wgmma_desc(p, " in line]
+    assert descs == ["((threadIdx.x / 128) * 1 + 0) * 1280 + 0, 16, 160",
+                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 32, 128, 160",
+                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 176, 16, 160",
+                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 320, 16, 160",
+                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 352, smem_addr(tl_p_zeros) - smem_addr(p) - (0), 160"]
+    assert "shared tl_p_zeros: f16[18, 10, 8]" in cuda
+
+
+@pytest.mark.parametrize("change,message", [
+    (("const C = 8, KP = 80", "const C = 24, KP = 224"),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 10 pixels, 3 x 3 filter: 16 x 8 outputs): "
+     "its 24 channels must be 8 or a multiple of 16"),
+    (("shared p: f16[18, 10, C]", "shared p: f16[18, 18, C]"),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 18 pixels, 3 x 3 filter: 16 x 16 outputs): "
+     "a row of outputs must be 8 pixels"),
+    (("kernel = (3, 3))", "kernel = (3, 3), stride = 2)"),
+     "<string>:8:50: error: an im2col view of shared tile 'p' takes only kernel = (KH, KW)"),
+    (("copy(Wt, w);", "copy(Wt, w); copy(pc, w);"),
+     "<string>:10:18: error: an im2col view of a shared tile is only the first operand of a gemm"),
+])
+def test_the_rules_of_a_patch_view_are_told_at_their_line(change, message):
+    with pytest.raises(tilec.SemanticError) as e:
+        tilec.compile(SRC.replace(*change)).cuda_source
+    assert str(e.value).startswith(message), str(e.value)
