@@ -95,6 +95,9 @@ def test_the_cuda_points_each_tap_into_the_patch():
     (("shared p: f16[18, 10, C]", "shared p: f16[18, 18, C]"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 18 pixels, 3 x 3 filter: 16 x 16 outputs): "
      "a row of outputs must be 8 pixels"),
+    (("shared p: f16[18, 10, C]", "shared p: f16[14, 10, C]"),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (14 x 10 pixels, 3 x 3 filter: 12 x 8 outputs): "
+     "its rows of outputs must come in 8s"),
     (("kernel = (3, 3))", "kernel = (3, 3), stride = 2)"),
      "<string>:8:50: error: an im2col view of shared tile 'p' takes only kernel = (KH, KW)"),
     (("copy(Wt, w);", "copy(Wt, w); copy(pc, w);"),

@@ -158,6 +158,9 @@ def _patch_operand(a, s) -> tuple:
     if ow != 8:
         raise SemanticError(f"gemm: {view}: a row of outputs must be 8 pixels (an m64 tile is 8 rows of 8 "
                             f"pixels), so the patch is KW + 7 = {kw + 7} pixels wide, not {pw}", s.span)
+    if oh % 8:
+        raise SemanticError(f"gemm: {view}: its rows of outputs must come in 8s (an m64 tile is 8 rows of 8 "
+                            f"pixels), so the patch is KH - 1 + a multiple of 8 pixels high, not {ph}", s.span)
     return oh * ow, -(-_patch_items(a, s) // 2) * 16
 
 
