@@ -563,8 +563,7 @@ class _Printer:
         if 2 * kk + 1 < kh * kw * chunks:
             lead = str(item(2 * kk + 1) - first)
         else:           # to the same pixel of the zeros, past every stage of the patch
-            zeros = ir.patch_zeros(a.name)
-            lead = f"smem_addr({zeros}) - smem_addr({a.name}) - ({a_stage}{first // chunk_bytes * chunk_bytes})"
+            lead = f"smem_addr({s.zeros}) - smem_addr({a.name}) - ({a_stage}{first // chunk_bytes * chunk_bytes})"
         return f"wgmma_desc({a.name}, {a_stage}{rows} + {first}, {lead}, {pw * 16}, 16)"
 
     def thread_loop(self, shape, names, body, ind) -> list:
@@ -847,7 +846,8 @@ class _Printer:
                 or tile.layout != "row" or tile.stages != 1 or tile.dtype != t.dtype or 16 % t.dtype.size:
             return None
         per, width = 16 // t.dtype.size, s.shape[-1]
-        if per < 2 or width % per or tuple(tile.shape) != tuple(s.shape):
+        if per < 2 or width % per or tuple(tile.shape) != tuple(s.shape) or \
+                _split_rows(region, len(t.shape) - len(s.shape), ""):
             return None
         self.uses_vec16 = True
         last, lead = len(t.shape) - 1, len(t.shape) - len(s.shape)
@@ -917,7 +917,8 @@ class _Printer:
             lines += [f"  const bool tl_in = {cond};"]
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
-        if src_b is not None and src_b.layout == "wgmma" and not src_b.transposed and dst_b is None:
+        if src_b is not None and src_b.layout == "wgmma" and not src_b.transposed and dst_b is None and \
+                not _split_rows(s.dst, len(self.k.param(s.dst.name).shape) - len(s.shape), ""):
             return self.fragment_store(s, src_b, ind)
         if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
                 and dst_dt.name in PAIR_TYPES and not (src_b.transposed and dst_dt.size != 2):
@@ -1094,14 +1095,33 @@ class _Printer:
         Index math is 64-bit: tensors may be larger than 2^31 elements."""
         t = self.k.param(r.name)
         lead = len(t.shape) - len(names)
+        offsets = _split_rows(r, lead, names[0])
         idx, conds = [], []
         for d, start in enumerate(r.starts):
             coord = self.expr(start, 5)
-            if d >= lead:
+            if d in offsets:
+                coord = f"{coord} + {offsets[d]}"
+            elif d >= lead:
                 coord = f"{coord} + {names[d - lead]}"
             idx.append(f"static_cast<long long>({coord}) * tl_{t.name}_stride{d}")
             conds.append(f"static_cast<unsigned long long>({coord}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})")
         return f"{t.name}[{' + '.join(idx)}]", " && ".join(conds)
+
+
+def _split_rows(r: ir.Region, lead: int, row: str) -> dict:
+    """Where region `r` splits the tile's first dimension (index `row`) over its
+    dimensions `..lead` (ir.split_box), each such dimension's offset from its start:
+    {dimension: expression}; {} where it does not."""
+    box = [x.value if isinstance(x, ir.Int) else 1 for x in r.extents] if r.extents else []
+    if not any(e > 1 for e in box[:lead]):
+        return {}
+    first = next(d for d, e in enumerate(box) if e > 1)
+    out = {}
+    for d in range(first, lead + 1):
+        inner = math.prod(box[d + 1:lead + 1])
+        term = f"{row} / {inner}" if inner > 1 else row
+        out[d] = f"({term}) % {box[d]}" if d > first else f"({term})"
+    return out
 
 
 UNROLL_ALL = 64      # a thread loop of at most this many slots a thread is unrolled whole

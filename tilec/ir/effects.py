@@ -93,8 +93,7 @@ def _assign(k, s):
 
 @rule(ir.Gemm)
 def _gemm(k, s):
-    zeros = {ir.patch_zeros(s.a)} if s.patch and k.buffer(ir.patch_zeros(s.a)) else set()
-    return _effects({s.a, s.b, s.acc} | zeros, {s.acc}, (s.stage,))
+    return _effects({s.a, s.b, s.acc} | ({s.zeros} if s.zeros else set()), {s.acc}, (s.stage,))
 
 
 @rule(ir.Parallel)

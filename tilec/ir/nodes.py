@@ -309,6 +309,16 @@ class Region:
     span: Optional[Span] = SPAN
 
 
+def split_box(region: Region, tile_shape) -> tuple:
+    """A tensor region's extents where they split the tile's first dimension over
+    several tensor dimensions (`Y[n, h : h + 16, w : w + 8, 0 : F]` of a [128, F]
+    tile: rows 8i..8i + 7 of the tile are row h + i, columns w.. of the tensor);
+    () where the region is the tile's shape, filling the innermost dimensions.
+    After check-types, whose region extents are integers."""
+    box = tuple(x.value for x in region.extents)
+    return () if box == (1,) * (len(box) - len(tile_shape)) + tuple(tile_shape) else box
+
+
 @dataclass(frozen=True)
 class Copy(Stmt):
     src: Region
@@ -350,6 +360,7 @@ class Gemm(Stmt):
     patch: tuple = ()                     # (KH, KW): a is `im2col(a, kernel = (KH, KW))` of the shared patch
                                           # a [PH, PW, C]: rows its (PH - KH + 1) x (PW - KW + 1) output
                                           # pixels, columns (kh, kw, c), zeros past KH * KW * C (patch_zeros)
+    zeros: str = ""                       # plan-gemm: the zero tile those columns read, where there are any
     span: Optional[Span] = SPAN
 
 
@@ -466,6 +477,7 @@ class TmaLoad(Stmt):
     origin: tuple = ()      # im2col: the view coordinates (m0, k0)
     offsets: tuple = ()     # im2col: the filter tap's offsets, outermost first
     smem_offset: int = 0    # bytes into the tile (a chunk of a swizzled tile)
+    box: tuple = ()          # the region's extents where they split the tile's rows (split_box)
     stage: Optional[Expr] = None          # pipelined: which copy of the tile
     barrier_index: Optional[Expr] = None  # pipelined: which barrier of the array
     zeros_if: Optional[Expr] = None       # im2col: where this holds (the load's columns lie past the
@@ -489,6 +501,7 @@ class TmaStore(Stmt):
     coords: tuple
     tensor_map: str = ""
     smem_offset: int = 0    # bytes into the tile (a column chunk of a 'cols' tile)
+    box: tuple = ()          # the region's extents where they split the tile's rows (split_box)
     span: Optional[Span] = SPAN
 
 

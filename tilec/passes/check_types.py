@@ -62,6 +62,27 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     return replace(k, body=_check_body(k, k.body, lanes=None))
 
 
+def _split_rows(k, p, extents, tile_shape, s) -> tuple:
+    """A region of tensor `p` whose explicit extents split the tile's first dimension
+    over several tensor dimensions (their product), the rest the tile's other
+    dimensions: that box (ir.split_box), or () where the extents are not such.
+    Its rows must end in whole 16-byte granules (no store tail splits with it)."""
+    n = len(tile_shape)
+    default = (1,) * (len(extents) - n) + tuple(tile_shape)     # what an extent not written is
+    if len(extents) <= n or any(x is not None and not isinstance(x, ir.Int) for x in extents):
+        return ()
+    box = tuple(want if x is None else x.value for x, want in zip(extents, default))
+    lead = box[:len(box) - n + 1]
+    if box[len(box) - n + 1:] != tuple(tile_shape[1:]) or math.prod(lead) != tile_shape[0] or \
+            box == (1,) * (len(box) - n) + tuple(tile_shape):
+        return ()
+    if not ir.rows_in_whole_granules(p):
+        raise SemanticError(f"a region that splits the tile's {tile_shape[0]} rows over several dimensions of "
+                            f"'{p.name}' needs its rows in whole 16-byte granules (its last dimension a "
+                            f"compile-time multiple of {16 // p.dtype.size})", s.span)
+    return box
+
+
 def _of_tile(k, call: ir.Call) -> bool:
     return bool(call.args) and isinstance(call.args[0], ir.Var) and k.buffer(call.args[0].name) is not None
 
@@ -723,10 +744,12 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
             box = (1,) * (rank - len(tile_shape)) + tuple(tile_shape)
             starts = r.starts or tuple(ir.Int(0) for _ in range(rank))
             extents = tuple(None if x is None else linear(x) for x in (r.extents or (None,) * rank))
-            for x, want in zip(extents, box):
+            split = _split_rows(k, p, extents, tile_shape, s)
+            for x, want in zip(extents, split or box):
                 if x is not None and not (isinstance(x, ir.Int) and x.value == want):
                     raise SemanticError(f"the region's extents must match the tile shape {list(tile_shape)}",
                                         x.span or r.span)
+            box = split or box
             r = replace(r, starts=starts, extents=tuple(ir.Int(v) for v in box))
         new.append(r)
     return replace(s, src=new[0], dst=new[1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..arch import get as get_arch
 from ..ir import nodes as ir
 from ..ir.effects import deep
 from ..ir.exprs import map_body, non_negative
@@ -30,6 +31,8 @@ NAME = "lower-copies"
 
 # output dtypes the epilogue stages (codegen converts their column pairs together)
 STAGED_DTYPES = ("f16", "bf16", "f32")
+OWN_STAGING_SHARE = 4           # an epilogue's staging tile of its own: where all shared tiles stay within a
+                                # quarter of a block's shared memory (several blocks an SM still fit)
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -37,7 +40,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     lets = {s.name: s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Let)}
     grid_scalars = frozenset(g.name for g in k.grid if isinstance(g, ir.Var) and g.kind == "scalar")
     if opts.tma:
-        k = _epilogue_tiles(k, staged, lets, grid_scalars)
+        k = _epilogue_tiles(k, staged, lets, grid_scalars, get_arch(opts.arch).smem_per_block // OWN_STAGING_SHARE)
 
     def lower(s):
         if not isinstance(s, ir.Copy):
@@ -47,7 +50,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             return ir.TmaLoad(k.view(s.src.name).tensor, s.dst.name, (), view=s.src.name,
                               origin=s.src.starts, span=s.span)
         if (src, dst) == ("global", "shared") and opts.tma:
-            return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, span=s.span)
+            return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, box=ir.split_box(s.src, k.buffer(s.dst.name).shape),
+                              span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma and stores_at_non_negative(s.dst, lets, grid_scalars):
             return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
         if id(s) in staged:
@@ -68,18 +72,22 @@ def stores_at_non_negative(dst: ir.Region, lets: dict, grid_scalars: frozenset) 
 def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chunks=1) -> list:
     """A TMA store of `tile` at region `dst`, and its StoreTail when the tensor's rows
     may end inside a 16-byte granule (TMA stores clip at granules, not elements)."""
-    out = [ir.TmaStore(tile.name, dst.name, dst.starts, span=span)]
+    box = ir.split_box(dst, (tile.shape[0], dst.extents[-1].value))     # (a column chunk: the region's columns)
+    box = box and box[:-1] + (tile.shape[1],)
+    out = [ir.TmaStore(tile.name, dst.name, dst.starts, box=box, span=span)]
     if not ir.rows_in_whole_granules(k.param(dst.name)):
         out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), chunk, chunks, span=span))
     return out
 
 
-def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozenset) -> ir.Kernel:
+def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozenset, small: int) -> ir.Kernel:
     """For each copy from a wgmma accumulator to a global tensor whose rows come
     in 128-byte chunks, a shared staging tile (layout sw128, the tensor's dtype)
     over a gemm operand ring that no later statement uses and that is large
-    enough. Without such a ring the copy stays a thread copy (a tile of its own
-    could cost the kernel its second block per SM). Inside a loop (one trip per
+    enough. Without such a ring the tile has memory of its own where the kernel's
+    shared tiles and it take at most `small` bytes (a conv over a patch and
+    resident weights: ~40 KB); else the copy stays a thread copy (a tile of its
+    own could cost a big kernel its second block per SM). Inside a loop (one trip per
     output tile) the ring is reused by the next trip, whose pipeline meets the
     stores first (insert-barriers); but with a producer warpgroup the next
     trip's loads run while the consumers stage this one, so there the staging
@@ -135,9 +143,10 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
         else:
             free = [r for r, size in rings.items() if r not in later and size >= nbytes
                     and not any(b.alias == r for b in new)]
-            if not free:
+            shared = sum(b.ring_bytes for b in k.buffers + tuple(new) if b.scope == "shared" and not b.alias)
+            if not free and shared + nbytes > small:
                 return
-            alias = max(free, key=rings.get)
+            alias = max(free, key=rings.get) if free else ""        # else memory of its own
         tile = _tile(name, t, acc.shape, alias, s.span)
         new.append(tile)
         staged[id(s)] = (tile,)

@@ -51,10 +51,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         for t, want in ((a, "shared or local"), (b, "shared"), (acc, "local")):
             if t.scope not in want.split(" or "):
                 raise SemanticError(f"gemm: '{t.name}' must be a {want} tile", s.span)
+        zeros = ""
         if s.patch:
             m, ka = _patch_operand(a, s)
             if _patch_items(a, s) % 2:
                 patched.add(a.name)
+                zeros = ir.patch_zeros(a.name)
         elif len(a.shape) != 2:
             raise SemanticError("gemm multiplies 2-D tiles", s.span)
         if len(b.shape) != 2 or len(acc.shape) != 2:
@@ -109,7 +111,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             transposed[a.name], splits[a.name], fragments[a.name] = False, 1, a.elements // threads // 2
         fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
         _check_registers(fragments, threads, k.producer_warpgroup, s)
-        return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a)
+        return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a,
+                       zeros=zeros)
 
     body = _fold_zero_fills(map_body(k.body, plan))
     if not layouts:

@@ -58,6 +58,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         else:
             shape, boxes = _split(tensor, shape, s)
         box = (1,) * (rank - len(shape)) + shape
+        if s.box:           # the region splits the tile's rows over several dimensions (ir.split_box)
+            if len(boxes) > 1 and any(b[0][:-1] != (0,) * (len(shape) - 1) for b in boxes):
+                raise SemanticError(f"a region that splits the rows of tile '{buf.name}' moves it in one box "
+                                    f"per column chunk, not in {len(boxes)} boxes", s.span)
+            box = s.box[:-1] + (shape[-1],)
+            boxes = [((0,) * (rank - 1) + (first[-1],), offset) for first, offset in boxes]
         _check_box(tensor, box, s)
         _check_inner_coordinate(tensor, s.coords[-1], s)
         # A store map ends at the tensor's last whole 16-byte granule (TMA stores clip

@@ -233,6 +233,13 @@ def _swizzled_units(address, rows, span):
     return r[:, None], unit
 
 
+def _box(t, region, shape) -> tuple:
+    """The box a thread copy of a tile of `shape` moves at tensor region `region`:
+    the region's extents where they split the tile's rows (ir.split_box), else the
+    tile's shape in the innermost dimensions."""
+    return ir.split_box(region, shape) or (1,) * (len(t.shape) - len(shape)) + tuple(shape)
+
+
 def _rows_and_columns(b) -> tuple:
     """A chunked shared tile as the 2-D tile its layout chunks: its leading dimensions
     one (an im2col patch [PH, PW, C] is PH x PW rows of C), its last the columns."""
@@ -682,7 +689,7 @@ class _Blocks:
             src_dt = k.param(view.tensor).dtype
         else:
             t = self.tensors[s.src.name]
-            box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
+            box = _box(t, s.src, s.shape)
             data = read_box(t.array, [_int(self.ev(c, env)) for c in s.src.starts], box).reshape(s.shape)
             src_dt = k.param(s.src.name).dtype
         dst_dt = (dst_b or k.param(s.dst.name)).dtype
@@ -695,7 +702,7 @@ class _Blocks:
             self.set_tile(dst_b, data.reshape(dst_b.shape))
         else:
             t = self.tensors[s.dst.name]
-            box = (1,) * (len(t.shape) - len(s.shape)) + tuple(s.shape)
+            box = _box(t, s.dst, s.shape)
             write_box(t.array, [_int(self.ev(c, env)) for c in s.dst.starts], box, data.reshape(box))
 
     def view_elements(self, s, v, env):
