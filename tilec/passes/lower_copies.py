@@ -31,8 +31,8 @@ NAME = "lower-copies"
 
 # output dtypes the epilogue stages (codegen converts their column pairs together)
 STAGED_DTYPES = ("f16", "bf16", "f32")
-OWN_STAGING_SHARE = 4           # an epilogue's staging tile of its own: where all shared tiles stay within a
-                                # quarter of a block's shared memory (several blocks an SM still fit)
+OWN_STAGING_SHARE = 2           # an epilogue's staging tile of its own: where all shared tiles stay within
+                                # half of a block's shared memory (two blocks an SM still fit)
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -72,8 +72,11 @@ def stores_at_non_negative(dst: ir.Region, lets: dict, grid_scalars: frozenset) 
 def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chunks=1) -> list:
     """A TMA store of `tile` at region `dst`, and its StoreTail when the tensor's rows
     may end inside a 16-byte granule (TMA stores clip at granules, not elements)."""
-    box = ir.split_box(dst, (tile.shape[0], dst.extents[-1].value))     # (a column chunk: the region's columns)
-    box = box and box[:-1] + (tile.shape[1],)
+    if len(tile.shape) > 1:     # (a column chunk of the accumulator: the region's columns, then the chunk's)
+        box = ir.split_box(dst, (tile.shape[0],) + tuple(x.value for x in dst.extents[-len(tile.shape) + 1:]))
+        box = box and box[:-1] + (tile.shape[-1],)
+    else:
+        box = ir.split_box(dst, tile.shape)
     out = [ir.TmaStore(tile.name, dst.name, dst.starts, box=box, span=span)]
     if not ir.rows_in_whole_granules(k.param(dst.name)):
         out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), chunk, chunks, span=span))
@@ -85,9 +88,9 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
     in 128-byte chunks, a shared staging tile (layout sw128, the tensor's dtype)
     over a gemm operand ring that no later statement uses and that is large
     enough. Without such a ring the tile has memory of its own where the kernel's
-    shared tiles and it take at most `small` bytes (a conv over a patch and
-    resident weights: ~40 KB); else the copy stays a thread copy (a tile of its
-    own could cost a big kernel its second block per SM). Inside a loop (one trip per
+    shared tiles and it take at most `small` bytes (half of a block's: a conv
+    over a patch and resident weights, 36-76 KB); else the copy stays a thread
+    copy (a tile of its own would cost the kernel its second block per SM). Inside a loop (one trip per
     output tile) the ring is reused by the next trip, whose pipeline meets the
     stores first (insert-barriers); but with a producer warpgroup the next
     trip's loads run while the consumers stage this one, so there the staging
