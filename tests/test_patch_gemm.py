@@ -2,16 +2,25 @@
 of a shared tile p [PH, PW, C] (loaded once per tile of output pixels, zeros
 where it lies outside the image), each filter tap's A operand a wgmma descriptor
 into the patch (benchmarks/NOTES.md, session 50). 3x3 convolutions with pad 1
-over 8, 16 and 32 channels, tiles of 16 x 8 output pixels stored tile-major, in
-the interpreter and on the GPU against numpy (integer values: exact), each
-output in a sentinel-filled buffer; and the rules' errors at their lines."""
+over 8, 16 and 32 channels, tiles of 16 x 8 output pixels stored tile-major, and
+examples/conv2d_patch.tile (NHWC, several tiles a block, its stores a region
+that splits the accumulator's rows over two dimensions of Y) on TMA and thread
+copies, in the interpreter and on the GPU against numpy (integer values: exact),
+each output in a sentinel-filled buffer; and the rules' errors at their lines."""
 import numpy as np
 import pytest
 
 import tilec
+from tilec.compiler import load_source
+from tilec.ir import printer
+from tilec.kernel import Kernel
+from tilec.runtime.interpret import InterpretedKernel
 
+from conftest import ROOT
 from guard import guarded
 from test_two_sources import on
+
+EXAMPLE = (ROOT / "examples/conv2d_patch.tile").read_text()
 
 SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
     const C = 8, KP = 80;
@@ -74,20 +83,6 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
     run("torch", c, kp, n, h, w)
 
 
-def test_the_cuda_points_each_tap_into_the_patch():
-    """8 channels: a K step pairs taps (t, t + 1), 16 bytes apart on a patch row
-    (160 bytes: 10 pixels); the ninth tap pairs with the zeros after the patch."""
-    cuda = tilec.compile(SRC).cuda_source
-    descs = [line.split("wgmma_desc(p, ")[1].split(", 16), ")[0] for line in cuda.splitlines()
-             if "wgmma_desc(p, " in line]
-    assert descs == ["((threadIdx.x / 128) * 1 + 0) * 1280 + 0, 16, 160",
-                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 32, 128, 160",
-                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 176, 16, 160",
-                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 320, 16, 160",
-                     "((threadIdx.x / 128) * 1 + 0) * 1280 + 352, smem_addr(tl_p_zeros) - smem_addr(p) - (0), 160"]
-    assert "shared tl_p_zeros: f16[18, 10, 8]" in cuda
-
-
 @pytest.mark.parametrize("change,message", [
     (("const C = 8, KP = 80", "const C = 24, KP = 224"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 10 pixels, 3 x 3 filter: 16 x 8 outputs): "
@@ -107,3 +102,86 @@ def test_the_rules_of_a_patch_view_are_told_at_their_line(change, message):
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(SRC.replace(*change)).cuda_source
     assert str(e.value).startswith(message), str(e.value)
+
+
+def conv3x3(n, h, w, c, kp, seed):
+    """X, the weights (zero past 9 * C rows) and numpy's 3x3, pad-1 convolution."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
+    wt = np.zeros((kp, 64), np.float16)
+    wt[:9 * c] = rng.integers(-2, 3, (9 * c, 64))
+    xp = np.zeros((n, h + 2, w + 2, c))
+    xp[:, 1:-1, 1:-1] = x
+    want = sum(xp[:, i:i + h, j:j + w] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
+               for i in range(3) for j in range(3))
+    return x, wt, want
+
+
+def example(like, c, kp, tma, n, h, w):
+    src = EXAMPLE.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}")
+    k = InterpretedKernel(src, {}, tma=tma) if like == "numpy" else \
+        Kernel(load_source(src), {}, "sm_90a", fallback=False, tma=tma)
+    x, wt, want = conv3x3(n, h, w, c, kp, n * h + c)
+    y = guarded((n, h, w, 64), "f16", like=like)
+    k(*on(like, [x, wt]), y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want)
+
+
+SHAPES = [(2, 20, 16), (1, 70, 24)]        # 70 rows: the last block's last tiles past the image
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("c,kp", CHANNELS)
+@pytest.mark.parametrize("n,h,w", SHAPES)
+def test_the_patch_conv_example_convolves_in_the_interpreter(c, kp, tma, n, h, w):
+    example("numpy", c, kp, tma, n, h, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("c,kp", CHANNELS)
+@pytest.mark.parametrize("n,h,w", SHAPES)
+def test_the_patch_conv_example_convolves_on_the_gpu(c, kp, tma, n, h, w):
+    example("torch", c, kp, tma, n, h, w)
+
+
+def test_the_example_stores_each_tile_as_one_box_of_16_x_8_pixels():
+    """The accumulator's 128 rows split over Y's rows and columns: one TMA store of a
+    [1, 16, 8, 64] box from a staging tile of its own (no operand ring is large
+    enough, and the kernel's shared memory stays small)."""
+    ir_text = printer.kernel(tilec.compile(EXAMPLE).kernel_ir)
+    assert "tensormap tmap_Y: tiled Y box [1, 16, 8, 64]" in ir_text
+    assert "shared tl_acc_out: f16[128, 64]" in ir_text
+    assert "thread.copy acc -> Y" not in ir_text
+
+
+def test_a_rotating_patch_names_its_zeros_in_every_copy():
+    """The patch rotates over two copies (tl_p_stage1): both gemms read the one zero tile."""
+    k = tilec.compile(EXAMPLE)
+    cuda = k.cuda_source
+    assert cuda.count("smem_addr(tl_p_zeros) - smem_addr(p)") >= 1
+    assert cuda.count("smem_addr(tl_p_zeros) - smem_addr(tl_p_stage1)") >= 1
+
+
+@pytest.mark.parametrize("region,message", [
+    ("Y[bz, oh : oh + 16, bx * 8 : bx * 8 + 4, 0 : 64]", "the region's extents must match the tile shape [128, 64]"),
+    ("Y[bz, oh : oh + 8, bx * 8 : bx * 8 + 8, 0 : 64]", "the region's extents must match the tile shape [128, 64]"),
+])
+def test_a_region_that_does_not_split_the_rows_exactly_is_refused(region, message):
+    src = EXAMPLE.replace("Y[bz, oh : oh + 16, bx * 8 : bx * 8 + 8, 0 : 64]", region)
+    with pytest.raises(tilec.SemanticError) as e:
+        tilec.compile(src).cuda_source
+    assert str(e.value).startswith(f"<string>:22:25: error: {message}"), str(e.value)
+
+
+def test_a_split_region_needs_rows_of_whole_granules():
+    src = EXAMPLE.replace("Y: f16[N, H, W, 64]", "Y: f16[N, H, W, F]")
+    with pytest.raises(tilec.SemanticError) as e:
+        tilec.compile(src).cuda_source
+    assert str(e.value).startswith("<string>:22:9: error: a region that splits the tile's 128 rows over several "
+                                    "dimensions of 'Y' needs its rows in whole 16-byte granules"), str(e.value)
