@@ -62,7 +62,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     return replace(k, body=_check_body(k, k.body, lanes=None))
 
 
-def _split_rows(k, p, extents, tile_shape, s) -> tuple:
+def _split_rows(p, extents, tile_shape, s) -> tuple:
     """A region of tensor `p` whose explicit extents split the tile's first dimension
     over several tensor dimensions (their product), the rest the tile's other
     dimensions: that box (ir.split_box), or () where the extents are not such.
@@ -744,7 +744,7 @@ def _check_copy(k, s: ir.Copy) -> ir.Copy:
             box = (1,) * (rank - len(tile_shape)) + tuple(tile_shape)
             starts = r.starts or tuple(ir.Int(0) for _ in range(rank))
             extents = tuple(None if x is None else linear(x) for x in (r.extents or (None,) * rank))
-            split = _split_rows(k, p, extents, tile_shape, s)
+            split = _split_rows(p, extents, tile_shape, s)
             for x, want in zip(extents, split or box):
                 if x is not None and not (isinstance(x, ir.Int) and x.value == want):
                     raise SemanticError(f"the region's extents must match the tile shape {list(tile_shape)}",

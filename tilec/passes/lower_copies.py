@@ -50,8 +50,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             return ir.TmaLoad(k.view(s.src.name).tensor, s.dst.name, (), view=s.src.name,
                               origin=s.src.starts, span=s.span)
         if (src, dst) == ("global", "shared") and opts.tma:
-            return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, box=ir.split_box(s.src, k.buffer(s.dst.name).shape),
-                              span=s.span)
+            box = ir.split_box(s.src, k.buffer(s.dst.name).shape)
+            return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, box=box, span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma and stores_at_non_negative(s.dst, lets, grid_scalars):
             return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
         if id(s) in staged:
@@ -90,8 +90,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
     enough. Without such a ring the tile has memory of its own where the kernel's
     shared tiles and it take at most `small` bytes (half of a block's: a conv
     over a patch and resident weights, 36-76 KB); else the copy stays a thread
-    copy (a tile of its own would cost the kernel its second block per SM). Inside a loop (one trip per
-    output tile) the ring is reused by the next trip, whose pipeline meets the
+    copy (a tile of its own would cost the kernel its second block per SM).
+    Inside a loop (one trip per output tile) the ring is reused by the next trip, whose pipeline meets the
     stores first (insert-barriers); but with a producer warpgroup the next
     trip's loads run while the consumers stage this one, so there the staging
     tile gets memory of its own: two tiles of one 128-byte column chunk each,
