@@ -87,6 +87,11 @@ scalbln scalblnf scalbn scalbnf sin sincos sincosf sincospi sincospif sinf sinh 
 tanf tanh tanhf tgamma tgammaf trunc truncf ullmax ullmin umax umin y0 y0f y1 y1f yn ynf MAJOR_VERSION MINOR_VERSION
 PATCH_LEVEL""".split())
 NVRTC_CRASHES = frozenset({"A7"})
+# ... and the PTX entry of its name, where ptxas reads a lone `_` as its sink operand and
+# `WARP_SZ` as its predefined constant: NVRTC 13.5 compiles either name, ptxas cannot parse
+# the result (found by tests/test_names.py's hypothesis property; the PTX opcodes and
+# directive names compile as kernel names).
+PTX_NAMES = frozenset({"_", "WARP_SZ"})
 
 # tilec.compile()'s keyword arguments: its **consts override consts by name, so a
 # const with one of these names could not be overridden (tests/test_names.py checks
@@ -122,6 +127,9 @@ def why_reserved(name: str, what: str) -> str | None:
     if what == "kernel" and name in KERNEL_NAMES:
         return (f"'{name}' is a reserved name for a kernel: a kernel is the extern \"C\" function of its name, and "
                 f"the CUDA headers NVRTC compiles with declare '{name}' at global scope; choose another")
+    if what == "kernel" and name in PTX_NAMES:
+        return (f"'{name}' is a reserved name for a kernel: a kernel is the PTX entry of its name, and PTX reads "
+                f"'{name}' as {'its sink operand' if name == '_' else 'its predefined constant'}; choose another")
     if what == "kernel" and name in NVRTC_CRASHES:
         return (f"'{name}' is a reserved name for a kernel: NVRTC 13.5 crashes compiling a kernel so named; "
                 "choose another")
