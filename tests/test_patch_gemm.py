@@ -40,19 +40,27 @@ SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
 CHANNELS = [(8, 80), (16, 144), (32, 288)]      # C, the weights' rows: 9 * C rounded up to 16
 
 
-def problem(n, h, w, c, kp, like):
-    """X, the weights (zero past 9 * C rows), the guarded tile-major output and numpy's
-    result for every pixel of every tile: the convolution of X zero-extended to whole
-    tiles (outputs past the image read zeros there, as the patch loads them)."""
-    rng = np.random.default_rng(n * h * w + c)
+def conv3x3(n, h, w, c, kp, seed, oh=None, ow=None):
+    """X, the weights (zero past 9 * C rows) and numpy's 3x3, pad-1 convolution over
+    `oh` x `ow` outputs (default the image's; more: X zero-extended, as a patch past
+    the image loads zeros)."""
+    rng = np.random.default_rng(seed)
     x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
     wt = np.zeros((kp, 64), np.float16)
     wt[:9 * c] = rng.integers(-2, 3, (9 * c, 64))
-    th, tw = -(-h // 16), -(-w // 8)
-    xp = np.zeros((n, th * 16 + 2, tw * 8 + 2, c))
+    oh, ow = oh or h, ow or w
+    xp = np.zeros((n, oh + 2, ow + 2, c))
     xp[:, 1:h + 1, 1:w + 1] = x
-    want = sum(xp[:, i:i + th * 16, j:j + tw * 8] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
+    want = sum(xp[:, i:i + oh, j:j + ow] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
                for i in range(3) for j in range(3))
+    return x, wt, want
+
+
+def problem(n, h, w, c, kp, like):
+    """X, the weights, the guarded tile-major output and numpy's result for every
+    pixel of every 16 x 8 tile."""
+    th, tw = -(-h // 16), -(-w // 8)
+    x, wt, want = conv3x3(n, h, w, c, kp, n * h * w + c, th * 16, tw * 8)
     tiles = want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
     return on(like, [x, wt]), guarded((n * th * tw * 128, 64), "f16", like=like), tiles
 
@@ -102,19 +110,6 @@ def test_the_rules_of_a_patch_view_are_told_at_their_line(change, message):
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(SRC.replace(*change)).cuda_source
     assert str(e.value).startswith(message), str(e.value)
-
-
-def conv3x3(n, h, w, c, kp, seed):
-    """X, the weights (zero past 9 * C rows) and numpy's 3x3, pad-1 convolution."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
-    wt = np.zeros((kp, 64), np.float16)
-    wt[:9 * c] = rng.integers(-2, 3, (9 * c, 64))
-    xp = np.zeros((n, h + 2, w + 2, c))
-    xp[:, 1:-1, 1:-1] = x
-    want = sum(xp[:, i:i + h, j:j + w] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
-               for i in range(3) for j in range(3))
-    return x, wt, want
 
 
 def example(like, c, kp, tma, n, h, w):

@@ -846,8 +846,7 @@ class _Printer:
                 or tile.layout != "row" or tile.stages != 1 or tile.dtype != t.dtype or 16 % t.dtype.size:
             return None
         per, width = 16 // t.dtype.size, s.shape[-1]
-        if per < 2 or width % per or tuple(tile.shape) != tuple(s.shape) or \
-                _split_rows(region, len(t.shape) - len(s.shape), ""):
+        if per < 2 or width % per or tuple(tile.shape) != tuple(s.shape) or ir.split_box(region, len(s.shape)):
             return None
         self.uses_vec16 = True
         last, lead = len(t.shape) - 1, len(t.shape) - len(s.shape)
@@ -918,7 +917,7 @@ class _Printer:
         src_dt = (src_b or self.k.param(view.tensor if view else s.src.name)).dtype
         dst_dt = (dst_b or self.k.param(s.dst.name)).dtype
         if src_b is not None and src_b.layout == "wgmma" and not src_b.transposed and dst_b is None and \
-                not _split_rows(s.dst, len(self.k.param(s.dst.name).shape) - len(s.shape), ""):
+                not ir.split_box(s.dst, len(s.shape)):
             return self.fragment_store(s, src_b, ind)
         if src_b is not None and src_b.layout == "wgmma" and dst_b is not None and dst_b.scope == "shared" \
                 and dst_dt.name in PAIR_TYPES and not (src_b.transposed and dst_dt.size != 2):
@@ -1112,8 +1111,8 @@ def _split_rows(r: ir.Region, lead: int, row: str) -> dict:
     """Where region `r` splits the tile's first dimension (index `row`) over its
     dimensions `..lead` (ir.split_box), each such dimension's offset from its start:
     {dimension: expression}; {} where it does not."""
-    box = [x.value if isinstance(x, ir.Int) else 1 for x in r.extents] if r.extents else []
-    if not any(e > 1 for e in box[:lead]):
+    box = ir.split_box(r, len(r.starts) - lead)
+    if not box:
         return {}
     first = next(d for d, e in enumerate(box) if e > 1)
     out = {}

@@ -200,9 +200,7 @@ class Buffer:
         """Rows of a column chunk of a chunked layout: the tile's leading dimensions as
         one; a swizzled im2col patch ([PH, PW, C], rank 3) pads them to whole 8-row
         groups, so that each chunk starts 128-byte aligned, as its TMA load needs."""
-        rows = 1
-        for d in self.shape[:-1]:
-            rows *= d
+        rows = self.elements // self.shape[-1]
         return -(-rows // 8) * 8 if self.swizzle and len(self.shape) > 2 else rows
 
     @property
@@ -309,14 +307,15 @@ class Region:
     span: Optional[Span] = SPAN
 
 
-def split_box(region: Region, tile_shape) -> tuple:
-    """A tensor region's extents where they split the tile's first dimension over
-    several tensor dimensions (`Y[n, h : h + 16, w : w + 8, 0 : F]` of a [128, F]
-    tile: rows 8i..8i + 7 of the tile are row h + i, columns w.. of the tensor);
-    () where the region is the tile's shape, filling the innermost dimensions.
-    After check-types, whose region extents are integers."""
-    box = tuple(x.value for x in region.extents)
-    return () if box == (1,) * (len(box) - len(tile_shape)) + tuple(tile_shape) else box
+def split_box(region: Region, rank: int) -> tuple:
+    """A tensor region's extents where they split the first dimension of a tile of
+    `rank` over several tensor dimensions (`Y[n, h : h + 16, w : w + 8, 0 : F]` of a
+    [128, F] tile: rows 8i..8i + 7 of the tile are row h + i, columns w.. of the
+    tensor); () where the region fills the innermost dimensions. Check-types allows
+    only exact splits (its _split_rows), so a split is an extent past 1 before the
+    tile's own dimensions (extents not integers, or none at all, count as 1)."""
+    box = tuple(x.value if isinstance(x, Int) else 1 for x in region.extents)
+    return box if any(e > 1 for e in box[:len(box) - rank]) else ()
 
 
 @dataclass(frozen=True)

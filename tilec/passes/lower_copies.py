@@ -50,7 +50,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             return ir.TmaLoad(k.view(s.src.name).tensor, s.dst.name, (), view=s.src.name,
                               origin=s.src.starts, span=s.span)
         if (src, dst) == ("global", "shared") and opts.tma:
-            box = ir.split_box(s.src, k.buffer(s.dst.name).shape)
+            box = ir.split_box(s.src, len(k.buffer(s.dst.name).shape))
             return ir.TmaLoad(s.src.name, s.dst.name, s.src.starts, box=box, span=s.span)
         if (src, dst) == ("shared", "global") and opts.tma and stores_at_non_negative(s.dst, lets, grid_scalars):
             return tma_store(k, k.buffer(s.src.name), s.dst, s.span)
@@ -72,11 +72,9 @@ def stores_at_non_negative(dst: ir.Region, lets: dict, grid_scalars: frozenset) 
 def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chunks=1) -> list:
     """A TMA store of `tile` at region `dst`, and its StoreTail when the tensor's rows
     may end inside a 16-byte granule (TMA stores clip at granules, not elements)."""
-    if len(tile.shape) > 1:     # (a column chunk of the accumulator: the region's columns, then the chunk's)
-        box = ir.split_box(dst, (tile.shape[0],) + tuple(x.value for x in dst.extents[-len(tile.shape) + 1:]))
-        box = box and box[:-1] + (tile.shape[-1],)
-    else:
-        box = ir.split_box(dst, tile.shape)
+    box = ir.split_box(dst, len(tile.shape))
+    if box and len(tile.shape) > 1:     # a column chunk of the accumulator: its own columns
+        box = box[:-1] + (tile.shape[-1],)
     out = [ir.TmaStore(tile.name, dst.name, dst.starts, box=box, span=span)]
     if not ir.rows_in_whole_granules(k.param(dst.name)):
         out.append(ir.StoreTail(tile.name, dst.name, dst.starts, tuple(tile.shape), chunk, chunks, span=span))

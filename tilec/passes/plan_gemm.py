@@ -51,18 +51,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         for t, want in ((a, "shared or local"), (b, "shared"), (acc, "local")):
             if t.scope not in want.split(" or "):
                 raise SemanticError(f"gemm: '{t.name}' must be a {want} tile", s.span)
-        zeros = ""
-        if s.patch:
-            m, ka = _patch_operand(a, s)
-            if _patch_items(a, s) % 2:
-                patched.add(a.name)
-                zeros = ir.patch_zeros(a.name)
-        elif len(a.shape) != 2:
+        if len(b.shape) != 2 or len(acc.shape) != 2 or not s.patch and len(a.shape) != 2:
             raise SemanticError("gemm multiplies 2-D tiles", s.span)
-        if len(b.shape) != 2 or len(acc.shape) != 2:
-            raise SemanticError("gemm multiplies 2-D tiles", s.span)
-        if not s.patch:
-            m, ka = (reversed(a.shape) if s.transpose_a else a.shape)
+        m, ka = _patch_operand(a, s) if s.patch else (reversed(a.shape) if s.transpose_a else a.shape)
+        zeros = ir.patch_zeros(a.name) if s.patch and _patch_items(a, s) % 2 else ""
+        if zeros:
+            patched.add(a.name)
         n, kb = (b.shape if s.transpose_b else reversed(b.shape))
         if ka != kb or tuple(acc.shape) != (m, n):
             ashape = f"[{ka}, {m}]" if s.transpose_a else f"[{m}, {ka}]"

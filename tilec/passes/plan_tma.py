@@ -51,9 +51,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             parts = _row_parts(shape, width * tensor.dtype.size) if len(shape) == 2 else 1   # over MAX_BOX rows
             rows = shape[0] // parts
             shape = (rows,) + shape[1:]
-            lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box
-            boxes = [(lead + (r * rows if len(shape) == 2 else 0, c * width),
-                      c * buf.chunk_rows * width + r * rows * width)
+            lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box (parts is 1)
+            boxes = [(lead + (r * rows, c * width), c * buf.chunk_rows * width + r * rows * width)
                      for c in range(full[-1] // width) for r in range(parts)]
         else:
             shape, boxes = _split(tensor, shape, s)

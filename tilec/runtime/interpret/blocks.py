@@ -237,7 +237,7 @@ def _box(t, region, shape) -> tuple:
     """The box a thread copy of a tile of `shape` moves at tensor region `region`:
     the region's extents where they split the tile's rows (ir.split_box), else the
     tile's shape in the innermost dimensions."""
-    return ir.split_box(region, shape) or (1,) * (len(t.shape) - len(shape)) + tuple(shape)
+    return ir.split_box(region, len(shape)) or (1,) * (len(t.shape) - len(shape)) + tuple(shape)
 
 
 def _rows_and_columns(b) -> tuple:
