@@ -7,6 +7,8 @@ examples/conv2d_patch.tile (NHWC, several tiles a block, its stores a region
 that splits the accumulator's rows over two dimensions of Y) on TMA and thread
 copies, in the interpreter and on the GPU against numpy (integer values: exact),
 each output in a sentinel-filled buffer; and the rules' errors at their lines."""
+import re
+
 import numpy as np
 import pytest
 
@@ -37,7 +39,7 @@ SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
     copy(acc, Y[((bz * cdiv(H, 16) + by) * cdiv(W, 8) + bx) * 128, 0]);
 }"""
 
-CHANNELS = [(8, 80), (16, 144), (32, 288)]      # C, the weights' rows: 9 * C rounded up to 16
+CHANNELS = [(8, 80), (16, 144), (24, 224), (32, 288), (40, 368)]     # C, the weights' rows: 9 * C rounded up to 16
 
 
 def conv3x3(n, h, w, c, kp, seed, oh=None, ow=None):
@@ -92,9 +94,16 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
 
 
 @pytest.mark.parametrize("change,message", [
-    (("const C = 8, KP = 80", "const C = 24, KP = 224"),
+    (("const C = 8, KP = 80", "const C = 12, KP = 112"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 10 pixels, 3 x 3 filter: 16 x 8 outputs): "
-     "its 24 channels must be 8 or a multiple of 16"),
+     "its 12 channels must be a multiple of 8"),
+    ((("const C = 8, KP = 80", "const C = 24, KP = 224"), ("shared w: f16[KP, 64]", "shared w: f16[64, KP]"),
+      ("gemm(pc, w, acc)", "gemm(pc, w, acc, transpose_b = true)")),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (24 channels) reads K in pairs of items that are "
+     "not in K order, so the weights' rows are reordered as they load: declare 'w' as [K, N], without transpose_b"),
+    (("const C = 8, KP = 80", "const C = 72, KP = 656"),
+     "<string>:10:5: error: 'w' holds its 8-row groups in the order its patch gemm reads them (plan-gemm), one "
+     "TMA box each: 82 boxes, over the 64"),
     (("shared p: f16[18, 10, C]", "shared p: f16[18, 18, C]"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 18 pixels, 3 x 3 filter: 16 x 16 outputs): "
      "a row of outputs must be 8 pixels"),
@@ -107,8 +116,11 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
      "<string>:10:18: error: an im2col view of a shared tile is only the first operand of a gemm"),
 ])
 def test_the_rules_of_a_patch_view_are_told_at_their_line(change, message):
+    src = SRC
+    for c in change if isinstance(change[0], tuple) else (change,):
+        src = src.replace(*c)
     with pytest.raises(tilec.SemanticError) as e:
-        tilec.compile(SRC.replace(*change)).cuda_source
+        tilec.compile(src).cuda_source
     assert str(e.value).startswith(message), str(e.value)
 
 
@@ -180,3 +192,48 @@ def test_a_split_region_needs_rows_of_whole_granules():
         tilec.compile(src).cuda_source
     assert str(e.value).startswith("<string>:22:9: error: a region that splits the tile's 128 rows over several "
                                     "dimensions of 'Y' needs its rows in whole 16-byte granules"), str(e.value)
+
+
+MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ 0, "
+                 r"wgmma_desc\(p, \(\(threadIdx\.x / 128\) \* 1 \+ 0\) \* (\d+) \+ (\d+), (.+?), (\d+), 16\), "
+                 r"wgmma_desc\(w, (\d+), \d+, 1024, 128\)\);")
+
+
+@pytest.mark.parametrize("c,kp", CHANNELS)
+def test_the_wgmma_descriptors_read_the_im2col_view(c, kp):
+    """The generated CUDA's wgmma calls, their descriptors read the way wgmma reads
+    them (A K-major, not swizzled: row m of an m64 tile at start + m / 8 * SBO + m %
+    8 * 16, K columns 8..15 LBO further; B's 16 rows at its start, 128 bytes a row)
+    from shared memory laid out as the IR says (the patch's chunks, its zeros, the
+    weights' 8-row groups at their positions), against numpy: what the interpreter,
+    which computes the view itself, cannot check on a machine without a GPU."""
+    k = tilec.compile(SRC.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}"))
+    bufs = {b.name: b for b in k.kernel_ir.buffers}
+    p, w = bufs["p"], bufs["w"]
+    rng = np.random.default_rng(c)
+    patch = rng.integers(-2, 3, (18, 10, c)).astype(np.float64)
+    wt = rng.integers(-2, 3, (kp, 64)).astype(np.float64)
+    smem = np.full(k.kernel_ir.smem_bytes // 2, np.nan)       # f16 elements; NaN where nothing was loaded
+    for ch in range(c // 8):
+        at = (p.smem_offset + ch * p.chunk_rows * 16) // 2
+        smem[at:at + 180 * 8] = patch[..., ch * 8:ch * 8 + 8].reshape(-1)
+    zeros = bufs.get("tl_p_zeros")
+    if zeros is not None:
+        smem[zeros.smem_offset // 2:(zeros.smem_offset + zeros.bytes) // 2] = 0
+    groups = w.row_groups or tuple(range(kp // 8))
+    rows = np.concatenate([wt[g * 8:g * 8 + 8] for g in groups])       # B as shared memory holds it
+    calls = MMA.findall(k.cuda_source)
+    assert len(calls) == kp // 16
+    got = np.zeros((128, 64))
+    for pitch, first, lead, sbo, b_start in calls:
+        lead = lead.replace("smem_addr(tl_p_zeros)", str(zeros.smem_offset if zeros else 0))
+        lead = int(eval(lead.replace("smem_addr(p)", str(p.smem_offset)), {}))      # digits, + and - only
+        for g in range(2):                                              # the two warpgroups' m64 tiles
+            start = p.smem_offset + g * int(pitch) + int(first)
+            m = np.arange(64)
+            at = (start + m // 8 * int(sbo) + m % 8 * 16) // 2
+            a = np.concatenate([smem[at[:, None] + np.arange(8)], smem[at[:, None] + lead // 2 + np.arange(8)]], 1)
+            row0 = int(b_start) // 128
+            got[g * 64:g * 64 + 64] += a @ rows[row0:row0 + 16]
+    view = np.concatenate([patch[i:i + 16, j:j + 8] for i in range(3) for j in range(3)], -1).reshape(128, -1)
+    assert np.array_equal(got, view @ wt[:9 * c])

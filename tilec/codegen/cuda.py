@@ -62,6 +62,7 @@ class _Printer:
         self.uses_int_convert = False   # set where the body is done (tl_to_int in any statement's code)
         self.last_commented = None
         self.swizzles = set()       # swizzled layouts read element-wise (bytes per chunk row)
+        self.row_orders = {}        # tiles with Buffer.row_groups read element-wise: their groups' positions
         self.uses_fastdiv = False
         self.hoisted_names = set()      # the names of values computed before refill loops, so far
         self.uses_exp2 = False      # tl_exp2: f32 exp2 without the subnormal range
@@ -168,6 +169,9 @@ class _Printer:
         if b.swizzle:
             self.swizzles.add(b.swizzle)
             row = idx[0] if len(idx) == 2 else self.flat(b.shape[:-1], idx[:-1])    # a patch's pixel
+            if b.row_groups:    # 8-row groups in a patch gemm's order: group g at tl_rows_<b>[g]
+                self.row_orders[b.name] = b.row_positions
+                row = f"tl_rows_{b.name}[({row}) / 8] * 8 + ({row}) % 8"
             return f"{b.name}[tl_sw{b.swizzle}({row}, {idx[-1]}, {b.chunk_rows}, {b.swizzle // b.dtype.size})]"
         if b.layout == "cols":      # column chunks of b.chunk elements, each row-major
             rows, w = b.shape[0], b.chunk
@@ -548,20 +552,17 @@ class _Printer:
         each). Item i of the view's K (16-byte units) is filter tap i / (C / 8), chunk
         i % (C / 8); an m64 tile is 8 output rows of 8 pixels: its core matrices are 8
         pixels of one patch row (16 bytes apart), one patch row apart (the stride byte
-        offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1, the
-        leading byte offset further: the next tap (8 channels) or chunk (C >= 16), or,
-        past the last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
+        offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1 (of
+        the order the weights' rows are in: Buffer.row_groups), the leading byte
+        offset further: the next tap (8 channels) or chunk (C >= 16), or, past the
+        last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
         (kh, kw), (_, pw, c) = s.patch, a.shape
-        chunks, chunk_bytes = c // 8, a.chunk_rows * 16
-
-        def item(i):
-            tap, chunk = divmod(i, chunks)
-            return chunk * chunk_bytes + (tap // kw * pw + tap % kw) * 16
-
-        first = item(2 * kk)
+        chunk_bytes = a.chunk_rows * 16
+        order = self.k.buffer(s.b).row_groups or range(2 * kk + 2)
+        first = ir.patch_item_offset(a, s.patch, order[2 * kk])
         rows = f"(({_warpgroup_row(s.wg_cols)}) * {s.m_tiles} + {t}) * {8 * pw * 16}"
-        if 2 * kk + 1 < kh * kw * chunks:
-            lead = str(item(2 * kk + 1) - first)
+        if order[2 * kk + 1] < kh * kw * c // 8:
+            lead = str(ir.patch_item_offset(a, s.patch, order[2 * kk + 1]) - first)
         else:           # to the same pixel of the zeros, past every stage of the patch
             lead = f"smem_addr({s.zeros}) - smem_addr({a.name}) - ({a_stage}{first // chunk_bytes * chunk_bytes})"
         return f"wgmma_desc({a.name}, {a_stage}{rows} + {first}, {lead}, {pw * 16}, 16)"
@@ -1344,6 +1345,8 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
             add("wgmma_mma", n, dt, a_from, b_n_major, ptx, 32 // ir.DTYPES[dt].size, zero)
     for swizzle in sorted(pr.swizzles if pr is not None else ()):
         add("swizzled", swizzle)
+    for name, positions in sorted(pr.row_orders.items() if pr is not None else ()):
+        add("row_order", name, positions)
     if pr is not None and pr.pair_stores:
         add("pack2", sorted(pr.pair_stores))
     if pr is not None and pr.uses_vec16:

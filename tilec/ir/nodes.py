@@ -171,12 +171,19 @@ class Buffer:
     alias: str = ""         # placed over this tile's memory (used only after its last use)
     wg_cols: int = 1        # 'wgmma', 'rows': warpgroups side by side over the columns
     transposed: bool = False  # 'wgmma': the fragments hold acc^T (a gemm with its operands swapped)
+    row_groups: tuple = ()  # shared, swizzled: position p holds the tile's 8-row group row_groups[p] (the
+                            # weights of a patch gemm whose K pairs are not in K order); (): in order
     span: Optional[Span] = SPAN
 
     @property
     def fragment_shape(self) -> tuple:
         """'wgmma': the shape the fragments hold, [N, M] for a transposed accumulator."""
         return tuple(reversed(self.shape)) if self.transposed else tuple(self.shape)
+
+    @property
+    def row_positions(self) -> tuple:
+        """Where each 8-row group of a tile with `row_groups` lies: position of group g."""
+        return tuple(sorted(range(len(self.row_groups)), key=self.row_groups.__getitem__))
 
     @property
     def swizzle(self) -> int:
@@ -361,6 +368,16 @@ class Gemm(Stmt):
                                           # pixels, columns (kh, kw, c), zeros past KH * KW * C (patch_zeros)
     zeros: str = ""                       # plan-gemm: the zero tile those columns read, where there are any
     span: Optional[Span] = SPAN
+
+
+def patch_item_offset(patch: Buffer, kernel: tuple, item: int) -> int:
+    """Where item `item` of the K of an im2col view of shared patch `patch` [PH, PW, C]
+    (filter `kernel`) starts, in bytes from the patch's first pixel: in K order,
+    filter tap item / (C / 8), channels 8 * (item % (C / 8)) .. + 8, in the patch's
+    layout (sw16: C / 8 chunks of chunk_rows pixels, 16 bytes each)."""
+    tap, chunk = divmod(item, patch.shape[2] // 8)
+    kw, pw = kernel[1], patch.shape[1]
+    return chunk * patch.chunk_rows * 16 + (tap // kw * pw + tap % kw) * 16
 
 
 def patch_zeros(tile: str) -> str:

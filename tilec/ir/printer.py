@@ -221,6 +221,7 @@ def kernel(k: ir.Kernel) -> str:
         where = f" @ smem[{b.smem_offset}]" if b.smem_offset is not None else ""
         where += f" layout {b.layout}" if b.layout != "row" else ""
         where += f" chunk {b.chunk}" if b.layout == "cols" else ""
+        where += f" row_groups [{', '.join(map(str, b.row_groups))}]" if b.row_groups else ""
         where += " transposed" if b.transposed else ""
         where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
         where += f" over {b.alias}" if b.alias else ""

@@ -36,6 +36,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
+    orders = {}                                 # a patch gemm's weights -> Buffer.row_groups
     threads = k.threads.value
     target = get_arch(opts.arch)
 
@@ -95,6 +96,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         a_sw = 0 if regs_a else 16 if s.patch else _swizzle(pm // rows, esize) if ta else \
             _k_major_swizzle(k, wa, ka, esize)
         b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
+        if s.patch:     # the weights' 8-row groups in the order of the k16 steps' item pairs
+            b_order = _pair_order(replace(a, layout="sw16"), b, s)
+            if orders.get(b.name, b_order) != b_order:
+                raise SemanticError(f"'{b.name}' is the weights of two patch gemms that read K in different "
+                                    "orders", s.span)
+            orders[b.name] = b_order
         for t, lay in ((wa, "wgmma" if regs_a else f"sw{a_sw}"), (wb, f"sw{b_sw}"), (acc, "wgmma")):
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
@@ -114,7 +121,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         _check_reduces(k)
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
-                            transposed=transposed.get(b.name, b.transposed)) for b in k.buffers)
+                            transposed=transposed.get(b.name, b.transposed),
+                            row_groups=orders.get(b.name, b.row_groups)) for b in k.buffers)
     if patched:     # each such patch's zeros right after it (so a descriptor reaches them forwards), zeroed first
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
         body = tuple(ir.Fill(ir.patch_zeros(n), ir.Int(0)) for n in sorted(patched)) + body
@@ -139,9 +147,9 @@ def _patch_operand(a, s) -> tuple:
     rules: 16-bit channels in whole 16-byte chunks (the patch's layout: each chunk
     all PH x PW pixels, 16 bytes each, what wgmma's interleaved layout reads), 8
     output pixels a row (an m64 tile's 8-row core matrices are then 8 pixels of
-    one patch row, one patch row apart), and a k16 step's two (tap, chunk) items in
-    ascending addresses (8 channels: taps t, t + 1; else chunks of one tap, C a
-    multiple of 16). K: KH * KW * C rounded up to 16, the columns past the taps zeros."""
+    one patch row, one patch row apart); a k16 step's two (tap, chunk) items must ascend in the
+    patch, which _pair_order arranges. K: KH * KW * C rounded up to 16, the
+    columns past the taps zeros."""
     (kh, kw), (ph, pw, c) = s.patch, a.shape
     oh, ow = ph - kh + 1, pw - kw + 1
     view = f"the im2col view of patch '{a.name}' ({ph} x {pw} pixels, {kh} x {kw} filter: {oh} x {ow} outputs)"
@@ -149,9 +157,9 @@ def _patch_operand(a, s) -> tuple:
         raise SemanticError(f"gemm: {view} is [M, K]; transpose_a does not apply", s.span)
     if a.dtype.size != 2:
         raise SemanticError(f"gemm: {view} takes f16 or bf16 channels, not {a.dtype.name}", s.span)
-    if c % 8 or c > 8 and c % 16:
-        raise SemanticError(f"gemm: {view}: its {c} channels must be 8 or a multiple of 16 (wgmma reads 16 "
-                            f"channels a step: one tap's 16, or two taps' 8)", s.span)
+    if c % 8:
+        raise SemanticError(f"gemm: {view}: its {c} channels must be a multiple of 8 (the patch holds 16-byte "
+                            f"chunks of 8 channels, two of them a wgmma K step)", s.span)
     if ow != 8:
         raise SemanticError(f"gemm: {view}: a row of outputs must be 8 pixels (an m64 tile is 8 rows of 8 "
                             f"pixels), so the patch is KW + 7 = {kw + 7} pixels wide, not {pw}", s.span)
@@ -159,6 +167,26 @@ def _patch_operand(a, s) -> tuple:
         raise SemanticError(f"gemm: {view}: its rows of outputs must come in 8s (an m64 tile is 8 rows of 8 "
                             f"pixels), so the patch is KH - 1 + a multiple of 8 pixels high, not {ph}", s.span)
     return oh * ow, -(-_patch_items(a, s) // 2) * 16
+
+
+def _pair_order(a: ir.Buffer, b: ir.Buffer, s: ir.Gemm) -> tuple:
+    """The order in which gemm `s` on the im2col view of patch `a` reads the view's
+    (tap, 8 channels) items, as Buffer.row_groups of its weights `b` (one item an
+    8-row group of b): () for K order, where each k16 step's two items ascend in
+    the patch (a descriptor's leading byte offset is unsigned): 8 channels (taps
+    t, t + 1) or a multiple of 16 (two chunks of one tap). Else (24, 40, ...
+    channels, where a step pairs a tap's last chunk with the next tap's first) the
+    items in address order, each step's two then ascending, a lone last item with
+    the zeros after the patch; b's rows past the items (zero weights) stay last."""
+    items = _patch_items(a, s)
+    at = [ir.patch_item_offset(a, s.patch, i) for i in range(items)]
+    if all(at[i] < at[i + 1] for i in range(0, items - 1, 2)):
+        return ()
+    if s.transpose_b:
+        raise SemanticError(f"gemm: the im2col view of patch '{a.name}' ({a.shape[2]} channels) reads K in pairs "
+                            f"of items that are not in K order, so the weights' rows are reordered as they load: "
+                            f"declare '{b.name}' as [K, N], without transpose_b", s.span)
+    return tuple(sorted(range(items), key=at.__getitem__)) + tuple(range(items, b.shape[0] // 8))
 
 
 def _zeros(patch: ir.Buffer) -> ir.Buffer:

@@ -50,10 +50,19 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             full, shape = shape, shape[:-1] + (width,)
             parts = _row_parts(shape, width * tensor.dtype.size) if len(shape) == 2 else 1   # over MAX_BOX rows
             rows = shape[0] // parts
+            # rows r * rows.. at r * rows, or a patch gemm's weights in its pairs' order: group g at position p
+            places = [(r, r) for r in range(parts)]
+            if buf.row_groups:
+                rows, places = 8, list(enumerate(buf.row_groups))
+                if len(places) * (full[-1] // width) > MAX_BOXES_PER_COPY:
+                    raise SemanticError(f"'{buf.name}' holds its 8-row groups in the order its patch gemm reads "
+                                        f"them (plan-gemm), one TMA box each: "
+                                        f"{len(places) * (full[-1] // width)} boxes, over the {MAX_BOXES_PER_COPY} "
+                                        "tilec splits a copy into (fewer channels, or fewer columns a tile)", s.span)
             shape = (rows,) + shape[1:]
             lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box (parts is 1)
-            boxes = [(lead + (r * rows, c * width), c * buf.chunk_rows * width + r * rows * width)
-                     for c in range(full[-1] // width) for r in range(parts)]
+            boxes = [(lead + (g * rows, c * width), c * buf.chunk_rows * width + p * rows * width)
+                     for c in range(full[-1] // width) for p, g in places]
         else:
             shape, boxes = _split(tensor, shape, s)
         box = (1,) * (rank - len(shape)) + shape

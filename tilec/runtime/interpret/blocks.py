@@ -249,8 +249,15 @@ def _rows_and_columns(b) -> tuple:
 def _tile_offsets(b, r, c):
     """Element (r, c) of a shared tile in a chunked layout (rows: _rows_and_columns),
     in elements from its start: codegen's tl_sw<bytes> for swizzled layouts, column
-    chunks of b.chunk for 'cols'."""
+    chunks of b.chunk for 'cols'; a tile with row_groups holds its 8-row groups where
+    codegen's tl_rows_<tile> puts them."""
     rows = b.chunk_rows
+    if b.row_groups:
+        r = np.asarray(r)
+        if r.size and (r.min() < 0 or r.max() >= 8 * len(b.row_groups)):
+            raise InterpretError(f"an element access of '{b.name}' reads past its rows (its 8-row groups are "
+                                 "reordered: undefined on the GPU)", None)
+        r = np.asarray(b.row_positions)[r // 8] * 8 + r % 8
     if b.swizzle:
         return _swizzled_offsets(rows, b.swizzle // b.dtype.size, b.swizzle // 16, r, c)
     w = b.chunk
