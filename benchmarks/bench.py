@@ -701,6 +701,41 @@ def _conv_layer(rows, hw, c, f, ks, s):
     return ratio
 
 
+PATCH_LAYERS = ((56, 8), (112, 8), (56, 16), (56, 24), (56, 32))   # (H = W, C); N = CONV_N, 64 filters, 3x3
+
+
+def bench_conv2d_patch(rows):
+    """examples/conv2d_patch.tile (one patch a tile of 16 x 8 output pixels, C and
+    its weights' rows KP fixed per layer, ROWS as shipped and 2) against F.conv2d
+    on channels-last tensors (cuDNN, cudnn.benchmark): 3x3 convolutions of few
+    channels, N = CONV_N, 64 filters; each output checked against cuDNN's."""
+    import torch
+    import torch.nn.functional as F
+    torch.backends.cudnn.benchmark = True
+    for hw, c in PATCH_LAYERS:
+        kp = -(-9 * c // 16) * 16
+        x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
+        weight = torch.randn(64, c, 3, 3, device="cuda").half() / (9 * c) ** 0.5
+        wt = torch.zeros(kp, 64, device="cuda").half()
+        wt[:9 * c] = weight.permute(2, 3, 1, 0).reshape(9 * c, 64)         # (kh, kw, c) rows, zeros past them
+        y = torch.empty(CONV_N, hw, hw, 64, device="cuda").half()
+        xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
+        want = F.conv2d(xn, wn, padding=1).permute(0, 2, 3, 1)
+        for extra in ({}, {"ROWS": 2}):
+            name = f"conv2d_patch {hw}x{hw} C{c}->64 3x3" + "".join(f" {n}={v}" for n, v in extra.items())
+
+            def one():
+                k = shipped(str(ROOT / "examples/conv2d_patch.tile"), C=c, KP=kp, **extra)
+                k(x, wt, y)
+                err = rel_err(y, want)
+                assert err < 5e-3, f"{name}: relative error {err}"
+                flops = 2 * CONV_N * hw * hw * 64 * 9 * c
+                t_tilec, t_torch, ratio = compare(lambda: k(x, wt, y), lambda: F.conv2d(xn, wn, padding=1))
+                rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP",
+                             ratio))
+            attempt(rows, name, one)
+
+
 def bench_host(rows):
     import ctypes
 
@@ -812,7 +847,7 @@ def bench_compile(rows):
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_softmax,
            bench_attention, bench_im2col,
            bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8,
-           bench_gemm_f8_blockscaled, bench_conv2d,
+           bench_gemm_f8_blockscaled, bench_conv2d, bench_conv2d_patch,
            bench_host)
 
 
