@@ -110,8 +110,19 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
     (("shared p: f16[18, 10, C]", "shared p: f16[14, 10, C]"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (14 x 10 pixels, 3 x 3 filter: 12 x 8 outputs): "
      "its rows of outputs must come in 8s"),
+    (("kernel = (3, 3))", "kernel = (3, 3), pad = 1)"),
+     "<string>:8:47: error: an im2col view of shared tile 'p' takes only kernel = (KH, KW) and stride = S: its "
+     "padding is the zeros of the load"),
+    (("kernel = (3, 3))", "kernel = (3, 3), stride = 9)"),
+     "<string>:8:50: error: the stride of an im2col view of a tile is a compile-time integer from 1 to 8"),
     (("kernel = (3, 3))", "kernel = (3, 3), stride = 2)"),
-     "<string>:8:50: error: an im2col view of shared tile 'p' takes only kernel = (KH, KW)"),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 10 pixels, 3 x 3 filter, stride 2: 8 x 4 "
+     "outputs): a row of outputs must be 8 pixels (an m64 tile is 8 rows of 8 pixels), so the patch is KW + 7 * S "
+     "= 17 pixels wide, not 10"),
+    ((("kernel = (3, 3))", "kernel = (3, 3), stride = 2)"), ("p: f16[18, 10, C]", "p: f16[18, 17, C]")),
+     "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 17 pixels, 3 x 3 filter, stride 2: 8 x 8 "
+     "outputs): its rows of outputs must come in 8s (an m64 tile is 8 rows of 8 pixels), so the patch is KH + S * "
+     "(a multiple of 8, less 1) pixels high, not 18"),
     (("copy(Wt, w);", "copy(Wt, w); copy(pc, w);"),
      "<string>:10:18: error: an im2col view of a shared tile is only the first operand of a gemm"),
 ])
@@ -199,24 +210,118 @@ MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ 0, "
                  r"wgmma_desc\(w, (\d+), \d+, 1024, 128\)\);")
 
 
-@pytest.mark.parametrize("c,kp", CHANNELS)
-def test_the_wgmma_descriptors_read_the_im2col_view(c, kp):
+STRIDED = """kernel conv_patch_s(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
+    const C = 8, KS = 7, S = 2, P = 3, KP = 400;
+    let OH = (H + 2 * P - KS) / S + 1;
+    let OW = (W + 2 * P - KS) / S + 1;
+    grid (bx, by, bz) = (cdiv(OW, 8), cdiv(OH, 16), N);
+    threads 256;
+    shared p: f16[15 * S + KS, 7 * S + KS, C];
+    shared w: f16[KP, 64];
+    local acc: f32[128, 64];
+    let pc = im2col(p, kernel = (KS, KS), stride = S);
+    copy(X[bz, by * 16 * S - P, bx * 8 * S - P, 0], p);
+    copy(Wt, w);
+    fill(acc, 0);
+    gemm(pc, w, acc);
+    copy(acc, Y[((bz * cdiv(OH, 16) + by) * cdiv(OW, 8) + bx) * 128, 0]);
+}"""
+
+# C, KS, S and the weights' rows: the 7x7 stride-2 stem over 8 channels (49 taps: the weights' groups
+# reordered), a 3x3 stride 2 over 8 (reordered) and 16 (K order), a 5x5 stride 3 over 8
+STRIDES = [(8, 7, 2, 400), (8, 3, 2, 80), (16, 3, 2, 144), (8, 5, 3, 208)]
+
+
+def strided(c, ks, st, kp):
+    return STRIDED.replace("const C = 8, KS = 7, S = 2, P = 3, KP = 400",
+                           f"const C = {c}, KS = {ks}, S = {st}, P = {ks // 2}, KP = {kp}")
+
+
+def conv_strided(n, h, w, c, ks, st, kp, seed):
+    """X, the weights (zero past KS * KS * C rows) and numpy's KS x KS stride-`st`
+    convolution (pad KS / 2) for every pixel of every 16 x 8 output tile, tile-major
+    (X zero-extended past its end, as a patch past the image loads zeros)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
+    wt = np.zeros((kp, 64), np.float16)
+    wt[:ks * ks * c] = rng.integers(-2, 3, (ks * ks * c, 64))
+    p = ks // 2
+    oh, ow = (h + 2 * p - ks) // st + 1, (w + 2 * p - ks) // st + 1
+    th, tw = -(-oh // 16), -(-ow // 8)
+    xp = np.zeros((n, th * 16 * st + ks, tw * 8 * st + ks, c))
+    xp[:, p:p + h, p:p + w] = x
+    want = sum(xp[:, i:i + st * th * 16:st, j:j + st * tw * 8:st] @
+               wt[(i * ks + j) * c:(i * ks + j + 1) * c].astype(np.float64) for i in range(ks) for j in range(ks))
+    return x, wt, want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
+
+
+def run_strided(like, c, ks, st, kp, n, h, w, tma=True):
+    src = strided(c, ks, st, kp)
+    k = InterpretedKernel(src, {}, tma=tma) if like == "numpy" else \
+        Kernel(load_source(src), {}, "sm_90a", fallback=False, tma=tma)
+    x, wt, want = conv_strided(n, h, w, c, ks, st, kp, n * h + c + ks)
+    y = guarded(want.shape, "f16", like=like)
+    k(*on(like, [x, wt]), y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("c,ks,st,kp", STRIDES)
+def test_a_strided_patch_gemm_convolves_in_the_interpreter(c, ks, st, kp, tma):
+    run_strided("numpy", c, ks, st, kp, 2, 37, 29, tma)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("c,ks,st,kp", STRIDES)
+@pytest.mark.parametrize("n,h,w", [(2, 37, 29), (3, 64, 48)])
+def test_a_strided_patch_gemm_convolves_on_the_gpu(c, ks, st, kp, n, h, w, tma):
+    run_strided("torch", c, ks, st, kp, n, h, w, tma)
+
+
+def test_a_strided_patch_loads_each_column_phase_with_an_element_stride():
+    ir_text = printer.kernel(tilec.compile(strided(8, 7, 2, 400)).kernel_ir)
+    assert "shared p: f16[37, 21, 8] @ smem[0] layout sw16 phases 2" in ir_text
+    assert "shared tl_p_zeros: f16[37, 11, 8]" in ir_text          # one column phase's pixels
+    assert "tensormap tmap_X: tiled X box [1, 37, 22, 8] element_strides [1, 1, 2, 1]" in ir_text
+    assert "tma.load.tile p <- X[bz, by * 16 * 2 - 3, bx * 8 * 2 - 3, 0]" in ir_text
+    assert "tma.load.tile p+6528 <- X[bz, by * 16 * 2 - 3, bx * 8 * 2 - 2, 0]" in ir_text
+
+
+MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ 0, "
+                 r"wgmma_desc\(p, \(\(threadIdx\.x / 128\) \* 1 \+ 0\) \* (\d+) \+ (\d+), (.+?), (\d+), 16\), "
+                 r"wgmma_desc\(w, (\d+), \d+, 1024, 128\)\);")
+
+
+@pytest.mark.parametrize("c,ks,st,kp", [(c, 3, 1, kp) for c, kp in CHANNELS] + STRIDES)
+def test_the_wgmma_descriptors_read_the_im2col_view(c, ks, st, kp):
     """The generated CUDA's wgmma calls, their descriptors read the way wgmma reads
     them (A K-major, not swizzled: row m of an m64 tile at start + m / 8 * SBO + m %
     8 * 16, K columns 8..15 LBO further; B's 16 rows at its start, 128 bytes a row)
-    from shared memory laid out as the IR says (the patch's chunks, its zeros, the
-    weights' 8-row groups at their positions), against numpy: what the interpreter,
-    which computes the view itself, cannot check on a machine without a GPU."""
-    k = tilec.compile(SRC.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}"))
+    from shared memory laid out as the IR says (the patch's chunks, a chunk per 8
+    channels and column phase, its zeros, the weights' 8-row groups at their
+    positions), against numpy: what the interpreter, which computes the view
+    itself, cannot check on a machine without a GPU."""
+    k = tilec.compile(strided(c, ks, st, kp))
     bufs = {b.name: b for b in k.kernel_ir.buffers}
     p, w = bufs["p"], bufs["w"]
+    ph, pw = p.shape[:2]
     rng = np.random.default_rng(c)
-    patch = rng.integers(-2, 3, (18, 10, c)).astype(np.float64)
+    patch = rng.integers(-2, 3, (ph, pw, c)).astype(np.float64)
     wt = rng.integers(-2, 3, (kp, 64)).astype(np.float64)
     smem = np.full(k.kernel_ir.smem_bytes // 2, np.nan)       # f16 elements; NaN where nothing was loaded
     for ch in range(c // 8):
-        at = (p.smem_offset + ch * p.chunk_rows * 16) // 2
-        smem[at:at + 180 * 8] = patch[..., ch * 8:ch * 8 + 8].reshape(-1)
+        for q in range(st):
+            at = (p.smem_offset + (ch * st + q) * p.chunk_rows * 16) // 2
+            plane = patch[:, q::st, ch * 8:ch * 8 + 8]
+            for i in range(ph):
+                row = at + i * p.phase_width * 8
+                smem[row:row + plane.shape[1] * 8] = plane[i].reshape(-1)
     zeros = bufs.get("tl_p_zeros")
     if zeros is not None:
         smem[zeros.smem_offset // 2:(zeros.smem_offset + zeros.bytes) // 2] = 0
@@ -235,5 +340,6 @@ def test_the_wgmma_descriptors_read_the_im2col_view(c, kp):
             a = np.concatenate([smem[at[:, None] + np.arange(8)], smem[at[:, None] + lead // 2 + np.arange(8)]], 1)
             row0 = int(b_start) // 128
             got[g * 64:g * 64 + 64] += a @ rows[row0:row0 + 16]
-    view = np.concatenate([patch[i:i + 16, j:j + 8] for i in range(3) for j in range(3)], -1).reshape(128, -1)
-    assert np.array_equal(got, view @ wt[:9 * c])
+    view = np.concatenate([patch[i:i + 16 * st:st, j:j + 8 * st:st] for i in range(ks) for j in range(ks)],
+                          -1).reshape(128, -1)
+    assert np.array_equal(got, view @ wt[:ks * ks * c])

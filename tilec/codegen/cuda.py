@@ -169,10 +169,15 @@ class _Printer:
         if b.swizzle:
             self.swizzles.add(b.swizzle)
             row = idx[0] if len(idx) == 2 else self.flat(b.shape[:-1], idx[:-1])    # a patch's pixel
+            rows = b.chunk_rows
+            if b.phases > 1:    # pixel (i, j) in its column phase's chunk: rows of all S phases a chunk of C
+                i, j, st = idx[0], idx[1], b.phases
+                row = f"({j}) % {st} * {rows} + ({i}) * {b.phase_width} + ({j}) / {st}"
+                rows *= st
             if b.row_groups:    # 8-row groups in a patch gemm's order: group g at tl_rows_<b>[g]
                 self.row_orders[b.name] = b.row_positions
                 row = f"tl_rows_{b.name}[({row}) / 8] * 8 + ({row}) % 8"
-            return f"{b.name}[tl_sw{b.swizzle}({row}, {idx[-1]}, {b.chunk_rows}, {b.swizzle // b.dtype.size})]"
+            return f"{b.name}[tl_sw{b.swizzle}({row}, {idx[-1]}, {rows}, {b.swizzle // b.dtype.size})]"
         if b.layout == "cols":      # column chunks of b.chunk elements, each row-major
             rows, w = b.shape[0], b.chunk
             return f"{b.name}[({idx[1]}) / {w} * {rows * w} + ({idx[0]}) * {w} + ({idx[1]}) % {w}]"
@@ -549,23 +554,24 @@ class _Printer:
     def patch_desc(self, s: ir.Gemm, a: ir.Buffer, a_stage: str, kk: int, t: int) -> str:
         """The descriptor of K step `kk` of m64 tile `t` of gemm `s`'s im2col view of
         patch `a` [PH, PW, C] (layout sw16: C / 8 chunks of PH x PW pixels, 16 bytes
-        each). Item i of the view's K (16-byte units) is filter tap i / (C / 8), chunk
-        i % (C / 8); an m64 tile is 8 output rows of 8 pixels: its core matrices are 8
-        pixels of one patch row (16 bytes apart), one patch row apart (the stride byte
-        offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1 (of
+        each; a stride S, S chunks of PH x ceil(PW / S) pixels, one a column phase:
+        ir.patch_item_offset). Item i of the view's K (16-byte units) is filter tap i
+        / (C / 8), chunk i % (C / 8); an m64 tile is 8 output rows of 8 pixels: its
+        core matrices are 8 pixels of one patch row (16 bytes apart), S patch rows
+        apart (the stride byte offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1 (of
         the order the weights' rows are in: Buffer.row_groups), the leading byte
         offset further: the next tap (8 channels) or chunk (C >= 16), or, past the
         last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
-        (kh, kw), (_, pw, c) = s.patch, a.shape
-        chunk_bytes = a.chunk_rows * 16
+        (kh, kw), c = s.patch, a.shape[2]
+        chunk_bytes, pitch = a.chunk_rows * 16, s.patch_stride * a.phase_width * 16   # an output row's patch rows
         order = self.k.buffer(s.b).row_groups or range(2 * kk + 2)
         first = ir.patch_item_offset(a, s.patch, order[2 * kk])
-        rows = f"(({_warpgroup_row(s.wg_cols)}) * {s.m_tiles} + {t}) * {8 * pw * 16}"
+        rows = f"(({_warpgroup_row(s.wg_cols)}) * {s.m_tiles} + {t}) * {8 * pitch}"
         if order[2 * kk + 1] < kh * kw * c // 8:
             lead = str(ir.patch_item_offset(a, s.patch, order[2 * kk + 1]) - first)
         else:           # to the same pixel of the zeros, past every stage of the patch
             lead = f"smem_addr({s.zeros}) - smem_addr({a.name}) - ({a_stage}{first // chunk_bytes * chunk_bytes})"
-        return f"wgmma_desc({a.name}, {a_stage}{rows} + {first}, {lead}, {pw * 16}, 16)"
+        return f"wgmma_desc({a.name}, {a_stage}{rows} + {first}, {lead}, {pitch}, 16)"
 
     def thread_loop(self, shape, names, body, ind) -> list:
         """Element e of a tile goes to thread e % threads, register slot e / threads."""

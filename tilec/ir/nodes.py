@@ -173,6 +173,7 @@ class Buffer:
     transposed: bool = False  # 'wgmma': the fragments hold acc^T (a gemm with its operands swapped)
     row_groups: tuple = ()  # shared, swizzled: position p holds the tile's 8-row group row_groups[p] (the
                             # weights of a patch gemm whose K pairs are not in K order); (): in order
+    phases: int = 1         # sw16 patch [PH, PW, C] of a stride-S im2col view: pixel column j in phase j % S
     span: Optional[Span] = SPAN
 
     @property
@@ -206,14 +207,22 @@ class Buffer:
     def chunk_rows(self) -> int:
         """Rows of a column chunk of a chunked layout: the tile's leading dimensions as
         one; a swizzled im2col patch ([PH, PW, C], rank 3) pads them to whole 8-row
-        groups, so that each chunk starts 128-byte aligned, as its TMA load needs."""
+        groups, so that each chunk starts 128-byte aligned, as its TMA load needs;
+        with `phases` S, a chunk is one phase's PH x ceil(PW / S) pixels."""
         rows = self.elements // self.shape[-1]
+        if self.phases > 1:
+            rows = self.shape[0] * self.phase_width
         return -(-rows // 8) * 8 if self.swizzle and len(self.shape) > 2 else rows
+
+    @property
+    def phase_width(self) -> int:
+        """A patch's pixels a row in each column phase: ceil(PW / phases)."""
+        return -(-self.shape[1] // self.phases)
 
     @property
     def bytes(self) -> int:
         if self.swizzle and len(self.shape) > 2:
-            return self.chunk_rows * self.shape[-1] * self.dtype.size
+            return self.phases * self.chunk_rows * self.shape[-1] * self.dtype.size
         return self.elements * self.dtype.size
 
     @property
@@ -363,9 +372,11 @@ class Gemm(Stmt):
     zero: bool = False
     a_in_registers: bool = False
     stage: Optional[Expr] = None          # pipelined: which copy of a and b
-    patch: tuple = ()                     # (KH, KW): a is `im2col(a, kernel = (KH, KW))` of the shared patch
-                                          # a [PH, PW, C]: rows its (PH - KH + 1) x (PW - KW + 1) output
-                                          # pixels, columns (kh, kw, c), zeros past KH * KW * C (patch_zeros)
+    patch: tuple = ()                     # (KH, KW): a is `im2col(a, kernel = (KH, KW), stride = S)` of the
+                                          # shared patch a [PH, PW, C]: rows its ((PH - KH) / S + 1) x ((PW -
+                                          # KW) / S + 1) output pixels, columns (kh, kw, c), zeros past
+                                          # KH * KW * C (patch_zeros)
+    patch_stride: int = 1                 # S
     zeros: str = ""                       # plan-gemm: the zero tile those columns read, where there are any
     span: Optional[Span] = SPAN
 
@@ -374,10 +385,12 @@ def patch_item_offset(patch: Buffer, kernel: tuple, item: int) -> int:
     """Where item `item` of the K of an im2col view of shared patch `patch` [PH, PW, C]
     (filter `kernel`) starts, in bytes from the patch's first pixel: in K order,
     filter tap item / (C / 8), channels 8 * (item % (C / 8)) .. + 8, in the patch's
-    layout (sw16: C / 8 chunks of chunk_rows pixels, 16 bytes each)."""
+    layout (sw16: per 8 channels and column phase q < S, a chunk of chunk_rows
+    pixels, 16 bytes each: pixel (i, j) of phase j % S at i * ceil(PW / S) + j / S)."""
     tap, chunk = divmod(item, patch.shape[2] // 8)
-    kw, pw = kernel[1], patch.shape[1]
-    return chunk * patch.chunk_rows * 16 + (tap // kw * pw + tap % kw) * 16
+    kh, kw = divmod(tap, kernel[1])
+    s = patch.phases
+    return ((chunk * s + kw % s) * patch.chunk_rows + kh * patch.phase_width + kw // s) * 16
 
 
 def patch_zeros(tile: str) -> str:

@@ -77,6 +77,7 @@ def stmt(s, ind: str) -> list:
         wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
         wg += f", {s.a} from registers" if s.a_in_registers else ""
         wg += f", {s.a} as im2col kernel = ({s.patch[0]}, {s.patch[1]})" if s.patch else ""
+        wg += f" stride = {s.patch_stride}" if s.patch_stride > 1 else ""
         wg += f" as {s.acc}^T = {s.b}^T @ {s.a}^T" if s.swapped else ""
         wg += f" [stage {expr(s.stage)}]" if s.stage is not None else ""
         return [f"{ind}gemm {s.a}, {s.b}, {s.acc}{tb}{wg}{f', {s.acc} = product' if s.zero else ''}{L}"]
@@ -222,6 +223,7 @@ def kernel(k: ir.Kernel) -> str:
         where += f" layout {b.layout}" if b.layout != "row" else ""
         where += f" chunk {b.chunk}" if b.layout == "cols" else ""
         where += f" row_groups [{', '.join(map(str, b.row_groups))}]" if b.row_groups else ""
+        where += f" phases {b.phases}" if b.phases > 1 else ""
         where += " transposed" if b.transposed else ""
         where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
         where += f" over {b.alias}" if b.alias else ""

@@ -14,6 +14,7 @@ from ..ir import nodes as ir
 from ..ir.exprs import (FLOAT_CALLS, children, divides_by, float_part, is_float, linear, map_body, map_stmt_exprs,
                         reads_f64, walk_expr)
 from ..ir.printer import expr as show_expr
+from ..ir.tma import MAX_ELEMENT_STRIDE
 
 NAME = "check-types"
 
@@ -88,17 +89,22 @@ def _of_tile(k, call: ir.Call) -> bool:
 
 
 def _patch_view(k, call: ir.Call) -> tuple:
-    """Check `im2col(p, kernel = (KH, KW))` of a shared tile p: (p, (KH, KW))."""
+    """Check `im2col(p, kernel = (KH, KW), stride = S)` of a shared tile p: (p, (KH, KW), S)."""
     p = k.buffer(call.args[0].name)
     if len(call.args) != 1 or p.scope != "shared" or len(p.shape) != 3:
         raise SemanticError(f"an im2col view of a tile takes one shared tile of rank 3, a patch of pixels [PH, PW, "
                             f"C]; '{p.name}' is a {p.scope} tile of rank {len(p.shape)}", call.span)
     given = dict(call.kwargs)
     for key, v in call.kwargs:
-        if key != "kernel":
-            raise SemanticError(f"an im2col view of shared tile '{p.name}' takes only kernel = (KH, KW): its stride "
-                                f"is 1, and its padding is the zeros of the load that fills the patch (origins "
-                                f"outside the tensor)", v.span)
+        if key not in ("kernel", "stride"):
+            raise SemanticError(f"an im2col view of shared tile '{p.name}' takes only kernel = (KH, KW) and stride "
+                                f"= S: its padding is the zeros of the load that fills the patch (origins outside "
+                                f"the tensor)", v.span)
+    stride = given.get("stride", ir.Int(1))
+    if not isinstance(stride, ir.Int) or not 1 <= stride.value <= MAX_ELEMENT_STRIDE:
+        raise SemanticError(f"the stride of an im2col view of a tile is a compile-time integer from 1 to "
+                            f"{MAX_ELEMENT_STRIDE} (TMA loads its column phases with that element stride)",
+                            stride.span)
     v = given.get("kernel")
     items = v.items if isinstance(v, ir.TupleExpr) else ()
     if len(items) != 2 or not all(isinstance(i, ir.Int) and i.value >= 1 for i in items):
@@ -108,7 +114,7 @@ def _patch_view(k, call: ir.Call) -> tuple:
     if kh > p.shape[0] or kw > p.shape[1]:
         raise SemanticError(f"the filter ({kh} x {kw}) is larger than patch '{p.name}' ({p.shape[0]} x "
                             f"{p.shape[1]} pixels)", v.span)
-    return p.name, (kh, kw)
+    return p.name, (kh, kw), stride.value
 
 
 def _patch_gemms(k, body, patches: dict):
@@ -116,8 +122,8 @@ def _patch_gemms(k, body, patches: dict):
     barrier passes see the tile read; the view is no other statement's operand."""
     def rewrite(s):
         if isinstance(s, ir.Gemm) and s.a in patches:
-            tile, kernel = patches[s.a]
-            return replace(s, a=tile, patch=kernel)
+            tile, kernel, stride = patches[s.a]
+            return replace(s, a=tile, patch=kernel, patch_stride=stride)
         if isinstance(s, ir.Gemm) and {s.b, s.acc} & patches.keys() or \
                 isinstance(s, ir.Copy) and {s.src.name, s.dst.name} & patches.keys():
             raise SemanticError("an im2col view of a shared tile is only the first operand of a gemm", s.span)

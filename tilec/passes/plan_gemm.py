@@ -37,6 +37,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
     orders = {}                                 # a patch gemm's weights -> Buffer.row_groups
+    phases = {}                                 # a patch -> Buffer.phases (its views' stride)
     threads = k.threads.value
     target = get_arch(opts.arch)
 
@@ -97,7 +98,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             _k_major_swizzle(k, wa, ka, esize)
         b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
         if s.patch:     # the weights' 8-row groups in the order of the k16 steps' item pairs
-            b_order = _pair_order(replace(a, layout="sw16"), b, s)
+            b_order = _pair_order(replace(a, layout="sw16", phases=s.patch_stride), b, s)
+            if phases.get(a.name, s.patch_stride) != s.patch_stride:
+                raise SemanticError(f"patch '{a.name}' is read by im2col views of two strides", s.span)
+            phases[a.name] = s.patch_stride
             if orders.get(b.name, b_order) != b_order:
                 raise SemanticError(f"'{b.name}' is the weights of two patch gemms that read K in different "
                                     "orders", s.span)
@@ -122,7 +126,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed),
-                            row_groups=orders.get(b.name, b.row_groups)) for b in k.buffers)
+                            row_groups=orders.get(b.name, b.row_groups), phases=phases.get(b.name, b.phases))
+                    for b in k.buffers)
     if patched:     # each such patch's zeros right after it (so a descriptor reaches them forwards), zeroed first
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
         body = tuple(ir.Fill(ir.patch_zeros(n), ir.Int(0)) for n in sorted(patched)) + body
@@ -145,14 +150,18 @@ def _patch_items(a, s) -> int:
 def _patch_operand(a, s) -> tuple:
     """(M, K) of gemm `s`'s im2col view of shared patch `a` [PH, PW, C], after its
     rules: 16-bit channels in whole 16-byte chunks (the patch's layout: each chunk
-    all PH x PW pixels, 16 bytes each, what wgmma's interleaved layout reads), 8
-    output pixels a row (an m64 tile's 8-row core matrices are then 8 pixels of
-    one patch row, one patch row apart); a k16 step's two (tap, chunk) items must ascend in the
-    patch, which _pair_order arranges. K: KH * KW * C rounded up to 16, the
-    columns past the taps zeros."""
-    (kh, kw), (ph, pw, c) = s.patch, a.shape
-    oh, ow = ph - kh + 1, pw - kw + 1
-    view = f"the im2col view of patch '{a.name}' ({ph} x {pw} pixels, {kh} x {kw} filter: {oh} x {ow} outputs)"
+    all PH x PW pixels, 16 bytes each, what wgmma's interleaved layout reads; with
+    a stride S, S chunks of PH x ceil(PW / S), one a column phase, so that a
+    tap's S-apart pixels lie 16 bytes apart), 8 output pixels a row (an m64
+    tile's 8-row core matrices are then 8 pixels of one patch row, S patch rows
+    apart), the patch exactly the filter windows' extent; a k16 step's two (tap,
+    chunk) items must ascend in the patch, which _pair_order arranges. K: KH * KW
+    * C rounded up to 16, the columns past the taps zeros."""
+    (kh, kw), (ph, pw, c), st = s.patch, a.shape, s.patch_stride
+    oh, ow = (ph - kh) // st + 1, (pw - kw) // st + 1
+    stride = f", stride {st}" if st > 1 else ""
+    view = (f"the im2col view of patch '{a.name}' ({ph} x {pw} pixels, {kh} x {kw} filter{stride}: {oh} x {ow} "
+            "outputs)")
     if s.transpose_a:
         raise SemanticError(f"gemm: {view} is [M, K]; transpose_a does not apply", s.span)
     if a.dtype.size != 2:
@@ -160,12 +169,14 @@ def _patch_operand(a, s) -> tuple:
     if c % 8:
         raise SemanticError(f"gemm: {view}: its {c} channels must be a multiple of 8 (the patch holds 16-byte "
                             f"chunks of 8 channels, two of them a wgmma K step)", s.span)
-    if ow != 8:
+    if ow != 8 or (pw - kw) % st:
+        wide = f"KW + 7 * S = {kw + 7 * st}" if st > 1 else f"KW + 7 = {kw + 7}"
         raise SemanticError(f"gemm: {view}: a row of outputs must be 8 pixels (an m64 tile is 8 rows of 8 "
-                            f"pixels), so the patch is KW + 7 = {kw + 7} pixels wide, not {pw}", s.span)
-    if oh % 8:
+                            f"pixels), so the patch is {wide} pixels wide, not {pw}", s.span)
+    if oh % 8 or (ph - kh) % st:
+        high = "KH + S * (a multiple of 8, less 1)" if st > 1 else "KH - 1 + a multiple of 8"
         raise SemanticError(f"gemm: {view}: its rows of outputs must come in 8s (an m64 tile is 8 rows of 8 "
-                            f"pixels), so the patch is KH - 1 + a multiple of 8 pixels high, not {ph}", s.span)
+                            f"pixels), so the patch is {high} pixels high, not {ph}", s.span)
     return oh * ow, -(-_patch_items(a, s) // 2) * 16
 
 
@@ -190,8 +201,9 @@ def _pair_order(a: ir.Buffer, b: ir.Buffer, s: ir.Gemm) -> tuple:
 
 
 def _zeros(patch: ir.Buffer) -> ir.Buffer:
-    """The zeros an im2col view of `patch` reads past its taps: one 16-byte chunk of its pixels."""
-    return ir.Buffer(ir.patch_zeros(patch.name), "shared", patch.dtype, tuple(patch.shape[:2]) + (8,),
+    """The zeros an im2col view of `patch` reads past its taps: one 16-byte chunk of its pixels (of a
+    column phase's)."""
+    return ir.Buffer(ir.patch_zeros(patch.name), "shared", patch.dtype, (patch.shape[0], patch.phase_width, 8),
                      span=patch.span)
 
 

@@ -42,7 +42,19 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         rank = len(tensor.shape)
         shape = tuple(buf.shape)
         swizzle = buf.tma_swizzle
-        if buf.swizzle or buf.layout == "cols":
+        strides = (1,) * rank
+        if buf.phases > 1:
+            if isinstance(s, ir.TmaStore):
+                raise SemanticError(f"patch '{buf.name}' of a strided im2col view holds its pixel columns by "
+                                    "phase: it is loaded, not stored", s.span)
+            # a strided view's patch: per 8 channels, a box a column phase q, X's columns q, q + S, ... (TMA's
+            # element stride S: a box PWQ * S columns wide moves PWQ of them) into chunk c * S + q
+            st = buf.phases
+            boxes = [((0, q, c * 8), (c * st + q) * buf.chunk_rows * 8) for c in range(shape[-1] // 8)
+                     for q in range(st)]
+            shape = (shape[0], buf.phase_width * st, 8)
+            strides = (1,) * (rank - 2) + (st, 1)
+        elif buf.swizzle or buf.layout == "cols":
             # one box per column chunk, the chunks one after another: rows of 128, 64 or 32 bytes in
             # TMA's swizzle of that size, or of 16 bytes unswizzled (what wgmma reads), or a tile of
             # several im2col filter taps
@@ -77,11 +89,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         # A store map ends at the tensor's last whole 16-byte granule (TMA stores clip
         # at granules, not elements); its StoreTail writes the rest of each row.
         rounded = isinstance(s, ir.TmaStore) and not ir.rows_in_whole_granules(tensor)
-        key = (tensor.name, "tiled", box, swizzle, rounded)
+        key = (tensor.name, "tiled", box, swizzle, rounded, strides)
         if key not in maps:
             n = sum(1 for t, kind, *_ in maps if t == tensor.name and kind == "tiled")
             name = _unique_name(f"tmap_{tensor.name}", n, maps)
-            maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, (1,) * rank, swizzle, L2_PROMOTION,
+            maps[key] = ir.TensorMap(name, tensor.name, "tiled", box, strides, swizzle, L2_PROMOTION,
                                      inner_rounded=rounded, span=s.span)
         tm = maps[key]
         copies = []

@@ -252,6 +252,10 @@ def _tile_offsets(b, r, c):
     chunks of b.chunk for 'cols'; a tile with row_groups holds its 8-row groups where
     codegen's tl_rows_<tile> puts them."""
     rows = b.chunk_rows
+    if b.phases > 1:    # a strided view's patch: pixel (i, j) in column phase j % S's chunk (codegen's element)
+        i, j = np.divmod(np.asarray(r), b.shape[1])
+        r = j % b.phases * rows + i * b.phase_width + j // b.phases
+        rows *= b.phases
     if b.row_groups:
         r = np.asarray(r)
         if r.size and (r.min() < 0 or r.max() >= 8 * len(b.row_groups)):
@@ -526,10 +530,8 @@ class _Blocks:
         else:
             coords = [_i32(self.ev(c, env)) for c in s.coords]
             self._check_inner(tensor, coords[-1], s)
-            if any(e != 1 for e in tm.element_strides):
-                raise InterpretError(f"tensor map {tm.name}: tiled element strides {list(tm.element_strides)} are "
-                                     "not modelled", s.span)
-            data = read_box(tensor.array, coords, tm.box)
+            # a dim of element stride e moves every e-th element of its box: ceil(box / e) of them
+            data = read_box(tensor.array, coords, tm.box)[tuple(slice(None, None, e) for e in tm.element_strides)]
         address = b.smem_offset + self._stage(s.stage, env) * b.stage_bytes + s.smem_offset
         self._check_swizzle(tm, data.shape[-1] * data.itemsize, s)
         self._smem_span(b, address, data.nbytes, tm.swizzle, s, f"TMA load into '{b.name}'")
@@ -750,8 +752,9 @@ class _Blocks:
         av = decode(self.tile(a, stage), a.dtype).astype(F32)
         bv = decode(self.tile(b, stage), b.dtype).astype(F32)
         if s.patch:         # the im2col view of patch av [PH, PW, C]: rows its output pixels, columns (kh, kw, c)
-            (kh, kw), (ph, pw, c) = s.patch, av.shape
-            cols = [av[i:i + ph - kh + 1, j:j + pw - kw + 1] for i in range(kh) for j in range(kw)]
+            (kh, kw), (ph, pw, c), st = s.patch, av.shape, s.patch_stride
+            oh, ow = (ph - kh) // st + 1, (pw - kw) // st + 1
+            cols = [av[i:i + st * (oh - 1) + 1:st, j:j + st * (ow - 1) + 1:st] for i in range(kh) for j in range(kw)]
             av = np.concatenate(cols, axis=-1).reshape(-1, kh * kw * c)
             av = np.pad(av, ((0, 0), (0, bv.shape[1 if s.transpose_b else 0] - av.shape[1])))
         # einsum's own loop, not BLAS: a multithreaded BLAS can be slower than this
@@ -832,7 +835,8 @@ class _Blocks:
         whole, base = self.whole[b.name]
         idx = [np.asarray(self.ev(i, env), np.int64) for i in indices]
         if b.swizzle or b.layout == "cols":
-            flat = _tile_offsets(b, idx[0], idx[1])
+            row = idx[0] if len(idx) == 2 else idx[0] * b.shape[1] + idx[1]       # a patch's pixel
+            flat = _tile_offsets(b, row, idx[-1])
         else:
             flat = np.int64(0)
             for d, i in enumerate(idx):
