@@ -237,10 +237,11 @@ def strided(c, ks, st, kp):
                            f"const C = {c}, KS = {ks}, S = {st}, P = {ks // 2}, KP = {kp}")
 
 
-def conv_strided(n, h, w, c, ks, st, kp, seed):
+def conv_strided(n, h, w, c, ks, st, kp, seed, nhwc=False):
     """X, the weights (zero past KS * KS * C rows) and numpy's KS x KS stride-`st`
     convolution (pad KS / 2) for every pixel of every 16 x 8 output tile, tile-major
-    (X zero-extended past its end, as a patch past the image loads zeros)."""
+    (X zero-extended past its end, as a patch past the image loads zeros); `nhwc`:
+    the output pixels only, [N, OH, OW, 64]."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
     wt = np.zeros((kp, 64), np.float16)
@@ -252,6 +253,8 @@ def conv_strided(n, h, w, c, ks, st, kp, seed):
     xp[:, p:p + h, p:p + w] = x
     want = sum(xp[:, i:i + st * th * 16:st, j:j + st * tw * 8:st] @
                wt[(i * ks + j) * c:(i * ks + j + 1) * c].astype(np.float64) for i in range(ks) for j in range(ks))
+    if nhwc:
+        return x, wt, want[:, :oh, :ow]
     return x, wt, want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
 
 
@@ -282,6 +285,36 @@ def test_a_strided_patch_gemm_convolves_in_the_interpreter(c, ks, st, kp, tma):
 @pytest.mark.parametrize("n,h,w", [(2, 37, 29), (3, 64, 48)])
 def test_a_strided_patch_gemm_convolves_on_the_gpu(c, ks, st, kp, n, h, w, tma):
     run_strided("torch", c, ks, st, kp, n, h, w, tma)
+
+
+STEM = (ROOT / "examples/conv2d_stem.tile").read_text()
+
+
+def stem(like, tma, n, h, w):
+    k = InterpretedKernel(STEM, {}, tma=tma) if like == "numpy" else \
+        Kernel(load_source(STEM), {}, "sm_90a", fallback=False, tma=tma)
+    x, wt, want = conv_strided(n, h, w, 8, 7, 2, 400, n * h + w, nhwc=True)
+    y = guarded(want.shape, "f16", like=like)
+    k(*on(like, [x, wt]), y.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    got = y.view if like == "numpy" else y.view.cpu().numpy()
+    assert np.array_equal(got.astype(np.float64), want)
+
+
+# 75 x 45: 38 x 23 outputs, the last tiles past the image; 224 x 224: the stem's 112 x 112
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+def test_the_stem_example_convolves_in_the_interpreter(tma):
+    stem("numpy", tma, 1, 75, 45)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("n,h,w", [(2, 75, 45), (4, 224, 224)])
+def test_the_stem_example_convolves_on_the_gpu(tma, n, h, w):
+    stem("torch", tma, n, h, w)
 
 
 def test_a_strided_patch_loads_each_column_phase_with_an_element_stride():
