@@ -135,12 +135,12 @@ def test_the_rules_of_a_patch_view_are_told_at_their_line(change, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
-def example(like, c, kp, tma, n, h, w):
-    src = EXAMPLE.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}")
+def convolve(like, src, tma, x, wt, want):
+    """`src` run on X and the weights (in the interpreter or on the GPU, by TMA or
+    thread copies) into a sentinel-guarded output, which must equal numpy's `want`."""
     k = InterpretedKernel(src, {}, tma=tma) if like == "numpy" else \
         Kernel(load_source(src), {}, "sm_90a", fallback=False, tma=tma)
-    x, wt, want = conv3x3(n, h, w, c, kp, n * h + c)
-    y = guarded((n, h, w, 64), "f16", like=like)
+    y = guarded(want.shape, "f16", like=like)
     k(*on(like, [x, wt]), y.view)
     if like == "torch":
         import torch
@@ -148,6 +148,11 @@ def example(like, c, kp, tma, n, h, w):
     y.check()
     got = y.view if like == "numpy" else y.view.cpu().numpy()
     assert np.array_equal(got.astype(np.float64), want)
+
+
+def example(like, c, kp, tma, n, h, w):
+    src = EXAMPLE.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}")
+    convolve(like, src, tma, *conv3x3(n, h, w, c, kp, n * h + c))
 
 
 SHAPES = [(2, 20, 16), (1, 70, 24)]        # 70 rows: the last block's last tiles past the image
@@ -259,18 +264,7 @@ def conv_strided(n, h, w, c, ks, st, kp, seed, nhwc=False):
 
 
 def run_strided(like, c, ks, st, kp, n, h, w, tma=True):
-    src = strided(c, ks, st, kp)
-    k = InterpretedKernel(src, {}, tma=tma) if like == "numpy" else \
-        Kernel(load_source(src), {}, "sm_90a", fallback=False, tma=tma)
-    x, wt, want = conv_strided(n, h, w, c, ks, st, kp, n * h + c + ks)
-    y = guarded(want.shape, "f16", like=like)
-    k(*on(like, [x, wt]), y.view)
-    if like == "torch":
-        import torch
-        torch.cuda.synchronize()
-    y.check()
-    got = y.view if like == "numpy" else y.view.cpu().numpy()
-    assert np.array_equal(got.astype(np.float64), want)
+    convolve(like, strided(c, ks, st, kp), tma, *conv_strided(n, h, w, c, ks, st, kp, n * h + c + ks))
 
 
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
@@ -291,17 +285,7 @@ STEM = (ROOT / "examples/conv2d_stem.tile").read_text()
 
 
 def stem(like, tma, n, h, w):
-    k = InterpretedKernel(STEM, {}, tma=tma) if like == "numpy" else \
-        Kernel(load_source(STEM), {}, "sm_90a", fallback=False, tma=tma)
-    x, wt, want = conv_strided(n, h, w, 8, 7, 2, 400, n * h + w, nhwc=True)
-    y = guarded(want.shape, "f16", like=like)
-    k(*on(like, [x, wt]), y.view)
-    if like == "torch":
-        import torch
-        torch.cuda.synchronize()
-    y.check()
-    got = y.view if like == "numpy" else y.view.cpu().numpy()
-    assert np.array_equal(got.astype(np.float64), want)
+    convolve(like, STEM, tma, *conv_strided(n, h, w, 8, 7, 2, 400, n * h + w, nhwc=True))
 
 
 # 75 x 45: 38 x 23 outputs, the last tiles past the image; 224 x 224: the stem's 112 x 112
