@@ -210,82 +210,93 @@ def test_a_split_region_needs_rows_of_whole_granules():
                                     "dimensions of 'Y' needs its rows in whole 16-byte granules"), str(e.value)
 
 
-MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ 0, "
-                 r"wgmma_desc\(p, \(\(threadIdx\.x / 128\) \* 1 \+ 0\) \* (\d+) \+ (\d+), (.+?), (\d+), 16\), "
-                 r"wgmma_desc\(w, (\d+), \d+, 1024, 128\)\);")
-
-
 STRIDED = """kernel conv_patch_s(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
-    const C = 8, KS = 7, S = 2, P = 3, KP = 400;
-    let OH = (H + 2 * P - KS) / S + 1;
-    let OW = (W + 2 * P - KS) / S + 1;
-    grid (bx, by, bz) = (cdiv(OW, 8), cdiv(OH, 16), N);
-    threads 256;
-    shared p: f16[15 * S + KS, 7 * S + KS, C];
+    const C = 8, KH = 7, KW = 7, S = 2, KP = 400, OT = 16, WG = 2;
+    let OH = (H + 2 * (KH / 2) - KH) / S + 1;
+    let OW = (W + 2 * (KW / 2) - KW) / S + 1;
+    grid (bx, by, bz) = (cdiv(OW, 8), cdiv(OH, OT), N);
+    threads 128 * WG;
+    shared p: f16[(OT - 1) * S + KH, 7 * S + KW, C];
     shared w: f16[KP, 64];
-    local acc: f32[128, 64];
-    let pc = im2col(p, kernel = (KS, KS), stride = S);
-    copy(X[bz, by * 16 * S - P, bx * 8 * S - P, 0], p);
+    local acc: f32[OT * 8, 64];
+    let pc = im2col(p, kernel = (KH, KW), stride = S);
+    copy(X[bz, by * OT * S - KH / 2, bx * 8 * S - KW / 2, 0], p);
     copy(Wt, w);
     fill(acc, 0);
     gemm(pc, w, acc);
-    copy(acc, Y[((bz * cdiv(OH, 16) + by) * cdiv(OW, 8) + bx) * 128, 0]);
+    copy(acc, Y[((bz * cdiv(OH, OT) + by) * cdiv(OW, 8) + bx) * OT * 8, 0]);
 }"""
 
-# C, KS, S and the weights' rows: the 7x7 stride-2 stem over 8 channels (49 taps: the weights' groups
-# reordered), a 3x3 stride 2 over 8 (reordered) and 16 (K order), a 5x5 stride 3 over 8
-STRIDES = [(8, 7, 2, 400), (8, 3, 2, 80), (16, 3, 2, 144), (8, 5, 3, 208)]
+
+class Geo(tuple):
+    """A patch conv: C channels, a KH x KW filter of stride S (pad KH / 2, KW / 2), tiles
+    of OT x 8 output pixels on WG warpgroups; KP: the weights' rows, KH * KW * C rounded
+    up to 16."""
+    def __new__(cls, c, kh, kw, st, ot=16, wg=2):
+        return super().__new__(cls, (c, kh, kw, st, ot, wg))
+
+    c, kh, kw, st, ot, wg = (property(lambda g, i=i: g[i]) for i in range(6))
+
+    @property
+    def kp(self):
+        return -(-self.kh * self.kw * self.c // 16) * 16
+
+    def source(self):
+        return STRIDED.replace("const C = 8, KH = 7, KW = 7, S = 2, KP = 400, OT = 16, WG = 2",
+                               f"const C = {self.c}, KH = {self.kh}, KW = {self.kw}, S = {self.st}, KP = {self.kp}, "
+                               f"OT = {self.ot}, WG = {self.wg}")
 
 
-def strided(c, ks, st, kp):
-    return STRIDED.replace("const C = 8, KS = 7, S = 2, P = 3, KP = 400",
-                           f"const C = {c}, KS = {ks}, S = {st}, P = {ks // 2}, KP = {kp}")
+# the 7x7 stride-2 stem over 8 channels (49 taps: the weights' groups reordered), a 3x3 stride 2 over 8
+# (reordered) and 16 (K order), a 5x5 stride 3 over 8
+STRIDES = [Geo(8, 7, 7, 2), Geo(8, 3, 3, 2), Geo(16, 3, 3, 2), Geo(8, 5, 5, 3)]
 
 
-def conv_strided(n, h, w, c, ks, st, kp, seed, nhwc=False):
-    """X, the weights (zero past KS * KS * C rows) and numpy's KS x KS stride-`st`
-    convolution (pad KS / 2) for every pixel of every 16 x 8 output tile, tile-major
-    (X zero-extended past its end, as a patch past the image loads zeros); `nhwc`:
-    the output pixels only, [N, OH, OW, 64]."""
+def conv_strided(n, h, w, g, seed, nhwc=False):
+    """X, the weights (zero past KH * KW * C rows) and numpy's convolution of geometry
+    `g` for every pixel of every OT x 8 output tile, tile-major (X zero-extended past
+    its end, as a patch past the image loads zeros); `nhwc`: the output pixels only,
+    [N, OH, OW, 64]."""
     rng = np.random.default_rng(seed)
+    c, kh, kw, st, ot = g[:5]
     x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
-    wt = np.zeros((kp, 64), np.float16)
-    wt[:ks * ks * c] = rng.integers(-2, 3, (ks * ks * c, 64))
-    p = ks // 2
-    oh, ow = (h + 2 * p - ks) // st + 1, (w + 2 * p - ks) // st + 1
-    th, tw = -(-oh // 16), -(-ow // 8)
-    xp = np.zeros((n, th * 16 * st + ks, tw * 8 * st + ks, c))
-    xp[:, p:p + h, p:p + w] = x
-    want = sum(xp[:, i:i + st * th * 16:st, j:j + st * tw * 8:st] @
-               wt[(i * ks + j) * c:(i * ks + j + 1) * c].astype(np.float64) for i in range(ks) for j in range(ks))
+    wt = np.zeros((g.kp, 64), np.float16)
+    wt[:kh * kw * c] = rng.integers(-2, 3, (kh * kw * c, 64))
+    ph, pw = kh // 2, kw // 2
+    oh, ow = (h + 2 * ph - kh) // st + 1, (w + 2 * pw - kw) // st + 1
+    th, tw = -(-oh // ot), -(-ow // 8)
+    xp = np.zeros((n, th * ot * st + kh, tw * 8 * st + kw, c))
+    xp[:, ph:ph + h, pw:pw + w] = x
+    want = sum(xp[:, i:i + st * th * ot:st, j:j + st * tw * 8:st] @
+               wt[(i * kw + j) * c:(i * kw + j + 1) * c].astype(np.float64) for i in range(kh) for j in range(kw))
     if nhwc:
         return x, wt, want[:, :oh, :ow]
-    return x, wt, want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
+    return x, wt, want.reshape(n, th, ot, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
 
 
-def run_strided(like, c, ks, st, kp, n, h, w, tma=True):
-    convolve(like, strided(c, ks, st, kp), tma, *conv_strided(n, h, w, c, ks, st, kp, n * h + c + ks))
+def run_strided(like, g, n, h, w, tma=True):
+    convolve(like, g.source(), tma, *conv_strided(n, h, w, g, n * h + sum(g)))
 
 
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
-@pytest.mark.parametrize("c,ks,st,kp", STRIDES)
-def test_a_strided_patch_gemm_convolves_in_the_interpreter(c, ks, st, kp, tma):
-    run_strided("numpy", c, ks, st, kp, 2, 37, 29, tma)
+@pytest.mark.parametrize("g", STRIDES, ids=str)
+def test_a_strided_patch_gemm_convolves_in_the_interpreter(g, tma):
+    run_strided("numpy", g, 2, 37, 29, tma)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
-@pytest.mark.parametrize("c,ks,st,kp", STRIDES)
+@pytest.mark.parametrize("g", STRIDES, ids=str)
 @pytest.mark.parametrize("n,h,w", [(2, 37, 29), (3, 64, 48)])
-def test_a_strided_patch_gemm_convolves_on_the_gpu(c, ks, st, kp, n, h, w, tma):
-    run_strided("torch", c, ks, st, kp, n, h, w, tma)
+def test_a_strided_patch_gemm_convolves_on_the_gpu(g, n, h, w, tma):
+    run_strided("torch", g, n, h, w, tma)
 
 
 STEM = (ROOT / "examples/conv2d_stem.tile").read_text()
 
 
 def stem(like, tma, n, h, w):
-    convolve(like, STEM, tma, *conv_strided(n, h, w, 8, 7, 2, 400, n * h + w, nhwc=True))
+    convolve(like, STEM, tma, *conv_strided(n, h, w, Geo(8, 7, 7, 2), n * h + w, nhwc=True))
 
 
 # 75 x 45: 38 x 23 outputs, the last tiles past the image; 224 x 224: the stem's 112 x 112
@@ -302,7 +313,7 @@ def test_the_stem_example_convolves_on_the_gpu(tma, n, h, w):
 
 
 def test_a_strided_patch_loads_each_column_phase_with_an_element_stride():
-    ir_text = printer.kernel(tilec.compile(strided(8, 7, 2, 400)).kernel_ir)
+    ir_text = printer.kernel(tilec.compile(Geo(8, 7, 7, 2).source()).kernel_ir)
     assert "shared p: f16[37, 21, 8] @ smem[0] layout sw16 phases 2" in ir_text
     assert "shared tl_p_zeros: f16[37, 11, 8]" in ir_text          # one column phase's pixels
     assert "tensormap tmap_X: tiled X box [1, 37, 22, 8] element_strides [1, 1, 2, 1]" in ir_text
@@ -310,13 +321,13 @@ def test_a_strided_patch_loads_each_column_phase_with_an_element_stride():
     assert "tma.load.tile p+6528 <- X[bz, by * 16 * 2 - 3, bx * 8 * 2 - 2, 0]" in ir_text
 
 
-MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ 0, "
-                 r"wgmma_desc\(p, \(\(threadIdx\.x / 128\) \* 1 \+ 0\) \* (\d+) \+ (\d+), (.+?), (\d+), 16\), "
+MMA = re.compile(r"wgmma_m64n64k16_f16_bn(?:_zero)?\(acc \+ (\d+), "
+                 r"wgmma_desc\(p, \(\(threadIdx\.x / 128\) \* (\d+) \+ (\d+)\) \* (\d+) \+ (\d+), (.+?), (\d+), 16\), "
                  r"wgmma_desc\(w, (\d+), \d+, 1024, 128\)\);")
 
 
-@pytest.mark.parametrize("c,ks,st,kp", [(c, 3, 1, kp) for c, kp in CHANNELS] + STRIDES)
-def test_the_wgmma_descriptors_read_the_im2col_view(c, ks, st, kp):
+@pytest.mark.parametrize("g", [Geo(c, 3, 3, 1) for c, _ in CHANNELS] + STRIDES, ids=str)
+def test_the_wgmma_descriptors_read_the_im2col_view(g):
     """The generated CUDA's wgmma calls, their descriptors read the way wgmma reads
     them (A K-major, not swizzled: row m of an m64 tile at start + m / 8 * SBO + m %
     8 * 16, K columns 8..15 LBO further; B's 16 rows at its start, 128 bytes a row)
@@ -324,7 +335,13 @@ def test_the_wgmma_descriptors_read_the_im2col_view(c, ks, st, kp):
     channels and column phase, its zeros, the weights' 8-row groups at their
     positions), against numpy: what the interpreter, which computes the view
     itself, cannot check on a machine without a GPU."""
-    k = tilec.compile(strided(c, ks, st, kp))
+    read_through_descriptors(g)
+
+
+def read_through_descriptors(g):
+    c, kh, kw, st, ot, wg = g
+    kp = g.kp
+    k = tilec.compile(g.source())
     bufs = {b.name: b for b in k.kernel_ir.buffers}
     p, w = bufs["p"], bufs["w"]
     ph, pw = p.shape[:2]
@@ -345,18 +362,56 @@ def test_the_wgmma_descriptors_read_the_im2col_view(c, ks, st, kp):
     groups = w.row_groups or tuple(range(kp // 8))
     rows = np.concatenate([wt[g * 8:g * 8 + 8] for g in groups])       # B as shared memory holds it
     calls = MMA.findall(k.cuda_source)
-    assert len(calls) == kp // 16
-    got = np.zeros((128, 64))
-    for pitch, first, lead, sbo, b_start in calls:
+    tiles = ot * 8 // 64
+    assert len(calls) == kp // 16 * tiles // wg
+    got = np.zeros((ot * 8, 64))
+    for regs, mt, t, pitch, first, lead, sbo, b_start in calls:
+        assert int(regs) == int(t) * 32                         # m64 tile t's 32 accumulator registers
         lead = lead.replace("smem_addr(tl_p_zeros)", str(zeros.smem_offset if zeros else 0))
         lead = int(eval(lead.replace("smem_addr(p)", str(p.smem_offset)), {}))      # digits, + and - only
-        for g in range(2):                                              # the two warpgroups' m64 tiles
-            start = p.smem_offset + g * int(pitch) + int(first)
+        for r in range(wg):                                     # each warpgroup's m64 tile t
+            tile = r * int(mt) + int(t)
+            start = p.smem_offset + tile * int(pitch) + int(first)
             m = np.arange(64)
             at = (start + m // 8 * int(sbo) + m % 8 * 16) // 2
             a = np.concatenate([smem[at[:, None] + np.arange(8)], smem[at[:, None] + lead // 2 + np.arange(8)]], 1)
             row0 = int(b_start) // 128
-            got[g * 64:g * 64 + 64] += a @ rows[row0:row0 + 16]
-    view = np.concatenate([patch[i:i + 16 * st:st, j:j + 8 * st:st] for i in range(ks) for j in range(ks)],
-                          -1).reshape(128, -1)
-    assert np.array_equal(got, view @ wt[:ks * ks * c])
+            got[tile * 64:tile * 64 + 64] += a @ rows[row0:row0 + 16]
+    view = np.concatenate([patch[i:i + ot * st:st, j:j + 8 * st:st] for i in range(kh) for j in range(kw)],
+                          -1).reshape(ot * 8, -1)
+    assert np.array_equal(got, view @ wt[:kh * kw * c])
+
+
+def random_geometries(count, seed):
+    """Patch convs of random channels, filters, strides and tile heights that tilec takes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < count:
+        c, st = int(rng.choice([8, 16, 24, 32, 40, 48])), int(rng.integers(1, 5))
+        kh, kw = (int(x) for x in rng.integers(1, 8, 2))
+        ot = int(rng.choice([8, 16, 24, 32]))
+        wg = {8: 1, 16: 2, 24: 3, 32: int(rng.choice([2, 4]))}[ot]
+        items, g = kh * kw * c // 8, Geo(c, kh, kw, st, ot, wg)
+        if items > 1 and (items + 1) // 2 * 2 <= 64 and fits(g):    # at most 64 weight boxes, whatever the order
+            out.append(g)
+    return out
+
+
+def fits(g) -> bool:
+    """Whether g's tiles fit a block's shared memory (any other error still fails its test)."""
+    try:
+        tilec.compile(g.source()).kernel_ir
+    except tilec.SemanticError as e:
+        if "a Hopper block has at most" in str(e):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("g", random_geometries(24, 51), ids=str)
+def test_random_patch_geometries_read_right_and_convolve_in_the_interpreter(g):
+    """Random geometries (1x1 to 7x7 filters, KH != KW, strides 1-4, 8-48 channels,
+    tiles of 8-32 output rows on 1-4 warpgroups): the wgmma descriptors read the view
+    and the interpreter's convolution equals numpy's, output guarded."""
+    read_through_descriptors(g)
+    run_strided("numpy", g, 1, 2 * g.ot * g.st + 3, 19)
+
