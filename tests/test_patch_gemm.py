@@ -415,3 +415,9 @@ def test_random_patch_geometries_read_right_and_convolve_in_the_interpreter(g):
     read_through_descriptors(g)
     run_strided("numpy", g, 1, 2 * g.ot * g.st + 3, 19)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("g", random_geometries(24, 51), ids=str)
+def test_random_patch_geometries_convolve_on_the_gpu(g):
+    run_strided("torch", g, 2, 2 * g.ot * g.st + 3, 37)
