@@ -734,10 +734,12 @@ def bench_conv2d_patch(rows):
                 rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP",
                              ratio))
             attempt(rows, name, one)
-    attempt(rows, "conv2d_stem 224x224 C8->64 7x7 s2", _stem, rows)
+    for extra in ({}, {"ROWS": 7}):
+        name = "conv2d_stem 224x224 C8->64 7x7 s2" + "".join(f" {n}={v}" for n, v in extra.items())
+        attempt(rows, name, _stem, rows, name, extra)
 
 
-def _stem(rows):
+def _stem(rows, name, extra):
     """examples/conv2d_stem.tile, the 7x7 stride-2 first layer over 8 channels, next to cuDNN."""
     import torch
     import torch.nn.functional as F
@@ -748,13 +750,13 @@ def _stem(rows):
     y = torch.empty(CONV_N, 112, 112, 64, device="cuda").half()
     xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
     peer = lambda: F.conv2d(xn, wn, stride=2, padding=3)        # noqa: E731
-    k = shipped(str(ROOT / "examples/conv2d_stem.tile"))
+    k = shipped(str(ROOT / "examples/conv2d_stem.tile"), **extra)
     k(x, wt, y)
     err = rel_err(y, peer().permute(0, 2, 3, 1))
     assert err < 5e-3, f"conv2d_stem: relative error {err}"
     flops = 2 * CONV_N * 112 * 112 * 64 * 392
     t_tilec, t_torch, ratio = compare(lambda: k(x, wt, y), peer)
-    rows.append(("conv2d_stem 224x224 C8->64 7x7 s2", "F.conv2d cuDNN", flops / t_tilec / 1e12,
+    rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12,
                  flops / t_torch / 1e12, "TFLOP", ratio))
 
 
