@@ -558,10 +558,10 @@ class _Printer:
         ir.patch_item_offset). Item i of the view's K (16-byte units) is filter tap i
         / (C / 8), chunk i % (C / 8); an m64 tile is 8 output rows of 8 pixels: its
         core matrices are 8 pixels of one patch row (16 bytes apart), S patch rows
-        apart (the stride byte offset), the tile's first 8 K columns item 2kk and its next 8 item 2kk + 1 (of
-        the order the weights' rows are in: Buffer.row_groups), the leading byte
-        offset further: the next tap (8 channels) or chunk (C >= 16), or, past the
-        last tap, the patch's zeros (ir.patch_zeros), which lie after it."""
+        apart (the stride byte offset), the tile's first 8 K columns item 2kk and its
+        next 8 item 2kk + 1 (of the order the weights' rows are in:
+        Buffer.row_groups), the leading byte offset further, or, past the last tap,
+        the patch's zeros (ir.patch_zeros), which lie after it."""
         (kh, kw), c = s.patch, a.shape[2]
         chunk_bytes, pitch = a.chunk_rows * 16, s.patch_stride * a.phase_width * 16   # an output row's patch rows
         order = self.k.buffer(s.b).row_groups or range(2 * kk + 2)
