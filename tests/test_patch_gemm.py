@@ -42,14 +42,14 @@ SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
 CHANNELS = [(8, 80), (16, 144), (24, 224), (32, 288), (40, 368)]     # C, the weights' rows: 9 * C rounded up to 16
 
 
-def conv3x3(n, h, w, c, kp, seed, oh=None, ow=None):
-    """X, the weights (zero past 9 * C rows) and numpy's 3x3, pad-1 convolution over
-    `oh` x `ow` outputs (default the image's; more: X zero-extended, as a patch past
-    the image loads zeros)."""
+def conv3x3(n, h, w, c, kp, seed, oh=None, ow=None, f=64):
+    """X, the weights (zero past 9 * C rows; `f` filters) and numpy's 3x3, pad-1
+    convolution over `oh` x `ow` outputs (default the image's; more: X zero-extended,
+    as a patch past the image loads zeros)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
-    wt = np.zeros((kp, 64), np.float16)
-    wt[:9 * c] = rng.integers(-2, 3, (9 * c, 64))
+    wt = np.zeros((kp, f), np.float16)
+    wt[:9 * c] = rng.integers(-2, 3, (9 * c, f))
     oh, ow = oh or h, ow or w
     xp = np.zeros((n, oh + 2, ow + 2, c))
     xp[:, 1:h + 1, 1:w + 1] = x
@@ -101,9 +101,11 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
       ("gemm(pc, w, acc)", "gemm(pc, w, acc, transpose_b = true)")),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (24 channels) reads K in pairs of items that are "
      "not in K order, so the weights' rows are reordered as they load: declare 'w' as [K, N], without transpose_b"),
-    (("const C = 8, KP = 80", "const C = 72, KP = 656"),
+    ((("const C = 8, KP = 80", "const C = 72, KP = 656"), ("Wt: f16[KP, 64]", "Wt: f16[KP, 256]"),
+      ("shared w: f16[KP, 64]", "shared w: f16[KP, 256]"), ("local acc: f32[128, 64]", "local acc: f32[128, 256]"),
+      ("Y: f16[T, 64]", "Y: f16[T, 256]")),
      "<string>:10:5: error: 'w' holds its 8-row groups in the order its patch gemm reads them (plan-gemm), one "
-     "TMA box each: 82 boxes, over the 64"),
+     "TMA box each: 328 boxes, over the 256"),
     (("shared p: f16[18, 10, C]", "shared p: f16[18, 18, C]"),
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 18 pixels, 3 x 3 filter: 16 x 16 outputs): "
      "a row of outputs must be 8 pixels"),
@@ -150,9 +152,9 @@ def convolve(like, src, tma, x, wt, want):
     assert np.array_equal(got.astype(np.float64), want)
 
 
-def example(like, c, kp, tma, n, h, w):
-    src = EXAMPLE.replace("const C = 8, KP = 80", f"const C = {c}, KP = {kp}")
-    convolve(like, src, tma, *conv3x3(n, h, w, c, kp, n * h + c))
+def example(like, c, kp, tma, n, h, w, f=64):
+    src = EXAMPLE.replace("const C = 8, KP = 80, F = 64", f"const C = {c}, KP = {kp}, F = {f}")
+    convolve(like, src, tma, *conv3x3(n, h, w, c, kp, n * h + c, f=f))
 
 
 SHAPES = [(2, 20, 16), (1, 70, 24)]        # 70 rows: the last block's last tiles past the image
@@ -163,6 +165,20 @@ SHAPES = [(2, 20, 16), (1, 70, 24)]        # 70 rows: the last block's last tile
 @pytest.mark.parametrize("n,h,w", SHAPES)
 def test_the_patch_conv_example_convolves_in_the_interpreter(c, kp, tma, n, h, w):
     example("numpy", c, kp, tma, n, h, w)
+
+
+FILTERS = [(8, 80, 8), (8, 80, 40), (24, 224, 128), (16, 144, 256), (24, 224, 256)]     # C, KP, F
+
+
+@pytest.mark.parametrize("c,kp,f", FILTERS)
+def test_the_patch_conv_example_takes_8_to_256_filters_in_the_interpreter(c, kp, f):
+    example("numpy", c, kp, True, 1, 20, 16, f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,kp,f", FILTERS)
+def test_the_patch_conv_example_takes_8_to_256_filters_on_the_gpu(c, kp, f):
+    example("torch", c, kp, True, 2, 37, 24, f)
 
 
 @pytest.mark.gpu
@@ -196,14 +212,14 @@ def test_a_rotating_patch_names_its_zeros_in_every_copy():
     ("Y[bz, oh : oh + 8, bx * 8 : bx * 8 + 8, 0 : 64]", "the region's extents must match the tile shape [128, 64]"),
 ])
 def test_a_region_that_does_not_split_the_rows_exactly_is_refused(region, message):
-    src = EXAMPLE.replace("Y[bz, oh : oh + 16, bx * 8 : bx * 8 + 8, 0 : 64]", region)
+    src = EXAMPLE.replace("Y[bz, oh : oh + 16, bx * 8 : bx * 8 + 8, 0 : F]", region)
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(src).cuda_source
     assert str(e.value).startswith(f"<string>:22:25: error: {message}"), str(e.value)
 
 
 def test_a_split_region_needs_rows_of_whole_granules():
-    src = EXAMPLE.replace("Y: f16[N, H, W, 64]", "Y: f16[N, H, W, F]")
+    src = EXAMPLE.replace("Y: f16[N, H, W, F]", "Y: f16[N, H, W, G]")
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(src).cuda_source
     assert str(e.value).startswith("<string>:22:9: error: a region that splits the tile's 128 rows over several "

@@ -26,6 +26,7 @@ NAME = "plan-tma"
 
 L2_PROMOTION = "256B"   # a hint; measured on the H100 with benchmarks/bench.py
 MAX_BOXES_PER_COPY = 64  # the TMA instructions one copy of a wide or tall tile may take
+MAX_GROUP_BOXES = 256    # ... a patch gemm's weights in pair order, an 8-row box a group (loaded once a block)
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -66,11 +67,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             places = [(r, r) for r in range(parts)]
             if buf.row_groups:
                 rows, places = 8, list(enumerate(buf.row_groups))
-                if len(places) * (full[-1] // width) > MAX_BOXES_PER_COPY:
+                if len(places) * (full[-1] // width) > MAX_GROUP_BOXES:
                     raise SemanticError(f"'{buf.name}' holds its 8-row groups in the order its patch gemm reads "
                                         f"them (plan-gemm), one TMA box each: "
-                                        f"{len(places) * (full[-1] // width)} boxes, over the {MAX_BOXES_PER_COPY} "
-                                        "tilec splits a copy into (fewer channels, or fewer columns a tile)", s.span)
+                                        f"{len(places) * (full[-1] // width)} boxes, over the {MAX_GROUP_BOXES} "
+                                        "tilec splits such a copy into (fewer channels, or fewer columns a tile)",
+                                        s.span)
             shape = (rows,) + shape[1:]
             lead = (0,) * (len(shape) - 2)          # a patch's pixel rows: whole in every box (parts is 1)
             boxes = [(lead + (g * rows, c * width), c * buf.chunk_rows * width + p * rows * width)
