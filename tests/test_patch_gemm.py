@@ -437,3 +437,55 @@ def test_random_patch_geometries_read_right_and_convolve_in_the_interpreter(g):
 @pytest.mark.parametrize("g", random_geometries(24, 51), ids=str)
 def test_random_patch_geometries_convolve_on_the_gpu(g):
     run_strided("torch", g, 2, 2 * g.ot * g.st + 3, 37)
+
+
+ELEMENTS = """kernel elements(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64], Q: f32[B, PH, PW, C]) {
+    const C = 24, KP = 224, S = 1, PH = 18, PW = 10;
+    grid (bx, by, bz) = (cdiv(W, 8 * S), cdiv(H, 16 * S), N);
+    threads 256;
+    shared p: f16[PH, PW, C];
+    shared w: f16[KP, 64];
+    shared q: f32[PH, PW, C];
+    local acc: f32[128, 64];
+    let pc = im2col(p, kernel = (3, 3), stride = S);
+    copy(X[bz, by * 16 * S - 1, bx * 8 * S - 1, 0], p);
+    copy(Wt, w);
+    fill(acc, 0);
+    gemm(pc, w, acc);
+    let b = (bz * cdiv(H, 16 * S) + by) * cdiv(W, 8 * S) + bx;
+    copy(acc, Y[b * 128, 0]);
+    parallel (i, j, c) in (PH, PW, C) {
+        q[i, j, c] = p[i, j, c] * 2.0 + w[(i * PW + j) % KP, c];
+    }
+    copy(q, Q[b, 0, 0, 0]);
+}"""
+
+
+@pytest.mark.parametrize("like", ["numpy", pytest.param("torch", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+@pytest.mark.parametrize("st", [1, 2])
+def test_a_parallel_reads_the_elements_of_a_patch_and_of_reordered_weights(like, tma, st):
+    """p[i, j, c] of a patch (24 channels: the weights' groups reordered; stride 2:
+    the patch's columns by phase) and w[r, c] read in a parallel body where the
+    layouts put them (the interpreter once read a patch's elements as a 2-D tile's)."""
+    ph, pw = 15 * st + 3, 7 * st + 3
+    src = ELEMENTS.replace("S = 1, PH = 18, PW = 10", f"S = {st}, PH = {ph}, PW = {pw}")
+    k = InterpretedKernel(src, {}, tma=tma) if like == "numpy" else \
+        Kernel(load_source(src), {}, "sm_90a", fallback=False, tma=tma)
+    rng = np.random.default_rng(st)
+    h, w = 16 * st, 8 * st
+    x = rng.integers(-2, 3, (1, h, w, 24)).astype(np.float16)
+    wt = rng.integers(-2, 3, (224, 64)).astype(np.float16)
+    y = guarded((128, 64), "f16", like=like)
+    q = guarded((1, ph, pw, 24), "f32", like=like)
+    k(*on(like, [x, wt]), y.view, q.view)
+    if like == "torch":
+        import torch
+        torch.cuda.synchronize()
+    y.check()
+    q.check()
+    patch = np.zeros((ph, pw, 24), np.float32)
+    patch[1:1 + h, 1:1 + w] = x[0, :ph - 1, :pw - 1]
+    rows = wt[(np.arange(ph)[:, None] * pw + np.arange(pw)[None, :]) % 224][..., :24].astype(np.float32)
+    got = q.view if like == "numpy" else q.view.cpu().numpy()
+    assert np.array_equal(got[0], patch * 2 + rows)
