@@ -125,6 +125,10 @@ def test_a_patch_gemm_convolves_on_the_gpu(c, kp, n, h, w):
      "<string>:12:5: error: gemm: the im2col view of patch 'p' (18 x 17 pixels, 3 x 3 filter, stride 2: 8 x 8 "
      "outputs): its rows of outputs must come in 8s (an m64 tile is 8 rows of 8 pixels), so the patch is KH + S * "
      "(a multiple of 8, less 1) pixels high, not 18"),
+    (("const C = 8, KP = 80", "const C = 8, KP = 72"),
+     "<string>:12:5: error: gemm shapes do not chain: a [128, 80] @ b [72, 64] into acc [128, 64] (a is the im2col "
+     "view of patch 'p': its K is 3 * 3 * 8 = 72 columns rounded up to 16, zeros past 72; give b 80 rows, zeros "
+     "past 72)"),
     (("copy(Wt, w);", "copy(Wt, w); copy(pc, w);"),
      "<string>:10:18: error: an im2col view of a shared tile is only the first operand of a gemm"),
 ])

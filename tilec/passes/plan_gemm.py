@@ -63,8 +63,14 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if ka != kb or tuple(acc.shape) != (m, n):
             ashape = f"[{ka}, {m}]" if s.transpose_a else f"[{m}, {ka}]"
             bshape = f"[{n}, {kb}]" if s.transpose_b else f"[{kb}, {n}]"
+            why = ""
+            if s.patch and ka != kb:
+                taps = s.patch[0] * s.patch[1] * a.shape[2]
+                why = (f" (a is the im2col view of patch '{a.name}': its K is {s.patch[0]} * {s.patch[1]} * "
+                       f"{a.shape[2]} = {taps} columns rounded up to 16, zeros past {taps}; give b {ka} rows, zeros "
+                       f"past {taps})")
             raise SemanticError(f"gemm shapes do not chain: a {ashape} @ b {bshape} into acc "
-                                f"{list(acc.shape)}", s.span)
+                                f"{list(acc.shape)}{why}", s.span)
         if a.dtype.name not in MMA_DTYPES or b.dtype != a.dtype:
             raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, not "
                                 f"{a.dtype.name} and {b.dtype.name}", s.span)
