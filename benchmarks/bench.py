@@ -705,19 +705,17 @@ PATCH_LAYERS = ((56, 8), (112, 8), (56, 16), (56, 24), (56, 32))   # (H = W, C);
 
 
 def bench_conv2d_patch(rows):
-    """examples/conv2d_patch.tile (one patch a tile of 16 x 8 output pixels, C and
-    its weights' rows KP fixed per layer, ROWS as shipped and 2) against F.conv2d
+    """examples/conv2d_patch.tile (one patch a tile of 16 x 8 output pixels, C fixed
+    per layer, ROWS as shipped and 2) against F.conv2d
     on channels-last tensors (cuDNN, cudnn.benchmark): 3x3 convolutions of few
     channels, N = CONV_N, 64 filters; each output checked against cuDNN's."""
     import torch
     import torch.nn.functional as F
     torch.backends.cudnn.benchmark = True
     for hw, c in PATCH_LAYERS:
-        kp = -(-9 * c // 16) * 16
         x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
         weight = torch.randn(64, c, 3, 3, device="cuda").half() / (9 * c) ** 0.5
-        wt = torch.zeros(kp, 64, device="cuda").half()
-        wt[:9 * c] = weight.permute(2, 3, 1, 0).reshape(9 * c, 64)         # (kh, kw, c) rows, zeros past them
+        wt = weight.permute(2, 3, 1, 0).reshape(9 * c, 64).contiguous()     # (kh, kw, c) rows
         y = torch.empty(CONV_N, hw, hw, 64, device="cuda").half()
         xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
         want = F.conv2d(xn, wn, padding=1).permute(0, 2, 3, 1)
@@ -725,7 +723,7 @@ def bench_conv2d_patch(rows):
             name = f"conv2d_patch {hw}x{hw} C{c}->64 3x3" + "".join(f" {n}={v}" for n, v in extra.items())
 
             def one():
-                k = shipped(str(ROOT / "examples/conv2d_patch.tile"), C=c, KP=kp, **extra)
+                k = shipped(str(ROOT / "examples/conv2d_patch.tile"), C=c, **extra)
                 k(x, wt, y)
                 err = rel_err(y, want)
                 assert err < 5e-3, f"{name}: relative error {err}"
@@ -745,8 +743,7 @@ def _stem(rows, name, extra):
     import torch.nn.functional as F
     x = torch.randn(CONV_N, 224, 224, 8, device="cuda").half()
     weight = torch.randn(64, 8, 7, 7, device="cuda").half() / (49 * 8) ** 0.5
-    wt = torch.zeros(400, 64, device="cuda").half()
-    wt[:392] = weight.permute(2, 3, 1, 0).reshape(392, 64)
+    wt = weight.permute(2, 3, 1, 0).reshape(392, 64).contiguous()
     y = torch.empty(CONV_N, 112, 112, 64, device="cuda").half()
     xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
     peer = lambda: F.conv2d(xn, wn, stride=2, padding=3)        # noqa: E731

@@ -157,8 +157,10 @@ def convolve(like, src, tma, x, wt, want):
 
 
 def example(like, c, kp, tma, n, h, w, f=64):
-    src = EXAMPLE.replace("const C = 8, KP = 80, F = 64", f"const C = {c}, KP = {kp}, F = {f}")
-    convolve(like, src, tma, *conv3x3(n, h, w, c, kp, n * h + c, f=f))
+    """The example takes conv2d.tile's weights, 9 * C rows: its tile of KP rows reads zeros past them."""
+    src = EXAMPLE.replace("const C = 8, F = 64", f"const C = {c}, F = {f}")
+    x, wt, want = conv3x3(n, h, w, c, kp, n * h + c, f=f)
+    convolve(like, src, tma, x, np.ascontiguousarray(wt[:9 * c]), want)
 
 
 SHAPES = [(2, 20, 16), (1, 70, 24)]        # 70 rows: the last block's last tiles past the image
@@ -316,7 +318,8 @@ STEM = (ROOT / "examples/conv2d_stem.tile").read_text()
 
 
 def stem(like, tma, n, h, w):
-    convolve(like, STEM, tma, *conv_strided(n, h, w, Geo(8, 7, 7, 2), n * h + w, nhwc=True))
+    x, wt, want = conv_strided(n, h, w, Geo(8, 7, 7, 2), n * h + w, nhwc=True)
+    convolve(like, STEM, tma, x, np.ascontiguousarray(wt[:49 * 8]), want)
 
 
 # 75 x 45: 38 x 23 outputs, the last tiles past the image; 224 x 224: the stem's 112 x 112
