@@ -86,7 +86,7 @@ def test_k_tiles_spanning_filter_taps(case, tiles):
     one or three a tap; 96 channels, no multiple of BK: 64-byte chunks, three a tap."""
     c = case[3]
     src = (ROOT / "examples/conv2d.tile").read_text()
-    assert src.count("X: f16[N, H, W, C]") == 1 and src.count("KH * KW * C") == 2
+    assert src.count("X: f16[N, H, W, C]") == 1 and src.count("KH * KW * C") >= 2   # Wt, the K loop, the tune
     src = src.replace("X: f16[N, H, W, C]", f"X: f16[N, H, W, {c}]").replace("KH * KW * C", f"KH * KW * {c}")
     kern = run(*case, src=src, **tiles)[0]
     ir_text = kern.ir("plan-smem")
