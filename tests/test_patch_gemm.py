@@ -221,14 +221,14 @@ def test_a_region_that_does_not_split_the_rows_exactly_is_refused(region, messag
     src = EXAMPLE.replace("Y[bz, oh : oh + 16, bx * 8 : bx * 8 + 8, 0 : F]", region)
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(src).cuda_source
-    assert str(e.value).startswith(f"<string>:22:25: error: {message}"), str(e.value)
+    assert str(e.value).startswith(f"<string>:23:25: error: {message}"), str(e.value)
 
 
 def test_a_split_region_needs_rows_of_whole_granules():
     src = EXAMPLE.replace("Y: f16[N, H, W, F]", "Y: f16[N, H, W, G]")
     with pytest.raises(tilec.SemanticError) as e:
         tilec.compile(src).cuda_source
-    assert str(e.value).startswith("<string>:22:9: error: a region that splits the tile's 128 rows over several "
+    assert str(e.value).startswith("<string>:23:9: error: a region that splits the tile's 128 rows over several "
                                     "dimensions of 'Y' needs its rows in whole 16-byte granules"), str(e.value)
 
 
