@@ -496,3 +496,31 @@ def test_a_parallel_reads_the_elements_of_a_patch_and_of_reordered_weights(like,
     rows = wt[(np.arange(ph)[:, None] * pw + np.arange(pw)[None, :]) % 224][..., :24].astype(np.float32)
     got = q.view if like == "numpy" else q.view.cpu().numpy()
     assert np.array_equal(got[0], patch * 2 + rows)
+
+
+def persistent(src):
+    """`src` (an example) on a persistent grid: resident blocks looping over the tiles."""
+    grid = next(line for line in src.splitlines() if line.strip().startswith("grid "))
+    return src.replace(grid, grid.replace(");", "), persistent = 1;"))
+
+
+def test_a_persistent_grid_loads_the_weights_once_a_block():
+    """make-persistent runs the body's leading invariant copy (the weights: no block
+    index in its region, Wt not written, w written by nothing else) before the tile
+    loop, and waits for it there, so a block with no tile exits with nothing in flight."""
+    ir_text = printer.kernel(tilec.compile(persistent(STEM), ROWS=7).kernel_ir)
+    load, wait = ir_text.index("tma.load.tile w <- Wt[0, 0]"), ir_text.index("mbarrier.try_wait.parity bar0, 0")
+    assert load < wait < ir_text.index("for tl_tile in range(")
+    per_block = persistent(EXAMPLE).replace("copy(Wt, w);", "copy(Wt[bx * 0, 0], w);")     # names a block index
+    ir_text = printer.kernel(tilec.compile(per_block, ROWS=4).kernel_ir)
+    assert ir_text.index("for tl_tile in range(") < ir_text.index("tma.load.tile w <- Wt[")
+
+
+@pytest.mark.parametrize("like", ["numpy", pytest.param("torch", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "thread_copies"])
+def test_the_examples_on_a_persistent_grid_convolve(like, tma):
+    x, wt, want = conv_strided(2, 75, 45, Geo(8, 7, 7, 2), 9, nhwc=True)
+    convolve(like, persistent(STEM), tma, x, np.ascontiguousarray(wt[:392]), want)
+    src = persistent(EXAMPLE).replace("const C = 8", "const C = 24")
+    x, wt, want = conv3x3(3, 37, 24, 24, 224, 11)
+    convolve(like, src, tma, x, np.ascontiguousarray(wt[:216]), want)

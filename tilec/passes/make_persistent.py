@@ -73,8 +73,35 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     else:
         t = ir.BinOp("+", block, ir.BinOp("*", _var(TILE, "loop", span), blocks, span=span), span=span)
         extent = ir.Call("cdiv", (ir.BinOp("-", tiles, block, span=span), blocks), span=span)
-        body = (ir.For(TILE, extent, None, _at_tile(k, k.body, t), span=span),)
+        once, rest = _invariant_loads(k)
+        body = once + (ir.For(TILE, extent, None, _at_tile(k, rest, t), span=span),)
     return replace(k, grid_vars=(BLOCK,), grid=(tiles,), body=body)
+
+
+def _invariant_loads(k: ir.Kernel) -> tuple:
+    """(the body's leading copies that every tile would repeat, the rest): copies
+    from a tensor the kernel does not write, at a region that names no block
+    index, into a shared tile that nothing else in the body writes (a conv's
+    weights, loaded once a block instead of once a tile). They run before the
+    tile loop; insert-barriers waits for them at their first use as for any load."""
+    writes = set()
+    for s in k.body:
+        writes |= effects.deep(k, s).writes
+    once = []
+    for i, s in enumerate(k.body):
+        dst = k.buffer(s.dst.name) if isinstance(s, ir.Copy) else None
+        if dst is None or dst.scope != "shared" or k.param(s.src.name) is None or s.src.name in writes:
+            break
+        names = set()
+        for e in s.src.starts + s.src.extents:
+            names |= free_names(e) if e is not None else set()
+        others = set()
+        for o in k.body[:i] + k.body[i + 1:]:
+            others |= effects.deep(k, o).writes
+        if names & set(k.grid_vars) or dst.name in others:
+            break
+        once.append(s)
+    return tuple(once), k.body[len(once):]
 
 
 def _var(name, kind, span):
