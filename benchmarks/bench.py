@@ -706,7 +706,7 @@ PATCH_LAYERS = ((56, 8), (112, 8), (56, 16), (56, 24), (56, 32))   # (H = W, C);
 
 def bench_conv2d_patch(rows):
     """examples/conv2d_patch.tile (one patch a tile of 16 x 8 output pixels, C fixed
-    per layer, ROWS as shipped and 2) against F.conv2d
+    per layer; as shipped (tuned), and 4 tiles a block on a grid and persistent) against F.conv2d
     on channels-last tensors (cuDNN, cudnn.benchmark): 3x3 convolutions of few
     channels, N = CONV_N, 64 filters; each output checked against cuDNN's."""
     import torch
@@ -719,7 +719,7 @@ def bench_conv2d_patch(rows):
         y = torch.empty(CONV_N, hw, hw, 64, device="cuda").half()
         xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
         want = F.conv2d(xn, wn, padding=1).permute(0, 2, 3, 1)
-        for extra in ({}, {"ROWS": 2}):
+        for extra in ({}, {"ROWS": 4, "PERSISTENT": 0}, {"ROWS": 4, "PERSISTENT": 1}):
             name = f"conv2d_patch {hw}x{hw} C{c}->64 3x3" + "".join(f" {n}={v}" for n, v in extra.items())
 
             def one():
@@ -732,7 +732,7 @@ def bench_conv2d_patch(rows):
                 rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP",
                              ratio, chosen(k)))
             attempt(rows, name, one)
-    for extra in ({}, {"ROWS": 4}):
+    for extra in ({}, {"ROWS": 7, "PERSISTENT": 0}, {"ROWS": 7, "PERSISTENT": 1}):
         name = "conv2d_stem 224x224 C8->64 7x7 s2" + "".join(f" {n}={v}" for n, v in extra.items())
         attempt(rows, name, _stem, rows, name, extra)
 

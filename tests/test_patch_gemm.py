@@ -500,19 +500,19 @@ def test_a_parallel_reads_the_elements_of_a_patch_and_of_reordered_weights(like,
 
 def persistent(src):
     """`src` (an example) on a persistent grid: resident blocks looping over the tiles."""
-    grid = next(line for line in src.splitlines() if line.strip().startswith("grid "))
-    return src.replace(grid, grid.replace(");", "), persistent = 1;"))
+    assert "PERSISTENT = 0" in src
+    return src.replace("PERSISTENT = 0", "PERSISTENT = 1")
 
 
 def test_a_persistent_grid_loads_the_weights_once_a_block():
     """make-persistent runs the body's leading invariant copy (the weights: no block
     index in its region, Wt not written, w written by nothing else) before the tile
     loop, and waits for it there, so a block with no tile exits with nothing in flight."""
-    ir_text = printer.kernel(tilec.compile(persistent(STEM), ROWS=7).kernel_ir)
+    ir_text = printer.kernel(tilec.compile(STEM, ROWS=7, PERSISTENT=1).kernel_ir)
     load, wait = ir_text.index("tma.load.tile w <- Wt[0, 0]"), ir_text.index("mbarrier.try_wait.parity bar0, 0")
     assert load < wait < ir_text.index("for tl_tile in range(")
     per_block = persistent(EXAMPLE).replace("copy(Wt, w);", "copy(Wt[bx * 0, 0], w);")     # names a block index
-    ir_text = printer.kernel(tilec.compile(per_block, ROWS=4).kernel_ir)
+    ir_text = printer.kernel(tilec.compile(per_block, ROWS=4, PERSISTENT=1).kernel_ir)
     assert ir_text.index("for tl_tile in range(") < ir_text.index("tma.load.tile w <- Wt[")
 
 
