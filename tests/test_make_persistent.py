@@ -181,3 +181,47 @@ def test_three_dim_grid_on_the_gpu(shape, persistent, group):
     bz, by, bx = torch.meshgrid(torch.arange(d, device="cuda") // 4, torch.arange(m, device="cuda") // 8,
                                 torch.arange(n, device="cuda") // 64, indexing="ij")
     assert torch.equal(b.view, a + (bz * 100 + by * 10 + bx).float() * 1000.0)
+
+
+TABLE = """
+kernel add_table(A: f32[M, 64], T: f32[8, 64], B: f32[M, 64]) {
+    grid (by) = (cdiv(M, 8)), persistent = 1;
+    threads 128;
+    shared t: f32[8, 64];
+    shared s: f32[8, 64];
+    copy(T, t);
+    copy(A[by * 8, 0], s);
+    parallel (i, j) in (8, 64) {
+        s[i, j] = s[i, j] + t[i, j];
+    }
+    copy(s, B[by * 8, 0]);
+}
+"""
+
+
+def _hoisted(src) -> bool:
+    """Whether the copy into t runs before the tile loop."""
+    ir_text = tilec.compile(src, arch="sm_90a").ir("make-persistent")
+    return ir_text.index("copy T") < ir_text.index("for tl_tile")
+
+
+@pytest.mark.parametrize("change, hoisted", [
+    ((), True),                                              # the same table for every tile: once a block
+    (("copy(T, t);", "copy(T[by * 0, 0], t);"), False),      # a block index in the region
+    (("s[i, j] = s[i, j] + t[i, j];", "s[i, j] = s[i, j] + t[i, j]; t[i, j] = 0.0;"), False),   # t written
+    (("copy(s, B[by * 8, 0]);", "copy(s, B[by * 8, 0]); copy(s, T[0, 0]);"), False),           # T written
+])
+def test_a_copy_every_tile_would_repeat_runs_once_a_block(change, hoisted):
+    src = TABLE.replace(*change) if change else TABLE
+    assert _hoisted(src) == hoisted
+
+
+@pytest.mark.parametrize("m", [8, 40, 72])
+def test_a_table_loaded_once_a_block_is_added_to_every_tile(m):
+    k = interpret.InterpretedKernel(TABLE, {})
+    a = np.arange(m * 64, dtype=np.float32).reshape(m, 64)
+    table = np.random.default_rng(m).standard_normal((8, 64)).astype(np.float32)
+    b = guarded((m, 64), "f32", like="numpy")
+    k(a, table, b.view)
+    b.check()
+    assert np.array_equal(b.view, a + np.tile(table, (m // 8, 1)))
