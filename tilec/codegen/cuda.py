@@ -168,12 +168,13 @@ class _Printer:
         idx = [self.expr(i, 6 if d < len(indices) - 1 else 5) for d, i in enumerate(indices)]
         if b.swizzle:
             self.swizzles.add(b.swizzle)
-            row = idx[0] if len(idx) == 2 else self.flat(b.shape[:-1], idx[:-1])    # a patch's pixel
             rows = b.chunk_rows
             if b.phases > 1:    # pixel (i, j) in its column phase's chunk: rows of all S phases a chunk of C
                 i, j, st = idx[0], idx[1], b.phases
                 row = f"({j}) % {st} * {rows} + ({i}) * {b.phase_width} + ({j}) / {st}"
                 rows *= st
+            else:
+                row = idx[0] if len(idx) == 2 else self.flat(b.shape[:-1], idx[:-1])    # a patch's pixel
             if b.row_groups:    # 8-row groups in a patch gemm's order: group g at tl_rows_<b>[g]
                 self.row_orders[b.name] = b.row_positions
                 row = f"tl_rows_{b.name}[({row}) / 8] * 8 + ({row}) % 8"

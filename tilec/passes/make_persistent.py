@@ -84,20 +84,15 @@ def _invariant_loads(k: ir.Kernel) -> tuple:
     index, into a shared tile that nothing else in the body writes (a conv's
     weights, loaded once a block instead of once a tile). They run before the
     tile loop; insert-barriers waits for them at their first use as for any load."""
-    writes = set()
-    for s in k.body:
-        writes |= effects.deep(k, s).writes
+    writes = [effects.deep(k, s).writes for s in k.body]
+    written = set().union(*writes)
     once = []
     for i, s in enumerate(k.body):
         dst = k.buffer(s.dst.name) if isinstance(s, ir.Copy) else None
-        if dst is None or dst.scope != "shared" or k.param(s.src.name) is None or s.src.name in writes:
+        if dst is None or dst.scope != "shared" or k.param(s.src.name) is None or s.src.name in written:
             break
-        names = set()
-        for e in s.src.starts + s.src.extents:
-            names |= free_names(e) if e is not None else set()
-        others = set()
-        for o in k.body[:i] + k.body[i + 1:]:
-            others |= effects.deep(k, o).writes
+        names = set().union(*(free_names(e) for e in s.src.starts + s.src.extents if e is not None))
+        others = set().union(*writes[:i], *writes[i + 1:])
         if names & set(k.grid_vars) or dst.name in others:
             break
         once.append(s)
