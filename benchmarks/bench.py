@@ -706,55 +706,40 @@ PATCH_LAYERS = ((56, 8), (112, 8), (56, 16), (56, 24), (56, 32))   # (H = W, C);
 
 def bench_conv2d_patch(rows):
     """examples/conv2d_patch.tile (one patch a tile of 16 x 8 output pixels, C fixed
-    per layer; as shipped (tuned), and 4 tiles a block on a grid and persistent) against F.conv2d
-    on channels-last tensors (cuDNN, cudnn.benchmark): 3x3 convolutions of few
-    channels, N = CONV_N, 64 filters; each output checked against cuDNN's."""
+    per layer) and examples/conv2d_stem.tile (the 7x7 stride-2 first layer over 8
+    channels), each as shipped (tuned) and at fixed ROWS on a grid and persistent,
+    against F.conv2d on channels-last tensors (cuDNN, cudnn.benchmark), N = CONV_N,
+    64 filters; each output checked against cuDNN's."""
     import torch
-    import torch.nn.functional as F
     torch.backends.cudnn.benchmark = True
     for hw, c in PATCH_LAYERS:
-        x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
-        weight = torch.randn(64, c, 3, 3, device="cuda").half() / (9 * c) ** 0.5
-        wt = weight.permute(2, 3, 1, 0).reshape(9 * c, 64).contiguous()     # (kh, kw, c) rows
-        y = torch.empty(CONV_N, hw, hw, 64, device="cuda").half()
-        xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
-        want = F.conv2d(xn, wn, padding=1).permute(0, 2, 3, 1)
         for extra in ({}, {"ROWS": 4, "PERSISTENT": 0}, {"ROWS": 4, "PERSISTENT": 1}):
             name = f"conv2d_patch {hw}x{hw} C{c}->64 3x3" + "".join(f" {n}={v}" for n, v in extra.items())
-
-            def one():
-                k = shipped(str(ROOT / "examples/conv2d_patch.tile"), C=c, **extra)
-                k(x, wt, y)
-                err = rel_err(y, want)
-                assert err < 5e-3, f"{name}: relative error {err}"
-                flops = 2 * CONV_N * hw * hw * 64 * 9 * c
-                t_tilec, t_torch, ratio = compare(lambda: k(x, wt, y), lambda: F.conv2d(xn, wn, padding=1))
-                rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP",
-                             ratio, chosen(k)))
-            attempt(rows, name, one)
+            attempt(rows, name, _patch_layer, rows, name, "conv2d_patch", hw, c, 3, 1, dict(C=c, **extra))
     for extra in ({}, {"ROWS": 7, "PERSISTENT": 0}, {"ROWS": 7, "PERSISTENT": 1}):
         name = "conv2d_stem 224x224 C8->64 7x7 s2" + "".join(f" {n}={v}" for n, v in extra.items())
-        attempt(rows, name, _stem, rows, name, extra)
+        attempt(rows, name, _patch_layer, rows, name, "conv2d_stem", 224, 8, 7, 2, extra)
 
 
-def _stem(rows, name, extra):
-    """examples/conv2d_stem.tile, the 7x7 stride-2 first layer over 8 channels, next to cuDNN."""
+def _patch_layer(rows, name, example, hw, c, ks, s, consts):
+    """examples/<example>.tile with `consts` on one KS x KS, stride-S layer (pad KS / 2)
+    next to cuDNN: conv2d.tile's weights [KS * KS * C, 64], rows (kh, kw, c)."""
     import torch
     import torch.nn.functional as F
-    x = torch.randn(CONV_N, 224, 224, 8, device="cuda").half()
-    weight = torch.randn(64, 8, 7, 7, device="cuda").half() / (49 * 8) ** 0.5
-    wt = weight.permute(2, 3, 1, 0).reshape(392, 64).contiguous()
-    y = torch.empty(CONV_N, 112, 112, 64, device="cuda").half()
+    p, o = ks // 2, (hw + 2 * (ks // 2) - ks) // s + 1
+    x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
+    weight = torch.randn(64, c, ks, ks, device="cuda").half() / (ks * ks * c) ** 0.5
+    wt = weight.permute(2, 3, 1, 0).reshape(ks * ks * c, 64).contiguous()
+    y = torch.empty(CONV_N, o, o, 64, device="cuda").half()
     xn, wn = x.permute(0, 3, 1, 2), weight.contiguous(memory_format=torch.channels_last)
-    peer = lambda: F.conv2d(xn, wn, stride=2, padding=3)        # noqa: E731
-    k = shipped(str(ROOT / "examples/conv2d_stem.tile"), **extra)
+    peer = lambda: F.conv2d(xn, wn, stride=s, padding=p)        # noqa: E731
+    k = shipped(str(ROOT / f"examples/{example}.tile"), **consts)
     k(x, wt, y)
     err = rel_err(y, peer().permute(0, 2, 3, 1))
-    assert err < 5e-3, f"conv2d_stem: relative error {err}"
-    flops = 2 * CONV_N * 112 * 112 * 64 * 392
+    assert err < 5e-3, f"{name}: relative error {err}"
+    flops = 2 * CONV_N * o * o * 64 * ks * ks * c
     t_tilec, t_torch, ratio = compare(lambda: k(x, wt, y), peer)
-    rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12,
-                 flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
+    rows.append((name, "F.conv2d cuDNN", flops / t_tilec / 1e12, flops / t_torch / 1e12, "TFLOP", ratio, chosen(k)))
 
 
 def bench_host(rows):
