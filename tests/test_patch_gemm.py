@@ -42,29 +42,12 @@ SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
 CHANNELS = [(8, 80), (16, 144), (24, 224), (32, 288), (40, 368)]     # C, the weights' rows: 9 * C rounded up to 16
 
 
-def conv3x3(n, h, w, c, kp, seed, oh=None, ow=None, f=64):
-    """X, the weights (zero past 9 * C rows; `f` filters) and numpy's 3x3, pad-1
-    convolution over `oh` x `ow` outputs (default the image's; more: X zero-extended,
-    as a patch past the image loads zeros)."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
-    wt = np.zeros((kp, f), np.float16)
-    wt[:9 * c] = rng.integers(-2, 3, (9 * c, f))
-    oh, ow = oh or h, ow or w
-    xp = np.zeros((n, oh + 2, ow + 2, c))
-    xp[:, 1:h + 1, 1:w + 1] = x
-    want = sum(xp[:, i:i + oh, j:j + ow] @ wt[(i * 3 + j) * c:(i * 3 + j + 1) * c].astype(np.float64)
-               for i in range(3) for j in range(3))
-    return x, wt, want
-
-
 def problem(n, h, w, c, kp, like):
     """X, the weights, the guarded tile-major output and numpy's result for every
     pixel of every 16 x 8 tile."""
-    th, tw = -(-h // 16), -(-w // 8)
-    x, wt, want = conv3x3(n, h, w, c, kp, n * h * w + c, th * 16, tw * 8)
-    tiles = want.reshape(n, th, 16, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
-    return on(like, [x, wt]), guarded((n * th * tw * 128, 64), "f16", like=like), tiles
+    x, wt, tiles = conv_strided(n, h, w, Geo(c, 3, 3, 1), n * h * w + c)
+    assert len(wt) == kp
+    return on(like, [x, wt]), guarded(tiles.shape, "f16", like=like), tiles
 
 
 def run(like, c, kp, n, h, w):
@@ -159,7 +142,8 @@ def convolve(like, src, tma, x, wt, want):
 def example(like, c, kp, tma, n, h, w, f=64):
     """The example takes conv2d.tile's weights, 9 * C rows: its tile of KP rows reads zeros past them."""
     src = EXAMPLE.replace("const C = 8, F = 64", f"const C = {c}, F = {f}")
-    x, wt, want = conv3x3(n, h, w, c, kp, n * h + c, f=f)
+    x, wt, want = conv_strided(n, h, w, Geo(c, 3, 3, 1), n * h + c, nhwc=True, f=f)
+    assert len(wt) == kp
     convolve(like, src, tma, x, np.ascontiguousarray(wt[:9 * c]), want)
 
 
@@ -274,16 +258,16 @@ class Geo(tuple):
 STRIDES = [Geo(8, 7, 7, 2), Geo(8, 3, 3, 2), Geo(16, 3, 3, 2), Geo(8, 5, 5, 3)]
 
 
-def conv_strided(n, h, w, g, seed, nhwc=False):
-    """X, the weights (zero past KH * KW * C rows) and numpy's convolution of geometry
-    `g` for every pixel of every OT x 8 output tile, tile-major (X zero-extended past
-    its end, as a patch past the image loads zeros); `nhwc`: the output pixels only,
-    [N, OH, OW, 64]."""
+def conv_strided(n, h, w, g, seed, nhwc=False, f=64):
+    """X, the weights (KP rows, zero past KH * KW * C; `f` filters) and numpy's
+    convolution of geometry `g` for every pixel of every OT x 8 output tile,
+    tile-major (X zero-extended past its end, as a patch past the image loads
+    zeros); `nhwc`: the output pixels only, [N, OH, OW, f]."""
     rng = np.random.default_rng(seed)
     c, kh, kw, st, ot = g[:5]
     x = rng.integers(-2, 3, (n, h, w, c)).astype(np.float16)
-    wt = np.zeros((g.kp, 64), np.float16)
-    wt[:kh * kw * c] = rng.integers(-2, 3, (kh * kw * c, 64))
+    wt = np.zeros((g.kp, f), np.float16)
+    wt[:kh * kw * c] = rng.integers(-2, 3, (kh * kw * c, f))
     ph, pw = kh // 2, kw // 2
     oh, ow = (h + 2 * ph - kh) // st + 1, (w + 2 * pw - kw) // st + 1
     th, tw = -(-oh // ot), -(-ow // 8)
@@ -293,7 +277,7 @@ def conv_strided(n, h, w, g, seed, nhwc=False):
                wt[(i * kw + j) * c:(i * kw + j + 1) * c].astype(np.float64) for i in range(kh) for j in range(kw))
     if nhwc:
         return x, wt, want[:, :oh, :ow]
-    return x, wt, want.reshape(n, th, ot, tw, 8, 64).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 64)
+    return x, wt, want.reshape(n, th, ot, tw, 8, f).transpose(0, 1, 3, 2, 4, 5).reshape(-1, f)
 
 
 def run_strided(like, g, n, h, w, tma=True):
@@ -522,5 +506,5 @@ def test_the_examples_on_a_persistent_grid_convolve(like, tma):
     x, wt, want = conv_strided(2, 75, 45, Geo(8, 7, 7, 2), 9, nhwc=True)
     convolve(like, persistent(STEM), tma, x, np.ascontiguousarray(wt[:392]), want)
     src = persistent(EXAMPLE).replace("const C = 8", "const C = 24")
-    x, wt, want = conv3x3(3, 37, 24, 24, 224, 11)
+    x, wt, want = conv_strided(3, 37, 24, Geo(24, 3, 3, 1), 11, nhwc=True)
     convolve(like, src, tma, x, np.ascontiguousarray(wt[:216]), want)
