@@ -43,6 +43,11 @@ SHAPES = [
     (32, 256, 32, 256),     # K depth 32: 64-byte swizzle
     (96, 128, 64, 256),     # 96 rows: m64n96
     (48, 192, 16, 384),     # 3 warpgroups over B's columns, K depth 16
+    # warpgroups over N that split it unevenly (N / warpgroups rounded up to 8, the last one what is left)
+    (64, 24, 64, 256),      # 16 + 8 columns: the last warpgroup's m64n8 in a branch of its own
+    (64, 200, 64, 256),     # 104 + 96, 16-byte chunks (104 columns are no 32-byte chunks)
+    (64, 128, 32, 384),     # 48 + 48 + 32
+    (40, 64, 64, 256),      # swapped: 40 rows are wgmma's N, 24 + 16
 ]
 
 
@@ -68,6 +73,11 @@ def split(bm, bn, threads):
     while rows > 1 and m % (64 * rows):
         rows -= 1
     return m, n, wg // rows
+
+
+def split_width(n, over_n) -> int:
+    """Each warpgroup's columns: N / over_n rounded up to a multiple of 8 (the last takes what is left)."""
+    return -(-n // (8 * over_n)) * 8
 
 
 def swizzle(row_bytes) -> int:

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 import tilec
-from gemm_shapes import BESIDE, case_id, cases, source, split, swapped, swizzle
+import math
+
+from gemm_shapes import BESIDE, case_id, cases, source, split, split_width, swapped, swizzle
 from guard import guarded
 
 CASES = list(cases())
@@ -26,7 +28,7 @@ def test_shape_compiles_cleanly(case):
     # a is wgmma's M-major a ([K, M], 128-byte rows), or swapped its N-major b (rows of n / over_n columns)
     a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
     assert a_line.startswith(f"  shared a: f16[{bk}, {bm}]" if ta else f"  shared a: f16[{bm}, {bk}]")
-    a_swizzle = (swizzle(n // over_n * 2) if swapped(bm) else 128) if ta else swizzle(bk * 2)
+    a_swizzle = (swizzle(math.gcd(n, split_width(n, over_n)) * 2) if swapped(bm) else 128) if ta else swizzle(bk * 2)
     assert f"layout sw{a_swizzle} " in a_line
 
 
@@ -51,11 +53,15 @@ def test_shape_interpreted_equals_numpy(case):
     (96, 96, 64, 256, "gemm: the 96 rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), or of 8 "
                       "with the tile's N = 96 a multiple of 64"),
     (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
-                      "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, so each takes N / 4 "
-                      "of the N = 16 columns, which must be a multiple of 8"),
-    (64, 128, 64, 384, "gemm: 3 warpgroups over 64 rows are 1 over M and 3 over N, so each takes N / 3 of the "
-                       "N = 128 columns, which must be a multiple of 8 of at most 256 (one wgmma m64nNk16 per "
-                       "warpgroup)"),
+                      "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 16 "
+                      "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "
+                      "wider tile"),
+    (64, 8, 64, 256, "gemm: 2 warpgroups over 64 rows are 1 over M and 2 over N, but the N = 8 columns in steps of 8 "
+                     "(8 a warpgroup) leave the last warpgroup none"),
+    (64, 100, 64, 256, "gemm: 2 warpgroups over 64 rows are 1 over M and 2 over N: the N = 100 columns must be a "
+                       "multiple of 8, and each warpgroup's share (N / 2 rounded up to a multiple of 8) at most 256 "
+                       "(one wgmma m64nNk16 per warpgroup)"),
+    (64, 520, 64, 256, "gemm: 2 warpgroups over 64 rows are 1 over M and 2 over N: the N = 520 columns must be"),
     (128, 512, 64, 128, "gemm: the tile width N = 512 must be a multiple of 8 of at most 256 (one wgmma m64nNk16 "
                         "per warpgroup)"),
     (128, 128, 24, 256, "gemm: the K depth 24 must be a multiple of 16"),

@@ -456,9 +456,11 @@ kernel accred(A: f16[M, K], B: f16[K, N], C: f32[M, N], Y: f32[{ydims}]) {{
 }}
 """
 # accumulator layouts (bm, bn, threads): one warpgroup; two over M; two over N (64 rows); three over M;
-# two m64 tiles a warpgroup; a swapped gemm (16 rows: fragments of acc^T)
+# two m64 tiles a warpgroup; a swapped gemm (16 rows: fragments of acc^T); split unevenly over N (40
+# columns: 24 + 16 over two warpgroups, 16 + 16 + 8 over three; the last one's registers past N hold none)
 ACC_LAYOUTS = {"wg1": (64, 128, 128), "wg2-rows": (128, 128, 256), "wg2-cols": (64, 128, 256),
-               "wg3": (192, 64, 384), "mt2": (256, 64, 256), "swapped": (16, 128, 128)}
+               "wg3": (192, 64, 384), "mt2": (256, 64, 256), "swapped": (16, 128, 128),
+               "uneven2": (64, 40, 256), "uneven3": (64, 40, 384)}
 
 
 def acc_reduce_source(layout, axis, op, tile="acc", space="shared"):

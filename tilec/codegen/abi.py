@@ -129,7 +129,8 @@ def workspace_bytes_per_block(k: ir.Kernel) -> int:
     """A stream-K launch's workspace: past the flags (WORKSPACE_FLAG_BYTES), per
     launched block a slot of f32 partial sums (its accumulators); 0 for any
     other kernel."""
-    return sum(b.elements for b in stream_k_accumulators(k)) * 4
+    threads = k.threads.value
+    return sum(ir.fragment_regs(b, threads) * threads for b in stream_k_accumulators(k)) * 4
 
 
 # The first bytes of a stream-K workspace: a 4-byte flag per launched block, at

@@ -235,9 +235,20 @@ class _Printer:
         at = (col, row) if acc.transposed else (row, col)
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, at), body)]
-        out += [ind + line for line in body]
+        out += self.inside_split(acc, col, [ind + line for line in body], ind + "  ")
         out.append(f"{ind}}}")
         return out
+
+    @staticmethod
+    def inside_split(acc: ir.Buffer, col: str, body: list, ind) -> list:
+        """`body`, for a register whose fragment column is `col`: where the warpgroups
+        over N split the columns unevenly (ir.split_width), only if that column is
+        one of the product's (the last warpgroup's registers past N hold none)."""
+        if not ir.uneven_split(acc):
+            return body
+        n = acc.fragment_shape[1]
+        return [f"{ind}if ({col} < {n}) {{  // else a register past the last warpgroup's columns"] + \
+            ["  " + line for line in body] + [f"{ind}}}"]
 
     def rows_loop(self, b: ir.Buffer, names, body, ind) -> list:
         """A thread's rows of a 'rows' tile (the accumulator rows its fragments hold):
@@ -482,7 +493,7 @@ class _Printer:
         in the slot (accumulators in slot order, stream_k_accumulators)."""
         out, first = [], 0
         for b in stream_k_accumulators(self.k):
-            regs = b.elements // self.threads
+            regs = ir.fragment_regs(b, self.threads)
             if b.name in names:
                 r = f"({first} + tl_r)" if first else "tl_r"
                 out += [f"{ind}  #pragma unroll", f"{ind}  for (int tl_r = 0; tl_r < {regs}; tl_r += 4) {{"]
@@ -493,7 +504,9 @@ class _Printer:
 
     def gemm(self, s: ir.Gemm, ind) -> list:
         """acc += a @ b: per K step (32 bytes of K), one wgmma per m64 row tile of
-        this warpgroup, over its N / wg_cols columns. a is K-major ([M, K]) or
+        this warpgroup, over its columns (ir.split_width: N / wg_cols, or where that
+        is uneven, the last warpgroup's narrower wgmmas in a branch of their own).
+        a is K-major ([M, K]) or
         M-major ([K, M], transpose_a), b N-major ([K, N]) or K-major ([N, K],
         transpose_b); each in column chunks whose rows are `swizzle` bytes
         (TMA's swizzle of that size): a descriptor's stride byte offset is the
@@ -508,47 +521,60 @@ class _Printer:
             a, b, ta, tb = b, a, not tb, not ta
         kdim = (b.shape[1] if tb else b.shape[0]) if s.patch else a.shape[0] if ta else a.shape[1]
         m, n = acc.fragment_shape
-        nw = n // s.wg_cols
+        nw, last = ir.split_width(n, s.wg_cols), ir.split_last(n, s.wg_cols)
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
         a_from = "regs" if s.a_in_registers else "m" if ta else "k"    # registers, M- or K-major shared
-        self.mma_shapes.add((nw, dt, a_from, not tb, False))
-        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{dict(regs='ar', m='am').get(a_from, '')}{'bk' if tb else 'bn'}"
-        if s.zero:      # the first K step's wgmmas write acc without reading it
-            self.mma_shapes.add((nw, dt, a_from, not tb, True))
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
         rows_per_wg = 64 * s.m_tiles
         sa, sb = a.swizzle, b.swizzle
         wa, wb = sa // esize, sb // esize                    # elements per chunk row
+
+        def issue(width, ind):      # this warpgroup's wgmmas, `width` columns each (nw apart in registers)
+            fn = f"wgmma_m64n{width}k{kstep}_{dt}_{dict(regs='ar', m='am').get(a_from, '')}{'bk' if tb else 'bn'}"
+            self.mma_shapes.add((width, dt, a_from, not tb, False))
+            if s.zero:      # the first K step's wgmmas write acc without reading it
+                self.mma_shapes.add((width, dt, a_from, not tb, True))
+            lines = []
+            for kk in range(kdim // kstep):
+                k0 = kk * kstep
+                if tb:                  # [N, K]: chunks of wb K columns, N rows each
+                    chunk, within = divmod(k0, wb)
+                    col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
+                    b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, " \
+                             f"{_lead(n, sb)}, {8 * sb}, {sb})"
+                else:                   # [K, N]: chunks of wb N columns, K rows each
+                    col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
+                    b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {_mn_major(kdim, sb)}, {sb})"
+                for t in range(s.m_tiles):
+                    if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
+                        a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
+                    elif s.patch:       # the im2col view of a patch: a pair of (tap, 8 channels) items a K step
+                        a_desc = self.patch_desc(s, a, a_stage, kk, t)
+                    elif ta:            # [K, M]: chunks of wa M columns, K rows each
+                        a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + " \
+                                f"{t * 64 // wa * kdim * sa + k0 * sa}"
+                        a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
+                    else:               # [M, K]: chunks of wa K columns, M rows each
+                        chunk, within = divmod(k0, wa)
+                        a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
+                        a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
+                    first = "_zero" if s.zero and kk == 0 else ""
+                    lines.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
+            return lines
+
         out = [f"{ind}// swapped: {acc.name}^T += {s.b}^T @ {s.a}^T, {m} rows by {n} columns ({acc.name} has "
                f"{n} rows, not a multiple of 64)"] if s.swapped else []
         out.append(f"{ind}wgmma_fence();")
-        for kk in range(kdim // kstep):
-            k0 = kk * kstep
-            if tb:                  # [N, K]: chunks of wb K columns, N rows each
-                chunk, within = divmod(k0, wb)
-                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, {_lead(n, sb)}, " \
-                         f"{8 * sb}, {sb})"
-            else:                   # [K, N]: chunks of wb N columns, K rows each
-                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
-                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {_mn_major(kdim, sb)}, {sb})"
-            for t in range(s.m_tiles):
-                if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
-                    a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
-                elif s.patch:       # the im2col view of a patch: a pair of (tap, 8 channels) items a K step
-                    a_desc = self.patch_desc(s, a, a_stage, kk, t)
-                elif ta:            # [K, M]: chunks of wa M columns, K rows each
-                    a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
-                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
-                else:               # [M, K]: chunks of wa K columns, M rows each
-                    chunk, within = divmod(k0, wa)
-                    a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
-                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
-                first = "_zero" if s.zero and kk == 0 else ""
-                out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
+        if last == nw:
+            out += issue(nw, ind)
+        else:           # an uneven split: the last warpgroup over N takes the columns left; its index read
+            # through a shuffle, which ptxas knows is the same in a warp (else it serializes every wgmma, C7519)
+            out += [f"{ind}if (__shfl_sync(0xffffffffu, {wg_col}, 0) == {s.wg_cols - 1}) {{  // the last warpgroup: "
+                    f"columns {n - last} .. {n - 1}"] + issue(last, ind + "  ") + \
+                [f"{ind}}} else {{"] + issue(nw, ind + "  ") + [f"{ind}}}"]
         out.append(f"{ind}wgmma_commit_group();")
         return out
 
@@ -650,12 +676,13 @@ class _Printer:
             ref = f"{src.name}[{index}]"
             return ref if ctype(src.dtype) == t else f"static_cast<{t}>({ref})"
 
-        def walk(first, rest):      # tl_acc over the slots first, then rest(k) for k = 1 .. count - 1
-            count, index = rest
+        def walk(first, rest, keep=None):   # tl_acc over the slots first, then rest(k) for k = 1 .. count - 1
+            count, index = rest                 # (those for which `keep` holds, if given)
             out = [f"{t} tl_acc = {slot(first)};"]
             if count > 1:
+                step = f"tl_acc = {combine(slot(index))};"
                 out += ["#pragma unroll", f"for (int tl_k = 1; tl_k < {count}; ++tl_k) {{",
-                        f"  tl_acc = {combine(slot(index))};", "}"]
+                        f"  if ({keep}) {step}" if keep else f"  {step}", "}"]
             return out
 
         if spread.local.startswith("wgmma"):
@@ -698,11 +725,13 @@ class _Printer:
         half = nw // 2                          # registers a thread has per m64 tile
         row0 = _fragment_row(src.wg_cols, mt)
         col0 = _fragment_col(src, threads)
+        n, keep = src.fragment_shape[1], None   # an uneven split: the last warpgroup's columns past N are none
         if spread.local == "wgmma rows":        # results: this thread's 2 * mt fragment rows
             loop = ("tl_x", 2 * mt)
             res = f"{row0} + tl_x / 2 * 64 + tl_x % 2 * 8"
             first = f"tl_x / 2 * {half} + tl_x % 2 * 2"
-            values = walk(first, (nw // 4, f"{first} + tl_k / 2 * 4 + tl_k % 2"))
+            inside = f"{col0}tl_k / 2 * 8 < {n}" if ir.uneven_split(src) else None
+            values = walk(first, (nw // 4, f"{first} + tl_k / 2 * 4 + tl_k % 2"), inside)
             lane, stride = "threadIdx.x", 1       # a quad's first lane leads
             group = None if src.wg_cols == 1 else _warpgroup_col(src.wg_cols)
             how = f"each fragment row of {s.src} on the 4 lanes of a quad" + \
@@ -716,17 +745,20 @@ class _Printer:
             group = f"(threadIdx.x % 128 / 32 + ({_warpgroup_row(src.wg_cols)}) * 4)"
             how = f"each fragment column of {s.src} on 8 lanes of each of {spread.groups} warps, {2 * mt} " \
                   "elements a lane"
+            keep = f"{col0}tl_x / 2 * 8 < {n}" if ir.uneven_split(src) else None    # the same in a whole warp
         return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
-                                     group)
+                                     group, keep)
 
     def reduce_lanes_out(self, s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
-                         group=None) -> list:
+                         group=None, keep=None) -> list:
         """The end of reduce_local and reduce_fragments: after `values` (tl_acc, a lane's
         walk of result `res`, in `loop` if any), the lanes of each warp combine in halves
         (__shfl_down_sync by h * stride threads), and each warp's first lane (`lane` %
         per_warp == 0) writes the result (one warp and a shared result), or its value
         into slot res * groups + its warp's index (`group`; by default lane /
-        per_warp) for a thread loop over acc to combine in order after a barrier."""
+        per_warp) for a thread loop over acc to combine in order after a barrier.
+        `keep`: which results of the loop exist (an uneven split's last warpgroup
+        walks columns past N)."""
         groups, per_warp = spread.groups, spread.per_warp
         body = list(values)
         if spread.lanes > 1 and per_warp > 1:
@@ -756,6 +788,8 @@ class _Printer:
         out = [f"{ind}{{  // {s.op} of {how}" + ("; " + ", then ".join(steps) if steps else "")]
         if slots:
             out.append(f"{ind}  {self.block_sync}  // a reduce before may still read the slots")
+        if keep:        # results of the loop that exist (the same for every lane of a warp: its shuffles)
+            body = [f"if ({keep}) {{"] + [f"  {line}" for line in body] + ["}"]
         if loop:
             out += [f"{ind}  #pragma unroll", f"{ind}  for (int {loop[0]} = 0; {loop[0]} < {loop[1]}; ++{loop[0]}) {{"]
             out += [f"{ind}    {line}" for line in body] + [f"{ind}  }}"]
@@ -1011,8 +1045,10 @@ class _Printer:
         pair_t, pack = PAIR_TYPES[dst.dtype.name]
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
         first = fold(s.src.starts[1]).value if s.src.starts else 0
-        body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};",
-                f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"]
+        body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};"]
+        body += self.inside_split(acc, "tl_i1", [
+            f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"],
+            ind + "  ")
         if not first and dst.shape == acc.shape:
             return [f"{ind}#pragma unroll",
                     f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // columns tl_i1, tl_i1 + 1"] + \
@@ -1036,11 +1072,11 @@ class _Printer:
         halves = [self.element(dst, [ir.Var(i), ir.Var("tl_i1")]) for i in ("tl_i0", "tl_i0 + 1")]
         return [f"{ind}#pragma unroll",
                 f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // rows tl_i0, tl_i0 + 1 of column tl_i1",
-                f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};",
+                f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};"] + self.inside_split(acc, "tl_i0", [
                 f"{ind}  const unsigned tl_v = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
                 f"{ind}  reinterpret_cast<unsigned short&>({halves[0]}) = static_cast<unsigned short>(tl_v);",
-                f"{ind}  reinterpret_cast<unsigned short&>({halves[1]}) = static_cast<unsigned short>(tl_v >> 16);",
-                f"{ind}}}"]
+                f"{ind}  reinterpret_cast<unsigned short&>({halves[1]}) = static_cast<unsigned short>(tl_v >> 16);"],
+                ind + "  ") + [f"{ind}}}"]
 
     def fragment_store(self, s: ir.ThreadCopy, acc: ir.Buffer, ind) -> list:
         """copy(acc, T[...]) from wgmma fragments: a thread's registers cover 2 rows
@@ -1049,6 +1085,7 @@ class _Printer:
         index math made NVVM and ptxas take twice as long on gemm.tile.)"""
         t = self.k.param(s.dst.name)
         mt, nw = ir.fragment_tiles(acc, self.threads)
+        n = acc.fragment_shape[1]
         lead = len(t.shape) - 2
         starts = [self.expr(e, 5) for e in s.dst.starts]
         outer = [f"static_cast<unsigned long long>({c}) < static_cast<unsigned long long>(tl_{t.name}_dim{d})"
@@ -1071,7 +1108,9 @@ class _Printer:
                 f"{i}    if ({row_ok}) {{",
                 f"{i}      {ctype(t.dtype)}* const tl_out = {t.name}{offset} + tl_y * tl_{t.name}_stride{lead};",
                 f"{i}      #pragma unroll",
-                f"{i}      for (int tl_j = 0; tl_j < {nw // 8}; ++tl_j) {{",
+                f"{i}      for (int tl_j = 0; tl_j < {nw // 8}; ++tl_j) {{"] + ([
+                f"{i}        if (tl_col + tl_j * 8 >= {n}) break;  // the last warpgroup's registers past N"]
+                if ir.uneven_split(acc) else []) + [
                 f"{i}        #pragma unroll",
                 f"{i}        for (int tl_p = 0; tl_p < 2; ++tl_p) {{",
                 f"{i}          const long long tl_x = static_cast<long long>({starts[lead + 1]}) + tl_j * 8 + tl_col + tl_p;",
@@ -1414,7 +1453,7 @@ def generate(k: ir.Kernel, source_name: str, debug: bool = False, arch: str = DE
             prologue.append(f"{ctype(b.dtype)}* const {b.name} = reinterpret_cast<{ctype(b.dtype)}*>"
                             f"(tl_smem + {b.smem_offset});  // shared {b.name}: {b.dtype.name}[{shape}]")
         elif b.layout == "wgmma":
-            regs = b.elements // pr.threads
+            regs = ir.fragment_regs(b, pr.threads)
             prologue.append(f"{ctype(b.dtype)} {b.name}[{regs}];  // local {b.name}: {b.dtype.name}[{shape}] as wgmma "
                             f"accumulator fragments{' of its transpose' if b.transposed else ''}")
         elif b.layout == "rows":

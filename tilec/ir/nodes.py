@@ -756,13 +756,41 @@ def local_reduce_spread(threads: int, shape, axis: int) -> Optional[ReduceSpread
     return ReduceSpread(threads // n, max(32 // n, 1), "across")
 
 
+def split_width(n: int, wg_cols: int) -> int:
+    """The columns each of `wg_cols` warpgroups side by side over N holds in its
+    fragments: N / wg_cols rounded up to a multiple of 8 (wgmma's n steps). Where
+    that does not divide N evenly (N = 24 over 2: 16 and 8), the last warpgroup's
+    wgmma is narrower (split_last) and its fragments past N are never used."""
+    return (-(-n // wg_cols) + 7) // 8 * 8 if wg_cols > 1 else n
+
+
+def split_last(n: int, wg_cols: int) -> int:
+    """The columns of the last of `wg_cols` warpgroups over N (split_width)."""
+    return n - (wg_cols - 1) * split_width(n, wg_cols)
+
+
 def fragment_tiles(acc: "Buffer", threads: int) -> tuple:
     """(m64 tiles, columns) of the accumulator (of acc^T if transposed) that one
     warpgroup holds in wgmma's fragments: `threads / 128` warpgroups, `wg_cols`
-    of them side by side over N."""
+    of them side by side over N, each split_width(N) columns wide."""
     rows = threads // 128 // acc.wg_cols
     m, n = acc.fragment_shape
-    return m // (64 * rows), n // acc.wg_cols
+    return m // (64 * rows), split_width(n, acc.wg_cols)
+
+
+def fragment_regs(b: "Buffer", threads: int) -> int:
+    """Registers a thread holds of a 'wgmma' tile: 2 x 2 elements per 8 columns of
+    each m64 tile of its warpgroup (elements / threads, unless the warpgroups over N
+    split it unevenly: then the last one's registers past N are padding)."""
+    mt, nw = fragment_tiles(b, threads)
+    return mt * nw // 2
+
+
+def uneven_split(b: "Buffer") -> bool:
+    """Whether the warpgroups over N split 'wgmma' tile `b`'s columns (of the
+    product wgmma computes) unevenly: then a register may hold no element."""
+    n = b.fragment_shape[1]
+    return split_width(n, b.wg_cols) * b.wg_cols != n
 
 
 def row_slots(b: "Buffer", threads: int) -> int:
@@ -804,9 +832,10 @@ def tile_owners(b: "Buffer", threads: int) -> list:
         return [[(i * n + j) % threads for j in range(n)] for i in range(m)]
     owners = [[0] * n for _ in range(m)]
     for t in range(threads):
-        for r in range(b.elements // threads):
+        for r in range(fragment_regs(b, threads)):
             i, j = fragment_element(b, threads, t, r)
-            owners[i][j] = t
+            if i < m and j < n:             # else a padding register of an uneven split
+                owners[i][j] = t
     return owners
 
 

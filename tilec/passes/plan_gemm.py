@@ -102,7 +102,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         # tile its im2col taps too); 16-bit M/N-major operands only, a warpgroup's share a multiple of 8 (_split)
         a_sw = 0 if regs_a else 16 if s.patch else _swizzle(pm // rows, esize) if ta else \
             _k_major_swizzle(k, wa, ka, esize)
-        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(pn // cols, esize)
+        b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(math.gcd(pn, ir.split_width(pn, cols)), esize)
         if s.patch:     # the weights' 8-row groups in the order of the k16 steps' item pairs
             b_order = _pair_order(replace(a, layout="sw16", phases=s.patch_stride), b, s)
             if phases.get(a.name, s.patch_stride) != s.patch_stride:
@@ -120,7 +120,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         splits[acc.name] = cols
         if regs_a:      # its f16 / bf16 elements in pairs, one register each, as the wgmmas read them
             transposed[a.name], splits[a.name], fragments[a.name] = False, 1, a.elements // threads // 2
-        fragments[acc.name] = acc.elements // threads      # as codegen declares it: float acc[elements / threads]
+        fragments[acc.name] = pm // (64 * rows) * ir.split_width(pn, cols) // 2     # as codegen declares it
         _check_registers(fragments, threads, k.producer_warpgroup, s)
         return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a,
                        zeros=zeros)
@@ -138,7 +138,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
         body = tuple(ir.Fill(ir.patch_zeros(n), ir.Int(0)) for n in sorted(patched)) + body
     k = _spread_fragments(replace(k, body=body, buffers=buffers))
-    spread = {b.name: b.elements // threads for b in k.buffers if b.layout == "wgmma" and b.name not in fragments}
+    spread = {b.name: ir.fragment_regs(b, threads) for b in k.buffers if b.layout == "wgmma" and b.name not in fragments}
     if spread:
         _check_registers({**fragments, **spread}, threads, k.producer_warpgroup, next(
             s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)))
@@ -444,8 +444,9 @@ def _swapped_note(m, n) -> str:
 
 def _split(wg, m, n, span, swapped=""):
     """(warpgroups over M, warpgroups over N): over M while each keeps whole m64
-    tiles (what the m64nNk16 instruction computes), the rest over N, where each
-    warpgroup's columns must be a multiple of 8 and at most 256 (one wgmma).
+    tiles (what the m64nNk16 instruction computes), the rest over N: each
+    warpgroup takes N / cols columns rounded up to a multiple of 8 (at most 256:
+    one wgmma), the last what is left (N = 24 over two: 16 and 8; ir.split_width).
     `swapped`: m and n are those of acc^T, and the errors begin so."""
     rows = wg
     while rows > 1 and m % (64 * rows):
@@ -457,14 +458,19 @@ def _split(wg, m, n, span, swapped=""):
         raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), "
                             f"or of 8 with the tile's N = {n} a multiple of 64 (then wgmma computes "
                             "acc^T = b^T @ a^T)", span)
-    if n % cols or (n // cols) % 8 or n // cols > 256:
-        first = swapped or "gemm: "
+    first = swapped or "gemm: "
+    if n % 8 or ir.split_width(n, cols) > 256:
         if cols == 1:
             raise SemanticError(f"{first}the tile width N = {n} must be a multiple of 8 of at most 256 (one wgmma "
                                 "m64nNk16 per warpgroup)", span)
-        raise SemanticError(f"{first}{wg} warpgroups over {m} rows are {rows} over M and {cols} over N, so each "
-                            f"takes N / {cols} of the N = {n} columns, which must be a multiple of 8 of at most "
-                            "256 (one wgmma m64nNk16 per warpgroup)", span)
+        raise SemanticError(f"{first}{wg} warpgroups over {m} rows are {rows} over M and {cols} over N: the N = {n} "
+                            f"columns must be a multiple of 8, and each warpgroup's share (N / {cols} rounded up to "
+                            "a multiple of 8) at most 256 (one wgmma m64nNk16 per warpgroup)", span)
+    if ir.split_last(n, cols) <= 0:
+        width = ir.split_width(n, cols)
+        raise SemanticError(f"{first}{wg} warpgroups over {m} rows are {rows} over M and {cols} over N, but the "
+                            f"N = {n} columns in steps of 8 ({width} a warpgroup) leave the last warpgroup none: "
+                            f"use fewer threads or a wider tile", span)
     return rows, cols
 
 
