@@ -226,6 +226,10 @@ def kernel(k: ir.Kernel) -> str:
         where += f" phases {b.phases}" if b.phases > 1 else ""
         where += " transposed" if b.transposed else ""
         where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
+        if b.layout == "wgmma" and ir.uneven_split(b):     # each of the first ones split_width columns
+            n = b.fragment_shape[1]
+            where += f" ({' + '.join([str(ir.split_width(n, b.wg_cols))] * (b.wg_cols - 1))} + " \
+                     f"{ir.split_last(n, b.wg_cols)} columns)"
         where += f" over {b.alias}" if b.alias else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
