@@ -504,9 +504,9 @@ class _Printer:
 
     def gemm(self, s: ir.Gemm, ind) -> list:
         """acc += a @ b: per K step (32 bytes of K), one wgmma per m64 row tile of
-        this warpgroup, over its columns (ir.split_width: N / wg_cols, or where that
-        is uneven, the last warpgroup's narrower wgmmas in a branch of their own).
-        a is K-major ([M, K]) or
+        this warpgroup, over its columns (ir.split_width: N / wg_cols rounded up to
+        8; where that is uneven, the last warpgroup's wgmmas read b past N: its
+        `overrun`). a is K-major ([M, K]) or
         M-major ([K, M], transpose_a), b N-major ([K, N]) or K-major ([N, K],
         transpose_b); each in column chunks whose rows are `swizzle` bytes
         (TMA's swizzle of that size): a descriptor's stride byte offset is the
@@ -521,60 +521,50 @@ class _Printer:
             a, b, ta, tb = b, a, not tb, not ta
         kdim = (b.shape[1] if tb else b.shape[0]) if s.patch else a.shape[0] if ta else a.shape[1]
         m, n = acc.fragment_shape
-        nw, last = ir.split_width(n, s.wg_cols), ir.split_last(n, s.wg_cols)
+        nw = ir.split_width(n, s.wg_cols)
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
         a_from = "regs" if s.a_in_registers else "m" if ta else "k"    # registers, M- or K-major shared
+        self.mma_shapes.add((nw, dt, a_from, not tb, False))
+        fn = f"wgmma_m64n{nw}k{kstep}_{dt}_{dict(regs='ar', m='am').get(a_from, '')}{'bk' if tb else 'bn'}"
+        if s.zero:      # the first K step's wgmmas write acc without reading it
+            self.mma_shapes.add((nw, dt, a_from, not tb, True))
         a_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {a.stage_bytes} + "
         b_stage = "" if s.stage is None else f"{self.expr(s.stage, 6)} * {b.stage_bytes} + "
         wg_row, wg_col = _warpgroup_row(s.wg_cols), _warpgroup_col(s.wg_cols)
         rows_per_wg = 64 * s.m_tiles
         sa, sb = a.swizzle, b.swizzle
         wa, wb = sa // esize, sb // esize                    # elements per chunk row
-
-        def issue(width, ind):      # this warpgroup's wgmmas, `width` columns each (nw apart in registers)
-            fn = f"wgmma_m64n{width}k{kstep}_{dt}_{dict(regs='ar', m='am').get(a_from, '')}{'bk' if tb else 'bn'}"
-            self.mma_shapes.add((width, dt, a_from, not tb, False))
-            if s.zero:      # the first K step's wgmmas write acc without reading it
-                self.mma_shapes.add((width, dt, a_from, not tb, True))
-            lines = []
-            for kk in range(kdim // kstep):
-                k0 = kk * kstep
-                if tb:                  # [N, K]: chunks of wb K columns, N rows each
-                    chunk, within = divmod(k0, wb)
-                    col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
-                    b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, " \
-                             f"{_lead(n, sb)}, {8 * sb}, {sb})"
-                else:                   # [K, N]: chunks of wb N columns, K rows each
-                    col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
-                    b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {_mn_major(kdim, sb)}, {sb})"
-                for t in range(s.m_tiles):
-                    if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
-                        a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
-                    elif s.patch:       # the im2col view of a patch: a pair of (tap, 8 channels) items a K step
-                        a_desc = self.patch_desc(s, a, a_stage, kk, t)
-                    elif ta:            # [K, M]: chunks of wa M columns, K rows each
-                        a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + " \
-                                f"{t * 64 // wa * kdim * sa + k0 * sa}"
-                        a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
-                    else:               # [M, K]: chunks of wa K columns, M rows each
-                        chunk, within = divmod(k0, wa)
-                        a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
-                        a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
-                    first = "_zero" if s.zero and kk == 0 else ""
-                    lines.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
-            return lines
-
         out = [f"{ind}// swapped: {acc.name}^T += {s.b}^T @ {s.a}^T, {m} rows by {n} columns ({acc.name} has "
                f"{n} rows, not a multiple of 64)"] if s.swapped else []
+        if nw * s.wg_cols != n:
+            out.append(f"{ind}// the last warpgroup owns columns {n - ir.split_last(n, s.wg_cols)} .. {n - 1}; its "
+                       f"wgmmas, {nw} wide, read {b.name}'s shared memory past them into registers nothing uses")
         out.append(f"{ind}wgmma_fence();")
-        if last == nw:
-            out += issue(nw, ind)
-        else:           # an uneven split: the last warpgroup over N takes the columns left; its index read
-            # through a shuffle, which ptxas knows is the same in a warp (else it serializes every wgmma, C7519)
-            out += [f"{ind}if (__shfl_sync(0xffffffffu, {wg_col}, 0) == {s.wg_cols - 1}) {{  // the last warpgroup: "
-                    f"columns {n - last} .. {n - 1}"] + issue(last, ind + "  ") + \
-                [f"{ind}}} else {{"] + issue(nw, ind + "  ") + [f"{ind}}}"]
+        for kk in range(kdim // kstep):
+            k0 = kk * kstep
+            if tb:                  # [N, K]: chunks of wb K columns, N rows each
+                chunk, within = divmod(k0, wb)
+                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw * sb} + "
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{chunk * n * sb + within * esize}, {_lead(n, sb)}, " \
+                         f"{8 * sb}, {sb})"
+            else:                   # [K, N]: chunks of wb N columns, K rows each
+                col = "" if s.wg_cols == 1 else f"({wg_col}) * {nw // wb * kdim * sb} + "
+                b_desc = f"wgmma_desc({b.name}, {b_stage}{col}{k0 * sb}, {_mn_major(kdim, sb)}, {sb})"
+            for t in range(s.m_tiles):
+                if a_from == "regs":    # an [M, K] tile's fragments: per m64 tile K / 2 of them, 8 per K step
+                    a_desc = f"{a.name} + {t * kdim // 2 + kk * 8}"
+                elif s.patch:       # the im2col view of a patch: a pair of (tap, 8 channels) items a K step
+                    a_desc = self.patch_desc(s, a, a_stage, kk, t)
+                elif ta:            # [K, M]: chunks of wa M columns, K rows each
+                    a_off = f"({wg_row}) * {rows_per_wg // wa * kdim * sa} + {t * 64 // wa * kdim * sa + k0 * sa}"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
+                else:               # [M, K]: chunks of wa K columns, M rows each
+                    chunk, within = divmod(k0, wa)
+                    a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
+                first = "_zero" if s.zero and kk == 0 else ""
+                out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
         return out
 

@@ -174,6 +174,8 @@ class Buffer:
     row_groups: tuple = ()  # shared, swizzled: position p holds the tile's 8-row group row_groups[p] (the
                             # weights of a patch gemm whose K pairs are not in K order); (): in order
     phases: int = 1         # sw16 patch [PH, PW, C] of a stride-S im2col view: pixel column j in phase j % S
+    overrun: int = 0        # shared: bytes past its last copy that wgmma reads (an unevenly split gemm's last
+                            # warpgroup: columns past N, into fragment registers nothing uses)
     span: Optional[Span] = SPAN
 
     @property
@@ -233,8 +235,9 @@ class Buffer:
 
     @property
     def ring_bytes(self) -> int:
-        """Shared memory that all `stages` copies of the tile span."""
-        return self.stage_bytes * (self.stages - 1) + self.bytes
+        """Shared memory that all `stages` copies of the tile span (and the bytes past
+        them that a wgmma reads: `overrun`)."""
+        return self.stage_bytes * (self.stages - 1) + self.bytes + self.overrun
 
 
 @dataclass(frozen=True)
@@ -757,10 +760,11 @@ def local_reduce_spread(threads: int, shape, axis: int) -> Optional[ReduceSpread
 
 
 def split_width(n: int, wg_cols: int) -> int:
-    """The columns each of `wg_cols` warpgroups side by side over N holds in its
-    fragments: N / wg_cols rounded up to a multiple of 8 (wgmma's n steps). Where
-    that does not divide N evenly (N = 24 over 2: 16 and 8), the last warpgroup's
-    wgmma is narrower (split_last) and its fragments past N are never used."""
+    """The columns each of `wg_cols` warpgroups side by side over N computes: N /
+    wg_cols rounded up to a multiple of 8 (wgmma's n steps). Where that does not
+    divide N evenly (N = 24 over 2: 16 and 8), the last warpgroup's wgmmas are as
+    wide as the others' and read past the operand's N columns (its `overrun`), into
+    fragment registers past N that nothing uses; it owns split_last columns."""
     return (-(-n // wg_cols) + 7) // 8 * 8 if wg_cols > 1 else n
 
 
@@ -781,7 +785,7 @@ def fragment_tiles(acc: "Buffer", threads: int) -> tuple:
 def fragment_regs(b: "Buffer", threads: int) -> int:
     """Registers a thread holds of a 'wgmma' tile: 2 x 2 elements per 8 columns of
     each m64 tile of its warpgroup (elements / threads, unless the warpgroups over N
-    split it unevenly: then the last one's registers past N are padding)."""
+    split it unevenly: then the last one's registers past N hold no element)."""
     mt, nw = fragment_tiles(b, threads)
     return mt * nw // 2
 

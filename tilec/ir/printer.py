@@ -232,6 +232,7 @@ def kernel(k: ir.Kernel) -> str:
                      f"{ir.split_last(n, b.wg_cols)} columns)"
         where += f" over {b.alias}" if b.alias else ""
         where += f" stages {b.stages}" if b.stages > 1 else ""
+        where += f" overrun {b.overrun}" if b.overrun else ""
         shape = ", ".join(expr(d) if isinstance(d, ir.Expr) else str(d) for d in b.shape)
         out.append(f"  {b.scope} {b.name}: {b.dtype.name}[{shape}]{where}")
     for (written, read), why in k.in_place:

@@ -34,6 +34,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
+    overruns = {}                               # wgmma's b -> Buffer.overrun (an uneven split)
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
     orders = {}                                 # a patch gemm's weights -> Buffer.row_groups
@@ -116,6 +117,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             if layouts.get(t.name, lay) != lay:
                 raise SemanticError(f"'{t.name}' is used by two gemms in different roles or layouts", s.span)
             layouts[t.name] = lay
+        # an uneven split's last warpgroup reads as many columns as the others, past wgmma's b's N: that many
+        # more 8-column chunks ([K, N]) or rows of its last chunk ([N, K]) must be shared memory
+        extra = ir.split_width(pn, cols) * cols - pn
+        over = extra * (b_sw if tb else wb.shape[0] * esize)
+        overruns[wb.name] = max(overruns.get(wb.name, 0), over)
         transposed[acc.name] = swap        # the same for every gemm into acc: it follows from acc's shape
         splits[acc.name] = cols
         if regs_a:      # its f16 / bf16 elements in pairs, one register each, as the wgmmas read them
@@ -132,7 +138,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         return k
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed),
-                            row_groups=orders.get(b.name, b.row_groups), phases=phases.get(b.name, b.phases))
+                            row_groups=orders.get(b.name, b.row_groups), phases=phases.get(b.name, b.phases),
+                            overrun=overruns.get(b.name, b.overrun))
                     for b in k.buffers)
     if patched:     # each such patch's zeros right after it (so a descriptor reaches them forwards), zeroed first
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
