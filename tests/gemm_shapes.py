@@ -135,3 +135,46 @@ kernel g(A: f16[M, K], B: f16[K, N], C: {ot}[M, N]) {{
 }}
 """
 
+
+
+# An unevenly split accumulator's epilogue: a parallel that reads shared memory (the registers past N read
+# column N - 1), one that writes it (they are skipped), through a shared tile stored by TMA.
+UNEVEN = """
+kernel g(A: f16[M, K], B: f16[K, N], Bias: f32[M, N], C: f32[M, N]) {{
+    const BM = 64, BN = {bn}, BK = 64;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads {threads};
+    shared a: f16[BM, BK];
+    shared b: f16[BK, BN];
+    shared s: f32[BM, BN];
+    local acc: f32[BM, BN];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = 3) {{
+        copy(A[by * BM, k * BK], a);
+        copy(B[k * BK, bx * BN], b);
+        gemm(a, b, acc);
+    }}
+    copy(Bias[by * BM, bx * BN], s);
+    parallel (i, j) in (BM, BN) {{
+        acc[i, j] = acc[i, j] * 2.0 + s[i, j];
+    }}
+    parallel (i, j) in (BM, BN) {{
+        s[i, j] = acc[i, j] - 1.0;
+    }}
+    copy(s, C[by * BM, bx * BN]);
+}}
+"""
+UNEVEN_SPLITS = [(24, 256), (40, 256), (200, 256), (128, 384), (40, 384)]
+
+
+def uneven_operands(bn):
+    """(A, B, Bias, the expected C) for UNEVEN at BN = bn: small integers (exact sums), two column tiles and
+    a ragged third, rows past a tile."""
+    import numpy as np
+    rng = np.random.default_rng(bn)
+    m, n, k = 100, 2 * bn + 8, 200
+    a = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float16)
+    bias = rng.integers(-8, 9, (m, n)).astype(np.float32)
+    want = 2 * (a.astype(np.float32) @ b.astype(np.float32)) + bias - 1
+    return a, b, bias, want

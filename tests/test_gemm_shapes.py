@@ -7,7 +7,8 @@ import pytest
 import tilec
 import math
 
-from gemm_shapes import BESIDE, case_id, cases, source, split, split_width, swapped, swizzle
+from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, source, split, split_width, swapped, swizzle,
+                         uneven_operands)
 from guard import guarded
 
 CASES = list(cases())
@@ -127,3 +128,20 @@ def test_an_accumulator_narrowed_as_it_is_keeps_the_wgmmas_async(value, bm):
     a, b, c = interpret_beside(src, ot, seed=3)
     want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
     np.testing.assert_allclose(c.astype(np.float32), want, rtol=1e-2 if ot == "bf16" else 2e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bn, threads):
+    """BM = 64 over 2 or 3 warpgroups and N no multiple of 8 x warpgroups: compiled with an
+    empty log (no register set under a condition: ptxas would serialize the wgmmas), the
+    operand b given `overrun` bytes, and interpreted equal to numpy (the GPU run:
+    tests/test_gpu_gemm_shapes.py)."""
+    src = UNEVEN.format(bn=bn, threads=threads)
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == "", k.compile_log
+    assert "overrun" in k.ir("plan-smem")
+    a, b, bias, want = uneven_operands(bn)
+    c = guarded(want.shape, "f32", like="numpy")
+    tilec.compile(src, backend="interpret")(a, b, bias, c.view)
+    c.check()
+    np.testing.assert_array_equal(c.view, want)

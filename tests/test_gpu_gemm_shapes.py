@@ -7,7 +7,7 @@ each output a view inside a sentinel-filled buffer (tests/guard.py)."""
 import pytest
 
 import tilec
-from gemm_shapes import case_id, cases, source
+from gemm_shapes import UNEVEN, UNEVEN_SPLITS, case_id, cases, source, uneven_operands
 from guard import guarded
 
 pytestmark = pytest.mark.gpu
@@ -44,3 +44,18 @@ def test_shape_equals_matmul(case, ct, size):
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] or c[2]], ids=case_id)
 def test_shape_bf16(case):
     run_case(case, "bf16", "bf16", 1000, 1032, 520)
+
+
+@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bn, threads):
+    """tests/gemm_shapes.py's UNEVEN on the device: exact (small integers), nothing written
+    outside C (its guard), whatever the registers past N hold."""
+    import numpy as np
+    import torch
+    a, b, bias, want = uneven_operands(bn)
+    kern = tilec.compile(UNEVEN.format(bn=bn, threads=threads), fallback=False)
+    c = guarded(want.shape, "f32", fill=float("nan"))
+    kern(*(torch.from_numpy(x).cuda() for x in (a, b, bias)), c.view)
+    torch.cuda.synchronize()
+    c.check()
+    np.testing.assert_array_equal(c.view.cpu().numpy(), want)

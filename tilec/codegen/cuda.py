@@ -227,17 +227,32 @@ class _Printer:
         col = f"{_fragment_col(acc, self.threads)}(tl_r % {nw // 2}) / 4 * 8 + {_FRAGMENT_COL}"
         return mt, mt * nw // 2, row, col
 
-    def fragment_loop(self, acc: ir.Buffer, names, body, ind) -> list:
+    def fragment_loop(self, acc: ir.Buffer, names, body, ind, memory="writes") -> list:
         """Register r of a thread holds accumulator element (i, j) (fragment_index;
-        (j, i) of acc^T when the accumulator is `transposed`)."""
+        (j, i) of acc^T when the accumulator is `transposed`). An unevenly split
+        accumulator's last warpgroup holds registers past N: a body that writes
+        memory (`memory` "writes") skips them; one that only reads it ("reads")
+        reads column N - 1 for them, and one that touches none ("none") runs as is:
+        a register set under a condition, next to wgmmas, makes ptxas serialize
+        them (C7515), and these registers hold nothing."""
         _, regs, row, col = self.fragment_index(acc)
         col += " + tl_r % 2"
-        at = (col, row) if acc.transposed else (row, col)
+        last = acc.fragment_shape[1] - 1
+        bound = f"min({col}, {last})" if memory == "reads" and ir.uneven_split(acc) else col
+        at = (bound, row) if acc.transposed else (row, bound)
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, at), body)]
-        out += self.inside_split(acc, col, [ind + line for line in body], ind + "  ")
+        lines = [ind + line for line in body]
+        out += self.inside_split(acc, col, lines, ind + "  ") if memory == "writes" else lines
         out.append(f"{ind}}}")
         return out
+
+    def memory_of(self, s) -> str:
+        """What statement `s` (a parallel over an accumulator's fragments) does to
+        memory, anything but local tiles: "writes", "reads" or "none" (fragment_loop)."""
+        e = effects.deep(self.k, s)
+        local = {b.name for b in self.k.buffers if b.scope == "local"}
+        return "writes" if e.writes - local else "reads" if e.reads - local else "none"
 
     @staticmethod
     def inside_split(acc: ir.Buffer, col: str, body: list, ind) -> list:
@@ -412,7 +427,7 @@ class _Printer:
             acc, rows = self.fragment_of(s), self.rows_of(s)
             if acc is not None:
                 body = self.block_at(s.body, self.fragment_row_slot(acc, self.threads))
-                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, body, ind) + \
+                return self.comment(s, ind) + self.fragment_loop(acc, s.vars, body, ind, self.memory_of(s)) + \
                     self.fence_fragments(ind, [acc])
             if rows is not None:        # each row on the 4 lanes of its quad; lane 0 writes shared tiles
                 writer = "threadIdx.x % 4 == 0" + \
@@ -445,7 +460,7 @@ class _Printer:
                 return self.comment(s, ind) + self.rows_loop(b, names, [f"  {b.name}[tl_q] = {value};"], ind)
             line = f"  {self.element(b, [ir.Var(n) for n in names])} = {value};"
             if b.layout == "wgmma":
-                return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind) + \
+                return self.comment(s, ind) + self.fragment_loop(b, names, [line], ind, "none") + \
                     self.fence_fragments(ind, [b])
             return self.comment(s, ind) + self.thread_loop(b.shape, names, [line], ind)
         if isinstance(s, ir.Reduce):
@@ -975,7 +990,8 @@ class _Printer:
         acc = self.fragment_of(s)
         if acc is not None:
             fence = self.fence_fragments(ind, [acc]) if dst_b is acc else []
-            return self.fragment_loop(acc, names, lines, ind) + fence
+            memory = "reads" if dst_b is not None and dst_b.scope == "local" else "writes"
+            return self.fragment_loop(acc, names, lines, ind, memory) + fence
         return self.thread_loop(s.shape, names, lines, ind)
 
     def store_tail(self, s: ir.StoreTail, ind) -> list:
