@@ -1078,7 +1078,8 @@ class _Printer:
         halves = [self.element(dst, [ir.Var(i), ir.Var("tl_i1")]) for i in ("tl_i0", "tl_i0 + 1")]
         return [f"{ind}#pragma unroll",
                 f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // rows tl_i0, tl_i0 + 1 of column tl_i1",
-                f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};"] + self.inside_split(acc, "tl_i0", [
+                f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};"] + \
+            self.inside_split(acc, "tl_i0", [
                 f"{ind}  const unsigned tl_v = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
                 f"{ind}  reinterpret_cast<unsigned short&>({halves[0]}) = static_cast<unsigned short>(tl_v);",
                 f"{ind}  reinterpret_cast<unsigned short&>({halves[1]}) = static_cast<unsigned short>(tl_v >> 16);"],

@@ -145,7 +145,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
         body = tuple(ir.Fill(ir.patch_zeros(n), ir.Int(0)) for n in sorted(patched)) + body
     k = _spread_fragments(replace(k, body=body, buffers=buffers))
-    spread = {b.name: ir.fragment_regs(b, threads) for b in k.buffers if b.layout == "wgmma" and b.name not in fragments}
+    spread = {b.name: ir.fragment_regs(b, threads) for b in k.buffers
+              if b.layout == "wgmma" and b.name not in fragments}
     if spread:
         _check_registers({**fragments, **spread}, threads, k.producer_warpgroup, next(
             s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)))
