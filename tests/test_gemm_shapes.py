@@ -100,6 +100,18 @@ def test_a_local_beside_the_accumulator_takes_its_layout(bm, ot):
                                atol=0.1 if ot == "f16" else 1e-3)
 
 
+@pytest.mark.parametrize("value", ["acc[i, j] + f16(acc[i, j])", "bf16(acc[i, j]) * 2.0"])
+def test_an_accumulator_narrowed_inside_an_expression_keeps_the_wgmmas_async(value):
+    """f16(acc[i, j]) inside an f32 expression is a conversion reading the accumulator
+    register too (C7514 in the thread-copy variant of a random f8 program, seed 2 of
+    session 52's hunt): both variants multiply by 1 first and compile with empty logs."""
+    src = BESIDE.format(bm=128, ot="f32").replace("acc[i, j] * 2.0 + (by * BM + i) - (bx * BN + j) * 0.5", value)
+    k = tilec.compile(src, arch="sm_90a")
+    for variant in (k, k.fallback):
+        assert variant.compile_log == "", variant.compile_log
+        assert "__fmul_rn(acc[tl_r], 1.0f)" in variant.cuda_source
+
+
 def interpret_beside(src, ot, seed):
     """A BESIDE program in the interpreter on a 40 x 200 x 136 product of random f16
     operands: (a, b, the output), its guard checked."""

@@ -83,9 +83,18 @@ class _Printer:
         an integer value to an integer type (a 64-bit product's widening) by a plain static_cast."""
         self.cast_to.add(e.dtype.name)
         value = self.expr(e.value, 0, double)
+        if e.dtype.name in _WRAPPED and self.reads_accumulator(e.value):
+            value = f"__fmul_rn({value}, 1.0f)"     # as an Assign's `out = acc`, narrowed (C7514)
         if not e.dtype.is_float and not is_float(self.k, e.value):
             return f"static_cast<{ctype(e.dtype)}>({value})"
         return convert(e.dtype, value)
+
+    def reads_accumulator(self, e) -> bool:
+        """Whether `e` is an element of an f32 wgmma accumulator: converted to a narrower
+        type as it is, ptxas serializes every wgmma of the kernel (C7514), because the
+        conversion reads the accumulator register itself (codegen multiplies by 1 first)."""
+        b = self.k.buffer(e.name) if isinstance(e, ir.Subscript) else None
+        return b is not None and b.layout == "wgmma" and b.dtype.name == "f32"
 
     def expr(self, e, prec=0, double=False) -> str:
         if isinstance(e, ir.Int):
@@ -441,8 +450,7 @@ class _Printer:
             double = b.dtype.name == "f64" or reads_f64(self.k, s.value)
             v = s.value
             inner = v.value if isinstance(v, ir.Cast) and v.dtype == b.dtype else v
-            if b.dtype.name in _WRAPPED and isinstance(inner, ir.Subscript) and \
-                    self.k.buffer(inner.name).layout == "wgmma" and self.k.buffer(inner.name).dtype.name == "f32":
+            if b.dtype.name in _WRAPPED and self.reads_accumulator(inner):
                 # out = acc, narrowed: ptxas serializes every wgmma of the kernel (C7514) where a conversion
                 # reads an accumulator register itself; an exact multiply by 1 in between keeps them async
                 value = convert(b.dtype, f"__fmul_rn({self.expr(inner)}, 1.0f)")
