@@ -157,3 +157,14 @@ def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bn, threads):
     tilec.compile(src, backend="interpret")(a, b, bias, c.view)
     c.check()
     np.testing.assert_array_equal(c.view, want)
+
+
+@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_with_a_producer_warpgroup_compiles(bn, threads):
+    """With a producer warpgroup, plan-smem sizes the consumers' registers (setmaxnreg, the
+    blocks an SM holds) from the fragments they hold, the last warpgroup's past N too: from
+    elements / threads, ptxas had 32 registers for an m64n16 wgmma and refused (C7602)."""
+    src = UNEVEN.format(bn=bn, threads=threads).replace("stages = 3)", "stages = 3, producer = 1)")
+    k = tilec.compile(src, arch="sm_90a")
+    for variant in (k, k.fallback):
+        assert variant.compile_log == "", variant.compile_log

@@ -93,7 +93,7 @@ def _blocks_per_sm(k: ir.Kernel, s):
     if not isinstance(s, ir.Specialized):
         return s
     threads = k.launch_threads
-    acc = sum(b.elements // k.threads.value for b in k.buffers if b.layout == "wgmma")
+    acc = sum(ir.fragment_regs(b, k.threads.value) for b in k.buffers if b.layout == "wgmma")
     need = -(-(acc + WGMMA_REGISTER_OVERHEAD) // 8) * 8
     blocks = min(SMEM_PER_SM // (k.smem_bytes + static_bytes(barrier_count(k)) + SMEM_RESERVED_PER_BLOCK),
                  65536 // (need * threads), THREADS_PER_SM // threads)
