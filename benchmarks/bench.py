@@ -726,7 +726,8 @@ def _patch_layer(rows, name, example, hw, c, ks, s, consts):
     next to cuDNN: conv2d.tile's weights [KS * KS * C, 64], rows (kh, kw, c)."""
     import torch
     import torch.nn.functional as F
-    p, o = ks // 2, (hw + 2 * (ks // 2) - ks) // s + 1
+    p = ks // 2
+    o = (hw + 2 * p - ks) // s + 1
     x = torch.randn(CONV_N, hw, hw, c, device="cuda").half()
     weight = torch.randn(64, c, ks, ks, device="cuda").half() / (ks * ks * c) ** 0.5
     wt = weight.permute(2, 3, 1, 0).reshape(ks * ks * c, 64).contiguous()

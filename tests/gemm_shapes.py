@@ -44,7 +44,7 @@ SHAPES = [
     (96, 128, 64, 256),     # 96 rows: m64n96
     (48, 192, 16, 384),     # 3 warpgroups over B's columns, K depth 16
     # warpgroups over N that split it unevenly (N / warpgroups rounded up to 8, the last one what is left)
-    (64, 24, 64, 256),      # 16 + 8 columns: the last warpgroup's m64n8 in a branch of its own
+    (64, 24, 64, 256),      # 16 + 8 columns: both m64n16, the last reading 8 columns past b (its overrun)
     (64, 200, 64, 256),     # 104 + 96, 16-byte chunks (104 columns are no 32-byte chunks)
     (64, 128, 32, 384),     # 48 + 48 + 32
     (40, 64, 64, 256),      # swapped: 40 rows are wgmma's N, 24 + 16

@@ -1,12 +1,12 @@
 """CPU: every wgmma tile shape plan-gemm takes compiles through NVRTC with an
 empty log, its IR says how the warpgroups split, the interpreter's result equals
 numpy's, and the shapes it cannot take are refused at the gemm's line."""
+import math
+
 import numpy as np
 import pytest
 
 import tilec
-import math
-
 from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, source, split, split_width, swapped, swizzle,
                          uneven_operands)
 from guard import guarded

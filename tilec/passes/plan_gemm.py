@@ -126,7 +126,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         splits[acc.name] = cols
         if regs_a:      # its f16 / bf16 elements in pairs, one register each, as the wgmmas read them
             transposed[a.name], splits[a.name], fragments[a.name] = False, 1, a.elements // threads // 2
-        fragments[acc.name] = pm // (64 * rows) * ir.split_width(pn, cols) // 2     # as codegen declares it
+        fragments[acc.name] = ir.fragment_regs(replace(acc, wg_cols=cols, transposed=swap), threads)  # as codegen does
         _check_registers(fragments, threads, k.producer_warpgroup, s)
         return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a,
                        zeros=zeros)
