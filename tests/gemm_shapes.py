@@ -48,6 +48,13 @@ SHAPES = [
     (64, 200, 64, 256),     # 104 + 96, 16-byte chunks (104 columns are no 32-byte chunks)
     (64, 128, 32, 384),     # 48 + 48 + 32
     (40, 64, 64, 256),      # swapped: 40 rows are wgmma's N, 24 + 16
+    # neither side a multiple of 64: M padded to m64 tiles (wgmma reads a past its rows into registers that
+    # hold no element)
+    (32, 48, 64, 128),      # m64n48, rows 32 .. 63 padding
+    (32, 40, 64, 256),      # and split unevenly over N: 24 + 16
+    (96, 96, 64, 256),      # 2 warpgroups over M, the second's rows 96 .. 127 padding
+    (40, 24, 32, 128),      # 40 rows (warp 2's second 8 padding), K depth 32
+    (8, 8, 16, 128),        # the smallest: m64n8k16, 8 rows of 64
 ]
 
 
@@ -61,14 +68,19 @@ def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", 
         flags=(", transpose_a = true" if transpose_a else "") + (", transpose_b = true" if transpose_b else ""))
 
 
-def swapped(bm) -> bool:
-    """Tiles whose M is not a multiple of 64 run as acc^T = b^T @ a^T."""
-    return bm % 64 != 0
+def swapped(bm, bn) -> bool:
+    """Tiles whose M is not a multiple of 64 and N is run as acc^T = b^T @ a^T."""
+    return bm % 64 != 0 and bn % 64 == 0
+
+
+def padded(bm, bn) -> int:
+    """The rows wgmma computes for a tile of neither side a multiple of 64 (M padded to m64 tiles), else 0."""
+    return -(-bm // 64) * 64 if bm % 64 and bn % 64 else 0
 
 
 def split(bm, bn, threads):
     """(rows wgmma computes, its columns, warpgroups over those columns) as plan-gemm splits them."""
-    m, n = (bn, bm) if swapped(bm) else (bm, bn)
+    m, n = (bn, bm) if swapped(bm, bn) else (padded(bm, bn) or bm, bn)
     wg = rows = threads // 128
     while rows > 1 and m % (64 * rows):
         rows -= 1
@@ -137,11 +149,12 @@ kernel g(A: f16[M, K], B: f16[K, N], C: {ot}[M, N]) {{
 
 
 
-# An unevenly split accumulator's epilogue: a parallel that reads shared memory (the registers past N read
-# column N - 1), one that writes it (they are skipped), through a shared tile stored by TMA.
+# An unevenly split accumulator's epilogue (or one padded to m64 tiles): a parallel that reads shared memory
+# (the registers past N read column N - 1, those past M row M - 1), one that writes it (they are skipped),
+# through a shared tile stored by TMA.
 UNEVEN = """
 kernel g(A: f16[M, K], B: f16[K, N], Bias: f32[M, N], C: f32[M, N]) {{
-    const BM = 64, BN = {bn}, BK = 64;
+    const BM = {bm}, BN = {bn}, BK = 64;
     grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
     threads {threads};
     shared a: f16[BM, BK];
@@ -164,14 +177,17 @@ kernel g(A: f16[M, K], B: f16[K, N], Bias: f32[M, N], C: f32[M, N]) {{
     copy(s, C[by * BM, bx * BN]);
 }}
 """
-UNEVEN_SPLITS = [(24, 256), (40, 256), (200, 256), (128, 384), (40, 384)]
+# (BM, BN, threads): split unevenly over N; rows padded to m64 tiles (32 of 64, 40 of 64 and split unevenly,
+# 96 of 128 over two warpgroups)
+UNEVEN_SPLITS = [(64, 24, 256), (64, 40, 256), (64, 200, 256), (64, 128, 384), (64, 40, 384),
+                 (32, 40, 128), (40, 24, 256), (96, 40, 256)]
 
 
-def uneven_operands(bn):
-    """(A, B, Bias, the expected C) for UNEVEN at BN = bn: small integers (exact sums), two column tiles and
-    a ragged third, rows past a tile."""
+def uneven_operands(bm, bn):
+    """(A, B, Bias, the expected C) for UNEVEN at BM, BN = bm, bn: small integers (exact sums), two column
+    tiles and a ragged third, rows past a tile."""
     import numpy as np
-    rng = np.random.default_rng(bn)
+    rng = np.random.default_rng(bn if bm == 64 else bm * 1000 + bn)
     m, n, k = 100, 2 * bn + 8, 200
     a = rng.integers(-3, 4, (m, k)).astype(np.float16)
     b = rng.integers(-3, 4, (k, n)).astype(np.float16)

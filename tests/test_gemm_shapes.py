@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import tilec
-from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, source, split, split_width, swapped, swizzle,
-                         uneven_operands)
+from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, padded, source, split, split_width, swapped,
+                         swizzle, uneven_operands)
 from guard import guarded
 
 CASES = list(cases())
@@ -24,13 +24,20 @@ def test_shape_compiles_cleanly(case):
     ir_text = k.ir("plan-smem")
     _, n, over_n = split(bm, bn, th)
     assert (f", {over_n} across N" in ir_text) == (over_n > 1)
-    assert ("as acc^T = b^T @ a^T" in ir_text) == swapped(bm)
-    assert (f"local acc: f32[{bm}, {bn}] layout wgmma transposed" in ir_text) == swapped(bm)
-    # a is wgmma's M-major a ([K, M], 128-byte rows), or swapped its N-major b (rows of n / over_n columns)
+    assert ("as acc^T = b^T @ a^T" in ir_text) == swapped(bm, bn)
+    assert (f"local acc: f32[{bm}, {bn}] layout wgmma transposed" in ir_text) == swapped(bm, bn)
+    assert (f"local acc: f32[{bm}, {bn}] layout wgmma padded to {padded(bm, bn)} rows" in ir_text) == \
+        bool(padded(bm, bn))
+    # a is wgmma's M-major a ([K, M], 128-byte rows, or a padded M's chunks), or swapped its N-major b (rows of
+    # n / over_n columns); a padded M's wgmmas read a past its rows (its overrun)
     a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
     assert a_line.startswith(f"  shared a: f16[{bk}, {bm}]" if ta else f"  shared a: f16[{bm}, {bk}]")
-    a_swizzle = (swizzle(math.gcd(n, split_width(n, over_n)) * 2) if swapped(bm) else 128) if ta else swizzle(bk * 2)
+    a_swizzle = swizzle(math.gcd(n, split_width(n, over_n)) * 2) if swapped(bm, bn) else \
+        swizzle(math.gcd(bm, 64) * 2)
+    a_swizzle = a_swizzle if ta else swizzle(bk * 2)
     assert f"layout sw{a_swizzle} " in a_line
+    over = (padded(bm, bn) - bm) * (bk * 2 if ta else a_swizzle) if padded(bm, bn) else 0
+    assert (f" overrun {over}" in a_line) == bool(over), (a_line, over)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -49,10 +56,10 @@ def test_shape_interpreted_equals_numpy(case):
 
 
 @pytest.mark.parametrize("bm, bn, bk, threads, message", [
-    (100, 128, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), or "
-                        "of 8 with the tile's N = 128 a multiple of 64 (then wgmma computes acc^T = b^T @ a^T)"),
-    (96, 96, 64, 256, "gemm: the 96 rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), or of 8 "
-                      "with the tile's N = 96 a multiple of 64"),
+    (100, 128, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 8 (wgmma computes m64 tiles: of rows "
+                        "a multiple of 64, or padded to them in 8-row groups, or with the tile's N a multiple of 64 "
+                        "acc^T = b^T @ a^T)"),
+    (100, 96, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 8"),
     (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
                       "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 16 "
                       "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "
@@ -142,29 +149,30 @@ def test_an_accumulator_narrowed_as_it_is_keeps_the_wgmmas_async(value, bm):
     np.testing.assert_allclose(c.astype(np.float32), want, rtol=1e-2 if ot == "bf16" else 2e-3, atol=1e-2)
 
 
-@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
-def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bn, threads):
-    """BM = 64 over 2 or 3 warpgroups and N no multiple of 8 x warpgroups: compiled with an
-    empty log (no register set under a condition: ptxas would serialize the wgmmas), the
-    operand b given `overrun` bytes, and interpreted equal to numpy (the GPU run:
+@pytest.mark.parametrize("bm, bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bm, bn, threads):
+    """BM = 64 over 2 or 3 warpgroups and N no multiple of 8 x warpgroups, or neither BM nor
+    BN a multiple of 64 (rows padded to m64 tiles): compiled with an empty log (no register
+    set under a condition: ptxas would serialize the wgmmas), the operand read past its
+    tile given `overrun` bytes, and interpreted equal to numpy (the GPU run:
     tests/test_gpu_gemm_shapes.py)."""
-    src = UNEVEN.format(bn=bn, threads=threads)
+    src = UNEVEN.format(bm=bm, bn=bn, threads=threads)
     k = tilec.compile(src, arch="sm_90a")
     assert k.compile_log == "", k.compile_log
     assert "overrun" in k.ir("plan-smem")
-    a, b, bias, want = uneven_operands(bn)
+    a, b, bias, want = uneven_operands(bm, bn)
     c = guarded(want.shape, "f32", like="numpy")
     tilec.compile(src, backend="interpret")(a, b, bias, c.view)
     c.check()
     np.testing.assert_array_equal(c.view, want)
 
 
-@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
-def test_an_uneven_split_with_a_producer_warpgroup_compiles(bn, threads):
+@pytest.mark.parametrize("bm, bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_with_a_producer_warpgroup_compiles(bm, bn, threads):
     """With a producer warpgroup, plan-smem sizes the consumers' registers (setmaxnreg, the
     blocks an SM holds) from the fragments they hold, the last warpgroup's past N too: from
     elements / threads, ptxas had 32 registers for an m64n16 wgmma and refused (C7602)."""
-    src = UNEVEN.format(bn=bn, threads=threads).replace("stages = 3)", "stages = 3, producer = 1)")
+    src = UNEVEN.format(bm=bm, bn=bn, threads=threads).replace("stages = 3)", "stages = 3, producer = 1)")
     k = tilec.compile(src, arch="sm_90a")
     for variant in (k, k.fallback):
         assert variant.compile_log == "", variant.compile_log

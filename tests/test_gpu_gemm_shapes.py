@@ -1,7 +1,8 @@
 """GPU: every wgmma tile shape plan-gemm takes (tests/gemm_shapes.py) equals
 torch.matmul: warpgroups over M or N, 128-, 64- and 32-byte swizzled operand
 rows (16-byte rows, not swizzled, for 8 or 24 M/N-major columns a warpgroup),
-M-major a and K-major b, tiles of fewer than 64 rows (swapped: acc^T = b^T @ a^T); f32 outputs (fragment stores) and f16/bf16
+M-major a and K-major b, tiles of fewer than 64 rows (swapped: acc^T = b^T @ a^T; or, N no multiple
+of 64 either, padded to m64 tiles); f32 outputs (fragment stores) and f16/bf16
 outputs (the swizzled staging tile and TMA stores), ragged and aligned sizes,
 each output a view inside a sentinel-filled buffer (tests/guard.py)."""
 import pytest
@@ -46,14 +47,14 @@ def test_shape_bf16(case):
     run_case(case, "bf16", "bf16", 1000, 1032, 520)
 
 
-@pytest.mark.parametrize("bn, threads", UNEVEN_SPLITS)
-def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bn, threads):
+@pytest.mark.parametrize("bm, bn, threads", UNEVEN_SPLITS)
+def test_an_uneven_split_reads_and_writes_memory_only_inside_n(bm, bn, threads):
     """tests/gemm_shapes.py's UNEVEN on the device: exact (small integers), nothing written
-    outside C (its guard), whatever the registers past N hold."""
+    outside C (its guard), whatever the registers past N (or past M, padded) hold."""
     import numpy as np
     import torch
-    a, b, bias, want = uneven_operands(bn)
-    kern = tilec.compile(UNEVEN.format(bn=bn, threads=threads), fallback=False)
+    a, b, bias, want = uneven_operands(bm, bn)
+    kern = tilec.compile(UNEVEN.format(bm=bm, bn=bn, threads=threads), fallback=False)
     c = guarded(want.shape, "f32", fill=float("nan"))
     kern(*(torch.from_numpy(x).cuda() for x in (a, b, bias)), c.view)
     torch.cuda.synchronize()

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from guard import guarded
-from test_reduce import (ACC_LAYOUTS, DTYPES, EXAMPLES, LOCAL_SPREADS, ROW_MAXIMA_CASES, acc_reduce_inputs,
+from test_reduce import (ACC_REDUCES, DTYPES, EXAMPLES, LOCAL_SPREADS, ROW_MAXIMA_CASES, acc_reduce_inputs,
                          acc_reduce_reference, acc_reduce_source, gemm_with_row_maxima, row_maxima_case, M, N, NAN_ROWS, SIZES, SWIZZLED, falling_back, make_input,
                          nan_expectation, nan_input, no_fallback, output_shape, reduce_case, reduce_source, reference,
                          SOFTMAX, rowsum_reference, run_interpreted, same_bits, softmax_reference)
@@ -97,8 +97,7 @@ def test_reduce_of_a_local_tile_on_the_gpu(spread, axis, op, dt, adt, space):
     assert same_bits(got, run_interpreted(src, x, shape, adt))
 
 
-@pytest.mark.parametrize("layout", ACC_LAYOUTS)
-@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("layout, axis", ACC_REDUCES)
 @pytest.mark.parametrize("op", ["max", "sum"])
 @pytest.mark.parametrize("tile, space", [("acc", "shared"), ("d", "shared"), ("d", "local")])
 def test_reduce_of_the_accumulator_on_the_gpu(layout, axis, op, tile, space):

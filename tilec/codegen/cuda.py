@@ -239,20 +239,22 @@ class _Printer:
     def fragment_loop(self, acc: ir.Buffer, names, body, ind, memory="writes") -> list:
         """Register r of a thread holds accumulator element (i, j) (fragment_index;
         (j, i) of acc^T when the accumulator is `transposed`). An unevenly split
-        accumulator's last warpgroup holds registers past N: a body that writes
-        memory (`memory` "writes") skips them; one that only reads it ("reads")
-        reads column N - 1 for them, and one that touches none ("none") runs as is:
-        a register set under a condition, next to wgmmas, makes ptxas serialize
-        them (C7515), and these registers hold nothing."""
+        accumulator's last warpgroup holds registers past N, one whose rows are
+        padded to m64 tiles registers past M: a body that writes memory (`memory`
+        "writes") skips them; one that only reads it ("reads") reads column N - 1
+        (row M - 1) for them, and one that touches none ("none") runs as is: a
+        register set under a condition, next to wgmmas, makes ptxas serialize them
+        (C7515), and these registers hold nothing."""
         _, regs, row, col = self.fragment_index(acc)
         col += " + tl_r % 2"
-        last = acc.fragment_shape[1] - 1
-        bound = f"min({col}, {last})" if memory == "reads" and ir.uneven_split(acc) else col
-        at = (bound, row) if acc.transposed else (row, bound)
+        if memory == "reads":
+            col = f"min({col}, {acc.shape[0 if acc.transposed else 1] - 1})" if ir.uneven_split(acc) else col
+            row = f"min({row}, {acc.shape[0] - 1})" if ir.padded_rows(acc) else row
+        at = (col, row) if acc.transposed else (row, col)
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, at), body)]
         lines = [ind + line for line in body]
-        out += self.inside_split(acc, col, lines, ind + "  ") if memory == "writes" else lines
+        out += self.inside_fragment(acc, row, col, lines, ind + "  ") if memory == "writes" else lines
         out.append(f"{ind}}}")
         return out
 
@@ -264,26 +266,38 @@ class _Printer:
         return "writes" if e.writes - local else "reads" if e.reads - local else "none"
 
     @staticmethod
-    def inside_split(acc: ir.Buffer, col: str, body: list, ind) -> list:
-        """`body`, for a register whose fragment column is `col`: where the warpgroups
-        over N split the columns unevenly (ir.split_width), only if that column is
-        one of the product's (the last warpgroup's registers past N hold none)."""
-        if not ir.uneven_split(acc):
+    def inside_fragment(acc: ir.Buffer, row: str, col: str, body: list, ind) -> list:
+        """`body`, for a register whose fragment row and column are `row` and `col`:
+        where the warpgroups over N split the columns unevenly (ir.split_width), only
+        if that column is one of the product's (the last warpgroup's registers past N
+        hold none); where the rows are padded to m64 tiles, only if the row is one of
+        the tile's (a multiple of 8: the same in a whole warp)."""
+        tests = ([f"{col} < {acc.fragment_shape[1]}"] if ir.uneven_split(acc) else []) + \
+            ([f"{row} < {acc.shape[0]}"] if ir.padded_rows(acc) else [])
+        if not tests:
             return body
-        n = acc.fragment_shape[1]
-        return [f"{ind}if ({col} < {n}) {{  // else a register past the last warpgroup's columns"] + \
+        what = "past the last warpgroup's columns" if ir.uneven_split(acc) else ""
+        what += (" or " if what else "") + "past the tile's rows" if ir.padded_rows(acc) else ""
+        return [f"{ind}if ({' && '.join(tests)}) {{  // else a register {what}"] + \
             ["  " + line for line in body] + [f"{ind}}}"]
 
-    def rows_loop(self, b: ir.Buffer, names, body, ind) -> list:
+    def rows_loop(self, b: ir.Buffer, names, body, ind, memory="none") -> list:
         """A thread's rows of a 'rows' tile (the accumulator rows its fragments hold):
         register tl_q holds row (its row of warpgroups) * M / (warpgroups / wg_cols) + (tl_q
         / 2) * 64 + (warp) * 16 + lane / 4 + (tl_q % 2) * 8, on each of the 4 lanes of the
-        quad (in each of the wg_cols warpgroups over N)."""
+        quad (in each of the wg_cols warpgroups over N). Rows padded to m64 tiles
+        (`fragment_rows`) hold no element: as in fragment_loop, a body that writes
+        memory skips them, one that reads it reads row M - 1 for them."""
         slots = ir.row_slots(b, self.threads)
         tile = " + (tl_q / 2) * 64" if slots > 2 else ""
         row = f"{_fragment_row(b.wg_cols, slots // 2, tile)} + (tl_q % 2) * 8"
+        padded = ir.padded_rows(b) and memory != "none"
+        at = f"min({row}, {b.shape[0] - 1})" if padded and memory == "reads" else row
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_q = 0; tl_q < {slots}; ++tl_q) {{"]
-        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, [row]), body)]
+        out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, [at]), body)]
+        if padded and memory == "writes":
+            return out + [f"{ind}  if ({row} < {b.shape[0]}) {{  // else a row past the tile's (padding)"] + \
+                [ind + "  " + line for line in body] + [f"{ind}  }}", f"{ind}}}"]
         return out + [ind + line for line in body] + [f"{ind}}}"]
 
     @staticmethod
@@ -441,7 +455,8 @@ class _Printer:
             if rows is not None:        # each row on the 4 lanes of its quad; lane 0 writes shared tiles
                 writer = "threadIdx.x % 4 == 0" + \
                     (f" && {_warpgroup_col(rows.wg_cols)} == 0" if rows.wg_cols > 1 else "")
-                return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q", writer), ind)
+                return self.comment(s, ind) + self.rows_loop(rows, s.vars, self.block_at(s.body, "tl_q", writer), ind,
+                                                             self.memory_of(s))
             return self.comment(s, ind) + self.thread_loop(shape, s.vars, self.block(s.body, "  "), ind)
         if isinstance(s, ir.Gemm):
             return self.comment(s, ind) + self.gemm(s, ind)
@@ -544,6 +559,7 @@ class _Printer:
             a, b, ta, tb = b, a, not tb, not ta
         kdim = (b.shape[1] if tb else b.shape[0]) if s.patch else a.shape[0] if ta else a.shape[1]
         m, n = acc.fragment_shape
+        rows = a.shape[0]                                    # a K-major a's rows: m, less its padding if any
         nw = ir.split_width(n, s.wg_cols)
         dt, esize = a.dtype.name, a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
@@ -560,6 +576,9 @@ class _Printer:
         wa, wb = sa // esize, sb // esize                    # elements per chunk row
         out = [f"{ind}// swapped: {acc.name}^T += {s.b}^T @ {s.a}^T, {m} rows by {n} columns ({acc.name} has "
                f"{n} rows, not a multiple of 64)"] if s.swapped else []
+        if ir.padded_rows(acc):
+            out.append(f"{ind}// {acc.name}'s {acc.shape[0]} rows padded to {m}: the wgmmas read {a.name}'s shared "
+                       "memory past them into registers nothing uses")
         if nw * s.wg_cols != n:
             out.append(f"{ind}// the last warpgroup owns columns {n - ir.split_last(n, s.wg_cols)} .. {n - 1}; its "
                        f"wgmmas, {nw} wide, read {b.name}'s shared memory past them into registers nothing uses")
@@ -584,8 +603,8 @@ class _Printer:
                     a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_mn_major(kdim, sa)}, {sa})"
                 else:               # [M, K]: chunks of wa K columns, M rows each
                     chunk, within = divmod(k0, wa)
-                    a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * m * sa + t * 64 * sa + within * esize}"
-                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(m, sa)}, {8 * sa}, {sa})"
+                    a_off = f"({wg_row}) * {rows_per_wg * sa} + {chunk * rows * sa + t * 64 * sa + within * esize}"
+                    a_desc = f"wgmma_desc({a.name}, {a_stage}{a_off}, {_lead(rows, sa)}, {8 * sa}, {sa})"
                 first = "_zero" if s.zero and kk == 0 else ""
                 out.append(f"{ind}{fn}{first}({acc.name} + {t * nw // 2}, {a_desc}, {b_desc});")
         out.append(f"{ind}wgmma_commit_group();")
@@ -749,6 +768,8 @@ class _Printer:
             group = None if src.wg_cols == 1 else _warpgroup_col(src.wg_cols)
             how = f"each fragment row of {s.src} on the 4 lanes of a quad" + \
                 (f" in each of {src.wg_cols} warpgroups" if src.wg_cols > 1 else "") + f", {nw // 4} elements a lane"
+            if ir.padded_rows(src) and acc.layout != "rows":    # rows past M (padding): no result to write
+                keep = f"{res} < {src.shape[0]}"        # (the same in a whole warp: M is a multiple of 8)
         else:                                   # results: this thread's nw / 4 fragment columns
             loop = ("tl_x", nw // 4)
             res = f"{col0}tl_x / 2 * 8 + {_FRAGMENT_COL} + tl_x % 2"
@@ -1060,7 +1081,7 @@ class _Printer:
         where = self.element(dst, [ir.Var("tl_i0"), ir.Var("tl_i1")])
         first = fold(s.src.starts[1]).value if s.src.starts else 0
         body = [f"{ind}  const int tl_i0 = {row};", f"{ind}  const int tl_i1 = {col}{f' - {first}' if first else ''};"]
-        body += self.inside_split(acc, "tl_i1", [
+        body += self.inside_fragment(acc, "tl_i0", "tl_i1", [
             f"{ind}  *reinterpret_cast<{pair_t}*>(&{where}) = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);"],
             ind + "  ")
         if not first and dst.shape == acc.shape:
@@ -1087,7 +1108,7 @@ class _Printer:
         return [f"{ind}#pragma unroll",
                 f"{ind}for (int tl_r = 0; tl_r < {regs}; tl_r += 2) {{  // rows tl_i0, tl_i0 + 1 of column tl_i1",
                 f"{ind}  const int tl_i0 = {col};", f"{ind}  const int tl_i1 = {row};"] + \
-            self.inside_split(acc, "tl_i0", [
+            self.inside_fragment(acc, "tl_i1", "tl_i0", [
                 f"{ind}  const unsigned tl_v = {pack}({acc.name}[tl_r], {acc.name}[tl_r + 1]);",
                 f"{ind}  reinterpret_cast<unsigned short&>({halves[0]}) = static_cast<unsigned short>(tl_v);",
                 f"{ind}  reinterpret_cast<unsigned short&>({halves[1]}) = static_cast<unsigned short>(tl_v >> 16);"],
@@ -1109,6 +1130,8 @@ class _Printer:
                          for d, c in enumerate(starts[:lead]))
         value = _converted(f"{acc.name}[tl_h / 2 * {nw // 2} + tl_j * 4 + tl_h % 2 * 2 + tl_p]", acc.dtype, t.dtype)
         row_ok = (f"static_cast<unsigned long long>(tl_y) < static_cast<unsigned long long>(tl_{t.name}_dim{lead})")
+        if ir.padded_rows(acc):     # and a row of the tile, not of its padding to m64 tiles
+            row_ok = f"tl_row + tl_h / 2 * 64 + tl_h % 2 * 8 < {acc.shape[0]} && {row_ok}"
         i = ind
         out = [f"{i}{{",
                f"{i}  const int tl_row = {_fragment_row(acc.wg_cols, ir.fragment_tiles(acc, self.threads)[0])};",

@@ -175,13 +175,19 @@ class Buffer:
                             # weights of a patch gemm whose K pairs are not in K order); (): in order
     phases: int = 1         # sw16 patch [PH, PW, C] of a stride-S im2col view: pixel column j in phase j % S
     overrun: int = 0        # shared: bytes past its last copy that wgmma reads (an unevenly split gemm's last
-                            # warpgroup: columns past N, into fragment registers nothing uses)
+                            # warpgroup: columns past N; a tile's rows padded to m64 tiles: rows past M), into
+                            # fragment registers nothing uses
+    fragment_rows: int = 0  # 'wgmma', 'rows': the rows wgmma computes where the tile's M is no multiple of 64 and
+                            # its N none either (M padded to m64 tiles; the rows past M hold no element); 0: M
     span: Optional[Span] = SPAN
 
     @property
     def fragment_shape(self) -> tuple:
-        """'wgmma': the shape the fragments hold, [N, M] for a transposed accumulator."""
-        return tuple(reversed(self.shape)) if self.transposed else tuple(self.shape)
+        """'wgmma': the shape the fragments hold, [N, M] for a transposed accumulator,
+        [fragment_rows, N] for one whose rows are padded."""
+        if self.transposed:
+            return tuple(reversed(self.shape))
+        return (self.fragment_rows or self.shape[0],) + tuple(self.shape[1:])
 
     @property
     def row_positions(self) -> tuple:
@@ -797,10 +803,17 @@ def uneven_split(b: "Buffer") -> bool:
     return split_width(n, b.wg_cols) * b.wg_cols != n
 
 
+def padded_rows(b: "Buffer") -> bool:
+    """Whether the fragments of 'wgmma' or 'rows' tile `b` hold rows past its M
+    (`fragment_rows`: M padded to m64 tiles), registers that hold no element."""
+    return b.fragment_rows > b.shape[0]
+
+
 def row_slots(b: "Buffer", threads: int) -> int:
     """Registers a thread holds of a 'rows' tile of M elements: 2 rows (l / 4 and l / 4
-    + 8 of its warp's 16) per m64 tile of its warpgroup's M / (warpgroups / wg_cols) rows."""
-    return 2 * b.shape[0] // (64 * (threads // 128 // b.wg_cols))
+    + 8 of its warp's 16) per m64 tile of its warpgroup's M / (warpgroups / wg_cols) rows
+    (M padded to m64 tiles: `fragment_rows`)."""
+    return 2 * (b.fragment_rows or b.shape[0]) // (64 * (threads // 128 // b.wg_cols))
 
 
 def fragment_element(acc: "Buffer", threads: int, t: int, r: int) -> tuple:
@@ -838,7 +851,7 @@ def tile_owners(b: "Buffer", threads: int) -> list:
     for t in range(threads):
         for r in range(fragment_regs(b, threads)):
             i, j = fragment_element(b, threads, t, r)
-            if i < m and j < n:             # else a padding register of an uneven split
+            if i < m and j < n:             # else a padding register (an uneven split, rows padded to m64)
                 owners[i][j] = t
     return owners
 
@@ -875,7 +888,8 @@ def reduce_slots(k: "Kernel", s: Reduce) -> int:
         return k.threads.value // 32 if spread.groups > 1 else 0
     if spread.lanes == 1 or (spread.groups == 1 and (acc.scope == "shared" or acc.layout == "rows")):
         return 0
-    return acc.elements * spread.groups
+    src = k.buffer(s.src)       # rows padded to m64 tiles: a slot for each (their values unread), no test
+    return (src.fragment_rows if padded_rows(src) else acc.elements) * spread.groups
 
 
 # the shared tile where the warps of a reduce's lane group leave their values

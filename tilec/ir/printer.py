@@ -225,6 +225,7 @@ def kernel(k: ir.Kernel) -> str:
         where += f" row_groups [{', '.join(map(str, b.row_groups))}]" if b.row_groups else ""
         where += f" phases {b.phases}" if b.phases > 1 else ""
         where += " transposed" if b.transposed else ""
+        where += f" padded to {b.fragment_rows} rows" if ir.padded_rows(b) else ""
         where += f" across {b.wg_cols} warpgroups" if b.wg_cols > 1 else ""
         if b.layout == "wgmma" and ir.uneven_split(b):     # each of the first ones split_width columns
             n = b.fragment_shape[1]

@@ -15,7 +15,10 @@ A tile whose M is not a multiple of 64 (a few rows: 8, 16, 32 ...) while N
 is runs swapped: wgmma computes acc^T += b^T @ a^T, N on its 64-row side and
 a's M rows as its N (a multiple of 8), so no row of the m64 instruction is
 padding. `acc`'s fragments then hold acc^T (`transposed`), which codegen maps
-back to acc's elements."""
+back to acc's elements. Where neither M nor N is a multiple of 64 (M one of
+8), M is padded to whole m64 tiles (`fragment_rows`): wgmma reads a's shared
+memory past its M rows (its `overrun`) into fragment rows that hold no element,
+which codegen's walks skip."""
 from __future__ import annotations
 
 import math
@@ -37,6 +40,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     overruns = {}                               # wgmma's b -> Buffer.overrun (an uneven split)
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
+    padded = {}                                 # accumulator -> Buffer.fragment_rows (M padded to m64 tiles)
     orders = {}                                 # a patch gemm's weights -> Buffer.row_groups
     phases = {}                                 # a patch -> Buffer.phases (its views' stride)
     threads = k.threads.value
@@ -87,21 +91,23 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         wg = threads // 128
         # M not a multiple of 64 (a few rows): wgmma computes acc^T += b^T @ a^T, b's N on its 64-row side
         swap = m % 64 != 0 and m % 8 == 0 and n % 64 == 0
-        pm, pn = (n, m) if swap else (m, n)          # the product wgmma computes: [pm, pn]
+        # neither a multiple of 64: M padded to m64 tiles, its rows past M computed from a's memory past it
+        pm, pn = (n, m) if swap else (-(-m // 64) * 64 if m % 8 == 0 else m, n)   # the product wgmma computes
+        real = n if swap else m                     # its rows that are the product's (the rest padding)
         rows, cols = _split(wg, pm, pn, s.span, _swapped_note(m, n) if swap else "")
         kstep = 32 // esize
         if ka % kstep:
             raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
                                 f"of K: {kstep} {a.dtype.name} elements)", s.span)
         if regs_a:
-            _check_register_a(a, acc, esize, swap, cols, s)
+            _check_register_a(a, acc, esize, swap, pm > real, cols, s)
         # wgmma's operands: [pm, K] (M-major when transposed) and [K, pn] (K-major when transposed)
         wa, ta, wb, tb = (b, not s.transpose_b, a, not s.transpose_a) if swap else \
             (a, s.transpose_a, b, s.transpose_b)
         # each operand's swizzle: the widest (128, 64, 32 bytes) whose chunks tile its contiguous extent, or
         # 16-byte chunks not swizzled (a warpgroup's 8, 24, ... M/N-major columns; a K-major operand's chunks
         # tile its im2col taps too); 16-bit M/N-major operands only, a warpgroup's share a multiple of 8 (_split)
-        a_sw = 0 if regs_a else 16 if s.patch else _swizzle(pm // rows, esize) if ta else \
+        a_sw = 0 if regs_a else 16 if s.patch else _swizzle(math.gcd(real, pm // rows), esize) if ta else \
             _k_major_swizzle(k, wa, ka, esize)
         b_sw = _k_major_swizzle(k, wb, ka, esize) if tb else _swizzle(math.gcd(pn, ir.split_width(pn, cols)), esize)
         if s.patch:     # the weights' 8-row groups in the order of the k16 steps' item pairs
@@ -122,11 +128,16 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         extra = ir.split_width(pn, cols) * cols - pn
         over = extra * (b_sw if tb else wb.shape[0] * esize)
         overruns[wb.name] = max(overruns.get(wb.name, 0), over)
+        if pm > real:               # rows padded to m64 tiles: as many more rows of each chunk ([M, K]) or chunks
+            over = (pm - real) * (a_sw if not ta else wa.shape[0] * esize)     # of M columns ([K, M]) of a
+            overruns[wa.name] = max(overruns.get(wa.name, 0), over)
+            padded[acc.name] = pm
         transposed[acc.name] = swap        # the same for every gemm into acc: it follows from acc's shape
         splits[acc.name] = cols
         if regs_a:      # its f16 / bf16 elements in pairs, one register each, as the wgmmas read them
             transposed[a.name], splits[a.name], fragments[a.name] = False, 1, a.elements // threads // 2
-        fragments[acc.name] = ir.fragment_regs(replace(acc, wg_cols=cols, transposed=swap), threads)  # as codegen does
+        fragments[acc.name] = ir.fragment_regs(replace(acc, wg_cols=cols, transposed=swap,
+                                                       fragment_rows=padded.get(acc.name, 0)), threads)
         _check_registers(fragments, threads, k.producer_warpgroup, s)
         return replace(s, warpgroups=wg, m_tiles=pm // (64 * rows), wg_cols=cols, swapped=swap, a_in_registers=regs_a,
                        zeros=zeros)
@@ -139,7 +150,8 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     buffers = tuple(replace(b, layout=layouts.get(b.name, b.layout), wg_cols=splits.get(b.name, b.wg_cols),
                             transposed=transposed.get(b.name, b.transposed),
                             row_groups=orders.get(b.name, b.row_groups), phases=phases.get(b.name, b.phases),
-                            overrun=overruns.get(b.name, b.overrun))
+                            overrun=overruns.get(b.name, b.overrun),
+                            fragment_rows=padded.get(b.name, b.fragment_rows))
                     for b in k.buffers)
     if patched:     # each such patch's zeros right after it (so a descriptor reaches them forwards), zeroed first
         buffers = tuple(x for b in buffers for x in ((b, _zeros(b)) if b.name in patched else (b,)))
@@ -221,7 +233,7 @@ def _zeros(patch: ir.Buffer) -> ir.Buffer:
                      span=patch.span)
 
 
-def _check_register_a(a, acc, esize, swapped, wg_cols, s):
+def _check_register_a(a, acc, esize, swapped, padded, wg_cols, s):
     """A local a is wgmma's A from registers: each thread's fragments of a's [M, K] are
     those an [M, K] accumulator would have (a row's K columns in one warpgroup), which
     is the A fragment layout of a 16-bit wgmma, k16 slice by k16 slice. So a's rows are
@@ -230,8 +242,9 @@ def _check_register_a(a, acc, esize, swapped, wg_cols, s):
         raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) must be f16 or bf16: an "
                             f"8-bit A's register fragments are not an accumulator's layout; make '{a.name}' "
                             "a shared tile", s.span)
-    if s.transpose_a or swapped:
-        why = "transpose_a" if s.transpose_a else f"{acc.shape[0]} rows, not a multiple of 64 (a swapped gemm)"
+    if s.transpose_a or swapped or padded:
+        why = "transpose_a" if s.transpose_a else f"{acc.shape[0]} rows, not a multiple of 64 " + \
+            ("(a swapped gemm)" if swapped else "(padded to m64 tiles)")
         raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) is read K-major, as an "
                             f"[M, K] accumulator's fragments, and cannot be used with {why}", s.span)
     if wg_cols != 1:
@@ -279,7 +292,8 @@ def _spread_fragments(k: ir.Kernel) -> ir.Kernel:
                 continue
             for n in names:
                 if bufs[n].layout == "row" and tuple(bufs[n].shape) == tuple(acc.shape):
-                    bufs[n] = replace(bufs[n], layout="wgmma", wg_cols=acc.wg_cols, transposed=acc.transposed)
+                    bufs[n] = replace(bufs[n], layout="wgmma", wg_cols=acc.wg_cols, transposed=acc.transposed,
+                                      fragment_rows=acc.fragment_rows)
                     changed = True
     return replace(k, buffers=tuple(bufs[b.name] for b in k.buffers))
 
@@ -311,6 +325,7 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
     needs, refusals = {}, {}      # tile -> (span, why it lives in rows); -> (span, why it cannot)
     prefers = set()               # tiles reduced into from an accumulator's rows: there, where nothing refuses
     split = {}                    # rows M -> the warpgroups side by side over N of an accumulator of M rows
+    padding = {}                  # rows M -> such an accumulator's fragment_rows
 
     def accumulator_rows(acc, length):
         """Why an accumulator's rows cannot hold a tile of `length` (None: they can)."""
@@ -323,6 +338,7 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
         if acc.shape[0] != length:
             return f"'{acc.name}' has {acc.shape[0]} rows"
         split[length] = acc.wg_cols       # accumulators of M rows: one split over N (plan-gemm's _split)
+        padding[length] = acc.fragment_rows     # and one padding to m64 tiles
         return None
 
     def visit(body):
@@ -388,7 +404,8 @@ def _place_rows(k: ir.Kernel) -> ir.Kernel:
         placed.add(n)
     if not placed:
         return k
-    return replace(k, buffers=tuple(replace(b, layout="rows", wg_cols=split[b.shape[0]]) if b.name in placed else b
+    return replace(k, buffers=tuple(replace(b, layout="rows", wg_cols=split[b.shape[0]],
+                                            fragment_rows=padding[b.shape[0]]) if b.name in placed else b
                                     for b in k.buffers))
 
 
@@ -401,6 +418,11 @@ def _check_reduces(k):
         if not isinstance(s, ir.Reduce):
             continue
         src = k.buffer(s.src)
+        if src.layout == "wgmma" and ir.padded_rows(src) and s.axis == 0:
+            raise SemanticError(f"reduce cannot walk the columns of '{src.name}' in its fragments: its "
+                                f"{src.shape[0]} rows are padded to {src.fragment_rows} (neither side of the gemm "
+                                "tile is a multiple of 64), and a column's lanes would meet the padding rows; "
+                                "copy it into a shared tile and reduce that", s.src_span)
         if src.scope != "local" or src.layout == "wgmma" or ir.local_reduce_spread(threads, src.shape, s.axis):
             continue
         m, n = src.shape
@@ -462,10 +484,10 @@ def _split(wg, m, n, span, swapped=""):
     while wg % rows:
         rows -= 1
     cols = wg // rows
-    if m % (64 * rows):
-        raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 64 (wgmma computes m64 tiles), "
-                            f"or of 8 with the tile's N = {n} a multiple of 64 (then wgmma computes "
-                            "acc^T = b^T @ a^T)", span)
+    if m % 64:
+        raise SemanticError(f"gemm: the {m} rows of the tile must be a multiple of 8 (wgmma computes m64 tiles: "
+                            "of rows a multiple of 64, or padded to them in 8-row groups, or with the tile's N a "
+                            "multiple of 64 acc^T = b^T @ a^T)", span)
     first = swapped or "gemm: "
     if n % 8 or ir.split_width(n, cols) > 256:
         if cols == 1:
