@@ -54,7 +54,7 @@ SHAPES = [
     (32, 40, 64, 256),      # and split unevenly over N: 24 + 16
     (96, 96, 64, 256),      # 2 warpgroups over M, the second's rows 96 .. 127 padding
     (40, 24, 32, 128),      # 40 rows (warp 2's second 8 padding), K depth 32
-    (8, 8, 16, 128),        # the smallest: m64n8k16, 8 rows of 64
+    (16, 8, 16, 128),       # the smallest: m64n8k16, 16 rows of 64 (8 are refused: below)
 ]
 
 

@@ -60,6 +60,14 @@ def test_shape_interpreted_equals_numpy(case):
                         "a multiple of 64, or padded to them in 8-row groups, or with the tile's N a multiple of 64 "
                         "acc^T = b^T @ a^T)"),
     (100, 96, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 8"),
+    # a random program's row reduce on an 8 x 8 tile (session 53's hunt): its fragments' second rows, statically
+    # padding in every thread, made ptxas serialize the wgmmas (C7511)
+    (8, 8, 16, 128, "gemm: the tile's 8 rows and N = 8 columns are no multiple of 64, so wgmma computes its rows "
+                    "padded to 64; 8 rows leave the last m64 tile's second row of each fragment (lane / 4 + 8) "
+                    "padding in every thread, which makes ptxas serialize the wgmmas: use 16 rows more or fewer, or "
+                    "an N that is a multiple of 64 (then wgmma computes acc^T = b^T @ a^T)"),
+    (72, 40, 64, 128, "gemm: the tile's 72 rows and N = 40 columns are no multiple of 64, so wgmma computes its "
+                      "rows padded to 128; 72 rows leave"),
     (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
                       "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 16 "
                       "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "

@@ -95,6 +95,12 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         pm, pn = (n, m) if swap else (-(-m // 64) * 64 if m % 8 == 0 else m, n)   # the product wgmma computes
         real = n if swap else m                     # its rows that are the product's (the rest padding)
         rows, cols = _split(wg, pm, pn, s.span, _swapped_note(m, n) if swap else "")
+        if pm > real and rows == 1 and real % 64 == 8:
+            raise SemanticError(f"gemm: the tile's {m} rows and N = {n} columns are no multiple of 64, so wgmma "
+                                f"computes its rows padded to {pm}; {m} rows leave the last m64 tile's second row of "
+                                "each fragment (lane / 4 + 8) padding in every thread, which makes ptxas serialize "
+                                "the wgmmas: use 16 rows more or fewer, or an N that is a multiple of 64 (then wgmma "
+                                "computes acc^T = b^T @ a^T)", s.span)
         kstep = 32 // esize
         if ka % kstep:
             raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
