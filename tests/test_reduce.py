@@ -464,9 +464,7 @@ ACC_LAYOUTS = {"wg1": (64, 128, 128), "wg2-rows": (128, 128, 256), "wg2-cols": (
                "wg3": (192, 64, 384), "mt2": (256, 64, 256), "swapped": (16, 128, 128),
                "uneven2": (64, 40, 256), "uneven3": (64, 40, 384),
                "padded": (32, 40, 128), "padded2": (96, 40, 256), "padded-uneven": (40, 40, 256)}
-# (layout, axis): a padded tile's columns are not reduced in its fragments (plan-gemm refuses it)
-ACC_REDUCES = [(layout, axis) for layout in ACC_LAYOUTS for axis in (0, 1)
-               if not (axis == 0 and layout.startswith("padded"))]
+ACC_REDUCES = [(layout, axis) for layout in ACC_LAYOUTS for axis in (0, 1)]
 
 
 def acc_reduce_source(layout, axis, op, tile="acc", space="shared"):
@@ -795,14 +793,3 @@ def test_reduce_of_padding_registers_compiles_cleanly(layout, axis, tile, space)
     assert k.compile_log == "", k.compile_log
     assert "wgmma.mma_async" in k.ptx
 
-
-def test_a_padded_tile_s_columns_are_not_reduced_in_its_fragments():
-    """A reduce over the rows of an accumulator padded to m64 tiles (neither side of its
-    gemm a multiple of 64) would meet the padding rows in a column's lanes: refused at
-    the reduce's tile, naming the rule and the way out."""
-    with pytest.raises(tilec.TilecError) as e:
-        tilec.compile(acc_reduce_source("padded", 0, "sum"), arch="sm_90a")
-    assert str(e.value).startswith(
-        "<string>:20:12: error: reduce cannot walk the columns of 'acc' in its fragments: its 32 rows are padded to "
-        "64 (neither side of the gemm tile is a multiple of 64), and a column's lanes would meet the padding rows; "
-        "copy it into a shared tile and reduce that"), str(e.value)

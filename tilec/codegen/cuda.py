@@ -758,6 +758,7 @@ class _Printer:
         row0 = _fragment_row(src.wg_cols, mt)
         col0 = _fragment_col(src, threads)
         n, keep = src.fragment_shape[1], None   # an uneven split: the last warpgroup's columns past N are none
+        gathered = None
         if spread.local == "wgmma rows":        # results: this thread's 2 * mt fragment rows
             loop = ("tl_x", 2 * mt)
             res = f"{row0} + tl_x / 2 * 64 + tl_x % 2 * 8"
@@ -774,17 +775,22 @@ class _Printer:
             loop = ("tl_x", nw // 4)
             res = f"{col0}tl_x / 2 * 8 + {_FRAGMENT_COL} + tl_x % 2"
             first = "tl_x / 2 * 4 + tl_x % 2"
-            values = walk(first, (2 * mt, f"tl_k / 2 * {half} + tl_k % 2 * 2 + {first}"))
+            inside = f"{row0} + tl_k / 2 * 64 + tl_k % 2 * 8 < {src.shape[0]}" if ir.padded_rows(src) else None
+            values = walk(first, (2 * mt, f"tl_k / 2 * {half} + tl_k % 2 * 2 + {first}"), inside)
             lane, stride = "(threadIdx.x % 32 / 4)", 4
             group = f"(threadIdx.x % 128 / 32 + ({_warpgroup_row(src.wg_cols)}) * 4)"
             how = f"each fragment column of {s.src} on 8 lanes of each of {spread.groups} warps, {2 * mt} " \
                   "elements a lane"
             keep = f"{col0}tl_x / 2 * 8 < {n}" if ir.uneven_split(src) else None    # the same in a whole warp
+            if ir.padded_rows(src):     # the warps whose rows are all padding (the last ones) take no part
+                real = sum(g // 4 * 64 * mt + g % 4 * 16 < src.shape[0] for g in range(spread.groups))
+                how += f" ({real} of them holding rows of the tile)"
+                gathered = real
         return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
-                                     group, keep)
+                                     group, keep, gathered)
 
     def reduce_lanes_out(self, s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,
-                         group=None, keep=None) -> list:
+                         group=None, keep=None, gathered=None) -> list:
         """The end of reduce_local and reduce_fragments: after `values` (tl_acc, a lane's
         walk of result `res`, in `loop` if any), the lanes of each warp combine in halves
         (__shfl_down_sync by h * stride threads), and each warp's first lane (`lane` %
@@ -792,7 +798,8 @@ class _Printer:
         into slot res * groups + its warp's index (`group`; by default lane /
         per_warp) for a thread loop over acc to combine in order after a barrier.
         `keep`: which results of the loop exist (an uneven split's last warpgroup
-        walks columns past N)."""
+        walks columns past N); `gathered`: how many groups, the first ones, the
+        combine reads (the rest hold only rows padded to m64 tiles)."""
         groups, per_warp = spread.groups, spread.per_warp
         body = list(values)
         if spread.lanes > 1 and per_warp > 1:
@@ -832,8 +839,8 @@ class _Printer:
         out.append(f"{ind}}}")
         if slots:
             gather = [f"  {t} tl_acc = {warps}[tl_i0 * {groups}];"]
-            if groups > 1:
-                gather += ["  #pragma unroll", f"  for (int tl_w = 1; tl_w < {groups}; ++tl_w) {{",
+            if (gathered or groups) > 1:
+                gather += ["  #pragma unroll", f"  for (int tl_w = 1; tl_w < {gathered or groups}; ++tl_w) {{",
                            f"    tl_acc = {combine(f'{warps}[tl_i0 * {groups} + tl_w]')};", "  }"]
             out.append(f"{ind}{self.block_sync}  // every warp's value in its slot")
             if acc.layout == "rows":        # each thread combines its own rows' slots

@@ -806,7 +806,7 @@ def uneven_split(b: "Buffer") -> bool:
 def padded_rows(b: "Buffer") -> bool:
     """Whether the fragments of 'wgmma' or 'rows' tile `b` hold rows past its M
     (`fragment_rows`: M padded to m64 tiles), registers that hold no element."""
-    return b.fragment_rows > b.shape[0]
+    return b.fragment_rows > 0 and b.fragment_rows > b.shape[0]   # (0 before plan-gemm, shapes still symbols)
 
 
 def row_slots(b: "Buffer", threads: int) -> int:
@@ -889,7 +889,8 @@ def reduce_slots(k: "Kernel", s: Reduce) -> int:
     if spread.lanes == 1 or (spread.groups == 1 and (acc.scope == "shared" or acc.layout == "rows")):
         return 0
     src = k.buffer(s.src)       # rows padded to m64 tiles: a slot for each (their values unread), no test
-    return (src.fragment_rows if padded_rows(src) else acc.elements) * spread.groups
+    rows = padded_rows(src) and (s.axis == 1) != src.transposed
+    return (src.fragment_rows if rows else acc.elements) * spread.groups
 
 
 # the shared tile where the warps of a reduce's lane group leave their values

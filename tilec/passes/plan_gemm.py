@@ -424,11 +424,6 @@ def _check_reduces(k):
         if not isinstance(s, ir.Reduce):
             continue
         src = k.buffer(s.src)
-        if src.layout == "wgmma" and ir.padded_rows(src) and s.axis == 0:
-            raise SemanticError(f"reduce cannot walk the columns of '{src.name}' in its fragments: its "
-                                f"{src.shape[0]} rows are padded to {src.fragment_rows} (neither side of the gemm "
-                                "tile is a multiple of 64), and a column's lanes would meet the padding rows; "
-                                "copy it into a shared tile and reduce that", s.src_span)
         if src.scope != "local" or src.layout == "wgmma" or ir.local_reduce_spread(threads, src.shape, s.axis):
             continue
         m, n = src.shape
