@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
 from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, padded, source, split, split_width, swapped,
@@ -184,3 +185,30 @@ def test_an_uneven_split_with_a_producer_warpgroup_compiles(bm, bn, threads):
     k = tilec.compile(src, arch="sm_90a")
     for variant in (k, k.fallback):
         assert variant.compile_log == "", variant.compile_log
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bm=st.integers(1, 32).map(lambda x: 8 * x), bn=st.integers(1, 40).map(lambda x: 8 * x),
+       bk=st.sampled_from([16, 32, 48, 64, 128]), threads=st.sampled_from([128, 256, 384, 512]),
+       ta=st.booleans(), tb=st.booleans())
+def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, threads, ta, tb):
+    """Any tile of multiples of 8 on any block: either a plan as gemm_shapes models it (swapped
+    where M is no multiple of 64 and N is, M padded to m64 tiles where neither is; a's
+    overrun the padding's bytes) that NVRTC compiles with an empty log, or an error at a line
+    of the program (a rule of plan-gemm, TMA's box limits, shared memory), never a crash."""
+    src = source(bm, bn, bk, threads, ta, tb)
+    try:
+        k = tilec.compile(src, arch="sm_90a")
+    except tilec.TilecError as e:
+        assert str(e).startswith("<string>:") and ": error: " in str(e).splitlines()[0], str(e)
+        return
+    assert k.compile_log == "", k.compile_log
+    ir_text = k.ir("plan-smem")
+    acc = next(line for line in ir_text.splitlines() if line.startswith("  local acc:"))
+    assert ("transposed" in acc) == swapped(bm, bn)
+    assert (f"padded to {padded(bm, bn)} rows" in acc) == bool(padded(bm, bn)), acc
+    a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
+    if padded(bm, bn):
+        chunk = int(a_line.split(" layout sw")[1].split()[0])
+        over = (padded(bm, bn) - bm) * (bk * 2 if ta else chunk)
+        assert a_line.endswith(f" overrun {over}"), (a_line, over)
