@@ -37,7 +37,7 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
     layouts, splits, fragments = {}, {}, {}     # fragments: accumulator -> f32 registers per thread
-    overruns = {}                               # wgmma's b -> Buffer.overrun (an uneven split)
+    overruns = {}                               # wgmma's b, a -> Buffer.overrun (an uneven split, padded rows)
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
     padded = {}                                 # accumulator -> Buffer.fragment_rows (M padded to m64 tiles)
