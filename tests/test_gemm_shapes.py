@@ -190,13 +190,16 @@ def test_an_uneven_split_with_a_producer_warpgroup_compiles(bm, bn, threads):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bm=st.integers(1, 32).map(lambda x: 8 * x), bn=st.integers(1, 40).map(lambda x: 8 * x),
        bk=st.sampled_from([16, 32, 48, 64, 128]), threads=st.sampled_from([128, 256, 384, 512]),
-       ta=st.booleans(), tb=st.booleans())
-def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, threads, ta, tb):
+       ta=st.booleans(), tb=st.booleans(), dt=st.sampled_from(["f16", "bf16", "f8e4m3"]))
+def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, threads, ta, tb, dt):
     """Any tile of multiples of 8 on any block: either a plan as gemm_shapes models it (swapped
     where M is no multiple of 64 and N is, M padded to m64 tiles where neither is; a's
     overrun the padding's bytes) that NVRTC compiles with an empty log, or an error at a line
-    of the program (a rule of plan-gemm, TMA's box limits, shared memory), never a crash."""
-    src = source(bm, bn, bk, threads, ta, tb)
+    of the program (a rule of plan-gemm, TMA's box limits, shared memory), never a crash.
+    8-bit operands are K-major ([M, K] and [N, K]), K a multiple of 32."""
+    if dt == "f8e4m3":
+        ta, tb, bk = False, True, 32 * -(-bk // 32)
+    src = source(bm, bn, bk, threads, ta, tb, dt=dt)
     try:
         k = tilec.compile(src, arch="sm_90a")
     except tilec.TilecError as e:
@@ -210,5 +213,5 @@ def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, t
     a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
     if padded(bm, bn):
         chunk = int(a_line.split(" layout sw")[1].split()[0])
-        over = (padded(bm, bn) - bm) * (bk * 2 if ta else chunk)
+        over = (padded(bm, bn) - bm) * (bk * 2 if ta else chunk)      # (ta: 16-bit only)
         assert a_line.endswith(f" overrun {over}"), (a_line, over)
