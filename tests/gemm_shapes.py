@@ -54,7 +54,12 @@ SHAPES = [
     (32, 40, 64, 256),      # and split unevenly over N: 24 + 16
     (96, 96, 64, 256),      # 2 warpgroups over M, the second's rows 96 .. 127 padding
     (40, 24, 32, 128),      # 40 rows (warp 2's second 8 padding), K depth 32
-    (16, 8, 16, 128),       # the smallest: m64n8k16, 16 rows of 64 (8 are refused: below)
+    (16, 8, 16, 128),       # the smallest: m64n8k16, 16 rows of 64
+    # ... and N padded, swapped, where M's last m64 tile would hold 8 rows (every thread's second fragment row
+    # padding: ptxas serializes the wgmmas)
+    (8, 40, 64, 128),       # acc^T: 40 of 64 rows, m64n8
+    (72, 40, 32, 128),      # acc^T: 40 of 64 rows, m64n72
+    (8, 200, 64, 256),      # acc^T: 200 of 256 rows over 2 warpgroups, m64n8
 ]
 
 
@@ -68,19 +73,44 @@ def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", 
         flags=(", transpose_a = true" if transpose_a else "") + (", transpose_b = true" if transpose_b else ""))
 
 
-def swapped(bm, bn) -> bool:
-    """Tiles whose M is not a multiple of 64 and N is run as acc^T = b^T @ a^T."""
-    return bm % 64 != 0 and bn % 64 == 0
+def _orientation(bm, bn, threads):
+    """(swapped, the rows wgmma computes where they are padded, else 0) as plan-gemm picks them: as is where M
+    is a multiple of 64; acc^T = b^T @ a^T where N is; where neither is, M padded to m64 tiles, or N (swapped)
+    where M's last m64 tile would hold 8 rows on one warpgroup row."""
+    def pad(x):
+        return -(-x // 64) * 64
+
+    def one_row(x):       # the padded product's m64 tiles all on one row of warpgroups
+        wg = rows = threads // 128
+        while rows > 1 and pad(x) % (64 * rows):
+            rows -= 1
+        while wg % rows:
+            rows -= 1
+        return rows == 1
+    if bm % 64 == 0:
+        return False, 0
+    if bn % 64 == 0:
+        return True, 0
+    if bm % 64 == 8 and one_row(bm):
+        return True, pad(bn)
+    return False, pad(bm)
 
 
-def padded(bm, bn) -> int:
-    """The rows wgmma computes for a tile of neither side a multiple of 64 (M padded to m64 tiles), else 0."""
-    return -(-bm // 64) * 64 if bm % 64 and bn % 64 else 0
+def swapped(bm, bn, threads) -> bool:
+    """Whether the tile runs as acc^T = b^T @ a^T (_orientation)."""
+    return _orientation(bm, bn, threads)[0]
+
+
+def padded(bm, bn, threads) -> int:
+    """The rows wgmma computes for a tile of neither side a multiple of 64 (M padded to m64 tiles, or N of
+    acc^T), else 0."""
+    return _orientation(bm, bn, threads)[1]
 
 
 def split(bm, bn, threads):
     """(rows wgmma computes, its columns, warpgroups over those columns) as plan-gemm splits them."""
-    m, n = (bn, bm) if swapped(bm, bn) else (padded(bm, bn) or bm, bn)
+    swap, rows = _orientation(bm, bn, threads)
+    m, n = (rows or bn, bm) if swap else (rows or bm, bn)
     wg = rows = threads // 128
     while rows > 1 and m % (64 * rows):
         rows -= 1
@@ -178,9 +208,9 @@ kernel g(A: f16[M, K], B: f16[K, N], Bias: f32[M, N], C: f32[M, N]) {{
 }}
 """
 # (BM, BN, threads): split unevenly over N; rows padded to m64 tiles (32 of 64, 40 of 64 and split unevenly,
-# 96 of 128 over two warpgroups)
+# 96 of 128 over two warpgroups); N padded, swapped (8 and 72 rows: acc^T's 40 of 64)
 UNEVEN_SPLITS = [(64, 24, 256), (64, 40, 256), (64, 200, 256), (64, 128, 384), (64, 40, 384),
-                 (32, 40, 128), (40, 24, 256), (96, 40, 256)]
+                 (32, 40, 128), (40, 24, 256), (96, 40, 256), (8, 40, 128), (72, 40, 128)]
 
 
 def uneven_operands(bm, bn):

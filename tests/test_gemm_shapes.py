@@ -25,20 +25,33 @@ def test_shape_compiles_cleanly(case):
     ir_text = k.ir("plan-smem")
     _, n, over_n = split(bm, bn, th)
     assert (f", {over_n} across N" in ir_text) == (over_n > 1)
-    assert ("as acc^T = b^T @ a^T" in ir_text) == swapped(bm, bn)
-    assert (f"local acc: f32[{bm}, {bn}] layout wgmma transposed" in ir_text) == swapped(bm, bn)
-    assert (f"local acc: f32[{bm}, {bn}] layout wgmma padded to {padded(bm, bn)} rows" in ir_text) == \
-        bool(padded(bm, bn))
+    assert ("as acc^T = b^T @ a^T" in ir_text) == swapped(bm, bn, th)
     # a is wgmma's M-major a ([K, M], 128-byte rows, or a padded M's chunks), or swapped its N-major b (rows of
-    # n / over_n columns); a padded M's wgmmas read a past its rows (its overrun)
+    # n / over_n columns)
     a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
     assert a_line.startswith(f"  shared a: f16[{bk}, {bm}]" if ta else f"  shared a: f16[{bm}, {bk}]")
-    a_swizzle = swizzle(math.gcd(n, split_width(n, over_n)) * 2) if swapped(bm, bn) else \
+    a_swizzle = swizzle(math.gcd(n, split_width(n, over_n)) * 2) if swapped(bm, bn, th) else \
         swizzle(math.gcd(bm, 64) * 2)
     a_swizzle = a_swizzle if ta else swizzle(bk * 2)
     assert f"layout sw{a_swizzle} " in a_line
-    over = (padded(bm, bn) - bm) * (bk * 2 if ta else a_swizzle) if padded(bm, bn) else 0
-    assert (f" overrun {over}" in a_line) == bool(over), (a_line, over)
+    check_padding(ir_text, bm, bn, bk, th, ta, tb, 2)
+
+
+def check_padding(ir_text, bm, bn, bk, threads, ta, tb, esize):
+    """The accumulator's layout line (transposed, padded) as gemm_shapes models it, and the
+    overrun of the operand that is wgmma's a (tile a, swapped tile b) where the product's
+    rows are padded: the padding's rows of each K-major chunk, or as many M-major columns of
+    K elements."""
+    lines = {line.split(":")[0].split()[-1]: line for line in ir_text.splitlines() if line.startswith("  ")
+             and ":" in line and line.split(":")[0].split()[0] in ("shared", "local")}
+    swap, pad = swapped(bm, bn, threads), padded(bm, bn, threads)
+    acc = lines["acc"]
+    assert ("layout wgmma transposed" in acc) == swap, acc
+    assert (f" padded to {pad} rows" in acc) == bool(pad), acc
+    operand, real, k_major = (lines["b"], bn, tb) if swap else (lines["a"], bm, not ta)
+    chunk = int(operand.split(" layout sw")[1].split()[0])
+    over = (pad - real) * (chunk if k_major else bk * esize) if pad else 0
+    assert (f" overrun {over}" in operand) == bool(over), (operand, over)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -62,13 +75,12 @@ def test_shape_interpreted_equals_numpy(case):
                         "acc^T = b^T @ a^T)"),
     (100, 96, 64, 256, "gemm: the 100 rows of the tile must be a multiple of 8"),
     # a random program's row reduce on an 8 x 8 tile (session 53's hunt): its fragments' second rows, statically
-    # padding in every thread, made ptxas serialize the wgmmas (C7511)
-    (8, 8, 16, 128, "gemm: the tile's 8 rows and N = 8 columns are no multiple of 64, so wgmma computes its rows "
-                    "padded to 64; 8 rows leave the last m64 tile's second row of each fragment (lane / 4 + 8) "
-                    "padding in every thread, which makes ptxas serialize the wgmmas: use 16 rows more or fewer, or "
-                    "an N that is a multiple of 64 (then wgmma computes acc^T = b^T @ a^T)"),
-    (72, 40, 64, 128, "gemm: the tile's 72 rows and N = 40 columns are no multiple of 64, so wgmma computes its "
-                      "rows padded to 128; 72 rows leave"),
+    # padding in every thread, made ptxas serialize the wgmmas (C7511); N padded instead would do the same
+    (8, 8, 16, 128, "gemm: neither the tile's 8 rows nor its N = 8 columns are a multiple of 64, and padded to "
+                    "m64 tiles either way round, the last m64 tile's 8 rows leave the second row of each fragment "
+                    "(lane / 4 + 8) padding in every thread, which makes ptxas serialize the wgmmas: make one side "
+                    "16 more or fewer, or a multiple of 64"),
+    (72, 136, 64, 128, "gemm: neither the tile's 72 rows nor its N = 136 columns are a multiple of 64, and padded"),
     (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
                       "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 16 "
                       "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "
@@ -193,8 +205,8 @@ def test_an_uneven_split_with_a_producer_warpgroup_compiles(bm, bn, threads):
        ta=st.booleans(), tb=st.booleans(), dt=st.sampled_from(["f16", "bf16", "f8e4m3"]))
 def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, threads, ta, tb, dt):
     """Any tile of multiples of 8 on any block: either a plan as gemm_shapes models it (swapped
-    where M is no multiple of 64 and N is, M padded to m64 tiles where neither is; a's
-    overrun the padding's bytes) that NVRTC compiles with an empty log, or an error at a line
+    where M is no multiple of 64 and N is, M or N padded to m64 tiles where neither is; the
+    overrun of wgmma's a the padding's bytes) that NVRTC compiles with an empty log, or an error at a line
     of the program (a rule of plan-gemm, TMA's box limits, shared memory), never a crash.
     8-bit operands are K-major ([M, K] and [N, K]), K a multiple of 32."""
     if dt == "f8e4m3":
@@ -206,12 +218,4 @@ def test_every_tile_shape_compiles_cleanly_or_is_refused_at_a_line(bm, bn, bk, t
         assert str(e).startswith("<string>:") and ": error: " in str(e).splitlines()[0], str(e)
         return
     assert k.compile_log == "", k.compile_log
-    ir_text = k.ir("plan-smem")
-    acc = next(line for line in ir_text.splitlines() if line.startswith("  local acc:"))
-    assert ("transposed" in acc) == swapped(bm, bn)
-    assert (f"padded to {padded(bm, bn)} rows" in acc) == bool(padded(bm, bn)), acc
-    a_line = next(line for line in ir_text.splitlines() if line.startswith("  shared a:"))
-    if padded(bm, bn):
-        chunk = int(a_line.split(" layout sw")[1].split()[0])
-        over = (padded(bm, bn) - bm) * (bk * 2 if ta else chunk)      # (ta: 16-bit only)
-        assert a_line.endswith(f" overrun {over}"), (a_line, over)
+    check_padding(k.ir("plan-smem"), bm, bn, bk, threads, ta, tb, 1 if dt == "f8e4m3" else 2)

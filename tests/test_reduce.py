@@ -459,11 +459,13 @@ kernel accred(A: f16[M, K], B: f16[K, N], C: f32[M, N], Y: f32[{ydims}]) {{
 # two m64 tiles a warpgroup; a swapped gemm (16 rows: fragments of acc^T); split unevenly over N (40
 # columns: 24 + 16 over two warpgroups, 16 + 16 + 8 over three; the last one's registers past N hold none);
 # rows padded to m64 tiles (neither side a multiple of 64: 32 rows of 64, 96 of 128 over two warpgroups, 40
-# rows of 64 split unevenly over N; the registers past M hold none)
+# rows of 64 split unevenly over N; the registers past M hold none); N padded, swapped (8 rows: acc^T's 40 of
+# 64 rows, 200 of 256 over two warpgroups)
 ACC_LAYOUTS = {"wg1": (64, 128, 128), "wg2-rows": (128, 128, 256), "wg2-cols": (64, 128, 256),
                "wg3": (192, 64, 384), "mt2": (256, 64, 256), "swapped": (16, 128, 128),
                "uneven2": (64, 40, 256), "uneven3": (64, 40, 384),
-               "padded": (32, 40, 128), "padded2": (96, 40, 256), "padded-uneven": (40, 40, 256)}
+               "padded": (32, 40, 128), "padded2": (96, 40, 256), "padded-uneven": (40, 40, 256),
+               "swapped-padded": (8, 40, 128), "swapped-padded2": (8, 200, 256)}
 ACC_REDUCES = [(layout, axis) for layout in ACC_LAYOUTS for axis in (0, 1)]
 
 

@@ -248,8 +248,9 @@ class _Printer:
         _, regs, row, col = self.fragment_index(acc)
         col += " + tl_r % 2"
         if memory == "reads":
-            col = f"min({col}, {acc.shape[0 if acc.transposed else 1] - 1})" if ir.uneven_split(acc) else col
-            row = f"min({row}, {acc.shape[0] - 1})" if ir.padded_rows(acc) else row
+            rows, cols = acc.product_shape
+            col = f"min({col}, {cols - 1})" if ir.uneven_split(acc) else col
+            row = f"min({row}, {rows - 1})" if ir.padded_rows(acc) else row
         at = (col, row) if acc.transposed else (row, col)
         out = [f"{ind}#pragma unroll", f"{ind}for (int tl_r = 0; tl_r < {regs}; ++tl_r) {{"]
         out += [f"{ind}  const int {name} = {value};" for name, value in _used(zip(names, at), body)]
@@ -272,12 +273,13 @@ class _Printer:
         if that column is one of the product's (the last warpgroup's registers past N
         hold none); where the rows are padded to m64 tiles, only if the row is one of
         the tile's (a multiple of 8: the same in a whole warp)."""
-        tests = ([f"{col} < {acc.fragment_shape[1]}"] if ir.uneven_split(acc) else []) + \
-            ([f"{row} < {acc.shape[0]}"] if ir.padded_rows(acc) else [])
+        tests = ([f"{col} < {acc.product_shape[1]}"] if ir.uneven_split(acc) else []) + \
+            ([f"{row} < {acc.product_shape[0]}"] if ir.padded_rows(acc) else [])
         if not tests:
             return body
         what = "past the last warpgroup's columns" if ir.uneven_split(acc) else ""
-        what += (" or " if what else "") + "past the tile's rows" if ir.padded_rows(acc) else ""
+        padding = f"past the tile's {'columns (acc^T rows)' if acc.transposed else 'rows'}"
+        what += (" or " if what else "") + padding if ir.padded_rows(acc) else ""
         return [f"{ind}if ({' && '.join(tests)}) {{  // else a register {what}"] + \
             ["  " + line for line in body] + [f"{ind}}}"]
 
@@ -577,7 +579,8 @@ class _Printer:
         out = [f"{ind}// swapped: {acc.name}^T += {s.b}^T @ {s.a}^T, {m} rows by {n} columns ({acc.name} has "
                f"{n} rows, not a multiple of 64)"] if s.swapped else []
         if ir.padded_rows(acc):
-            out.append(f"{ind}// {acc.name}'s {acc.shape[0]} rows padded to {m}: the wgmmas read {a.name}'s shared "
+            out.append(f"{ind}// {acc.name}{'^T' if s.swapped else ''}'s {acc.product_shape[0]} rows padded to {m}: "
+                       f"the wgmmas read {a.name}'s shared "
                        "memory past them into registers nothing uses")
         if nw * s.wg_cols != n:
             out.append(f"{ind}// the last warpgroup owns columns {n - ir.split_last(n, s.wg_cols)} .. {n - 1}; its "
@@ -770,12 +773,13 @@ class _Printer:
             how = f"each fragment row of {s.src} on the 4 lanes of a quad" + \
                 (f" in each of {src.wg_cols} warpgroups" if src.wg_cols > 1 else "") + f", {nw // 4} elements a lane"
             if ir.padded_rows(src) and acc.layout != "rows":    # rows past M (padding): no result to write
-                keep = f"{res} < {src.shape[0]}"        # (the same in a whole warp: M is a multiple of 8)
+                keep = f"{res} < {src.product_shape[0]}"    # (the same in a whole warp: a multiple of 8)
         else:                                   # results: this thread's nw / 4 fragment columns
             loop = ("tl_x", nw // 4)
             res = f"{col0}tl_x / 2 * 8 + {_FRAGMENT_COL} + tl_x % 2"
             first = "tl_x / 2 * 4 + tl_x % 2"
-            inside = f"{row0} + tl_k / 2 * 64 + tl_k % 2 * 8 < {src.shape[0]}" if ir.padded_rows(src) else None
+            inside = f"{row0} + tl_k / 2 * 64 + tl_k % 2 * 8 < {src.product_shape[0]}" if ir.padded_rows(src) \
+                else None
             values = walk(first, (2 * mt, f"tl_k / 2 * {half} + tl_k % 2 * 2 + {first}"), inside)
             lane, stride = "(threadIdx.x % 32 / 4)", 4
             group = f"(threadIdx.x % 128 / 32 + ({_warpgroup_row(src.wg_cols)}) * 4)"
@@ -783,7 +787,7 @@ class _Printer:
                   "elements a lane"
             keep = f"{col0}tl_x / 2 * 8 < {n}" if ir.uneven_split(src) else None    # the same in a whole warp
             if ir.padded_rows(src):     # the warps whose rows are all padding (the last ones) take no part
-                real = sum(g // 4 * 64 * mt + g % 4 * 16 < src.shape[0] for g in range(spread.groups))
+                real = sum(g // 4 * 64 * mt + g % 4 * 16 < src.product_shape[0] for g in range(spread.groups))
                 how += f" ({real} of them holding rows of the tile)"
                 gathered = real
         return self.reduce_lanes_out(s, acc, spread, t, combine, result, values, loop, res, lane, stride, how, ind,

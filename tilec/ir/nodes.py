@@ -177,17 +177,23 @@ class Buffer:
     overrun: int = 0        # shared: bytes past its last copy that wgmma reads (an unevenly split gemm's last
                             # warpgroup: columns past N; a tile's rows padded to m64 tiles: rows past M), into
                             # fragment registers nothing uses
-    fragment_rows: int = 0  # 'wgmma', 'rows': the rows wgmma computes where the tile's M is no multiple of 64 and
-                            # its N none either (M padded to m64 tiles; the rows past M hold no element); 0: M
+    fragment_rows: int = 0  # 'wgmma', 'rows': the rows wgmma computes where neither the tile's M nor its N is a
+                            # multiple of 64 (M, or N of a transposed tile, padded to m64 tiles; the rows past
+                            # it hold no element); 0: the product's own
     span: Optional[Span] = SPAN
 
     @property
+    def product_shape(self) -> tuple:
+        """'wgmma': the tile as the product wgmma computes it: [N, M] for a transposed
+        accumulator (its fragments hold acc^T), else its shape."""
+        return tuple(reversed(self.shape)) if self.transposed else tuple(self.shape)
+
+    @property
     def fragment_shape(self) -> tuple:
-        """'wgmma': the shape the fragments hold, [N, M] for a transposed accumulator,
-        [fragment_rows, N] for one whose rows are padded."""
-        if self.transposed:
-            return tuple(reversed(self.shape))
-        return (self.fragment_rows or self.shape[0],) + tuple(self.shape[1:])
+        """'wgmma': the shape the fragments hold: product_shape, its rows padded to
+        `fragment_rows` where they are."""
+        rows, *rest = self.product_shape
+        return (self.fragment_rows or rows, *rest)
 
     @property
     def row_positions(self) -> tuple:
@@ -804,9 +810,10 @@ def uneven_split(b: "Buffer") -> bool:
 
 
 def padded_rows(b: "Buffer") -> bool:
-    """Whether the fragments of 'wgmma' or 'rows' tile `b` hold rows past its M
-    (`fragment_rows`: M padded to m64 tiles), registers that hold no element."""
-    return b.fragment_rows > 0 and b.fragment_rows > b.shape[0]   # (0 before plan-gemm, shapes still symbols)
+    """Whether the fragments of 'wgmma' or 'rows' tile `b` hold rows past the
+    product's (`fragment_rows`: its rows padded to m64 tiles), registers that hold
+    no element."""
+    return b.fragment_rows > 0 and b.fragment_rows > b.product_shape[0]   # (0 before plan-gemm: symbols)
 
 
 def row_slots(b: "Buffer", threads: int) -> int:

@@ -89,18 +89,11 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
         if threads % 128:
             raise SemanticError(f"gemm runs on warpgroups of 128 threads; threads is {threads}", s.span)
         wg = threads // 128
-        # M not a multiple of 64 (a few rows): wgmma computes acc^T += b^T @ a^T, b's N on its 64-row side
-        swap = m % 64 != 0 and m % 8 == 0 and n % 64 == 0
-        # neither a multiple of 64: M padded to m64 tiles, its rows past M computed from a's memory past it
-        pm, pn = (n, m) if swap else (-(-m // 64) * 64 if m % 8 == 0 else m, n)   # the product wgmma computes
-        real = n if swap else m                     # its rows that are the product's (the rest padding)
-        rows, cols = _split(wg, pm, pn, s.span, _swapped_note(m, n) if swap else "")
-        if pm > real and rows == 1 and real % 64 == 8:
-            raise SemanticError(f"gemm: the tile's {m} rows and N = {n} columns are no multiple of 64, so wgmma "
-                                f"computes its rows padded to {pm}; {m} rows leave the last m64 tile's second row of "
-                                "each fragment (lane / 4 + 8) padding in every thread, which makes ptxas serialize "
-                                "the wgmmas: use 16 rows more or fewer, or an N that is a multiple of 64 (then wgmma "
-                                "computes acc^T = b^T @ a^T)", s.span)
+        # M not a multiple of 64 (a few rows): wgmma computes acc^T += b^T @ a^T, b's N on its 64-row side;
+        # neither a multiple of 64: M padded to m64 tiles (its rows past M read from a's memory past it), or
+        # N so, swapped, where M's padding would leave every thread's second fragment row empty (_orientation)
+        swap, pm, pn, rows, cols = _orientation(wg, m, n, s)
+        real = n if swap else m                     # the product's rows that are the tile's (the rest padding)
         kstep = 32 // esize
         if ka % kstep:
             raise SemanticError(f"gemm: the K depth {ka} must be a multiple of {kstep} (one wgmma reads 32 bytes "
@@ -465,6 +458,35 @@ def _check_registers(fragments: dict, threads: int, producer: bool, s: ir.Gemm):
                             f"({held}) and a wgmma needs about {WGMMA_REGISTER_OVERHEAD} more, over the {limit} a "
                             f"thread of {block} can have: use fewer columns per "
                             "warpgroup (a smaller N tile) or fewer threads", s.span)
+
+
+def _orientation(wg, m, n, s) -> tuple:
+    """(swapped, the product's rows and columns, warpgroups over them) of gemm `s`
+    on a tile of m x n: as is where m is a multiple of 64; swapped (acc^T = b^T @
+    a^T) where n is and m one of 8; where neither is, m padded to m64 tiles, or n
+    (swapped) where m's padding would leave the last m64 tile 8 rows on one
+    warpgroup row: the second row of every thread's fragments (lane / 4 + 8) is
+    then padding in all of them, and ptxas serializes the wgmmas (C7511)."""
+    def padding_only_row(real, pm, rows):
+        return pm > real and rows == 1 and real % 64 == 8
+
+    if m % 64 == 0 or m % 8:
+        return (False, m, n) + _split(wg, m, n, s.span)
+    if n % 64 == 0:
+        return (True, n, m) + _split(wg, n, m, s.span, _swapped_note(m, n))
+    pm = -(-m // 64) * 64
+    rows, cols = _split(wg, pm, n, s.span)
+    if not padding_only_row(m, pm, rows):
+        return False, pm, n, rows, cols
+    pn = -(-n // 64) * 64
+    if n % 8 == 0:
+        rows, cols = _split(wg, pn, m, s.span, _swapped_note(m, n))
+        if not padding_only_row(n, pn, rows):
+            return True, pn, m, rows, cols
+    raise SemanticError(f"gemm: neither the tile's {m} rows nor its N = {n} columns are a multiple of 64, and "
+                        "padded to m64 tiles either way round, the last m64 tile's 8 rows leave the second row of "
+                        "each fragment (lane / 4 + 8) padding in every thread, which makes ptxas serialize the "
+                        "wgmmas: make one side 16 more or fewer, or a multiple of 64", s.span)
 
 
 def _swapped_note(m, n) -> str:
