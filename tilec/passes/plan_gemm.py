@@ -18,7 +18,8 @@ padding. `acc`'s fragments then hold acc^T (`transposed`), which codegen maps
 back to acc's elements. Where neither M nor N is a multiple of 64 (M one of
 8), M is padded to whole m64 tiles (`fragment_rows`): wgmma reads a's shared
 memory past its M rows (its `overrun`) into fragment rows that hold no element,
-which codegen's walks skip."""
+which codegen's walks skip; or N is, swapped, where M's padding would leave
+every thread's second fragment row padding (_orientation)."""
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     overruns = {}                               # wgmma's b, a -> Buffer.overrun (an uneven split, padded rows)
     patched = set()                             # patches whose im2col views end in a half step of zeros
     transposed = {}                             # accumulator -> its fragments hold acc^T
-    padded = {}                                 # accumulator -> Buffer.fragment_rows (M padded to m64 tiles)
+    padded = {}                                 # accumulator -> Buffer.fragment_rows (rows padded to m64 tiles)
     orders = {}                                 # a patch gemm's weights -> Buffer.row_groups
     phases = {}                                 # a patch -> Buffer.phases (its views' stride)
     threads = k.threads.value
@@ -478,11 +479,10 @@ def _orientation(wg, m, n, s) -> tuple:
     rows, cols = _split(wg, pm, n, s.span)
     if not padding_only_row(m, pm, rows):
         return False, pm, n, rows, cols
-    pn = -(-n // 64) * 64
-    if n % 8 == 0:
-        rows, cols = _split(wg, pn, m, s.span, _swapped_note(m, n))
-        if not padding_only_row(n, pn, rows):
-            return True, pn, m, rows, cols
+    pn = -(-n // 64) * 64                   # (n is a multiple of 8: _split)
+    rows, cols = _split(wg, pn, m, s.span, _swapped_note(m, n))
+    if not padding_only_row(n, pn, rows):
+        return True, pn, m, rows, cols
     raise SemanticError(f"gemm: neither the tile's {m} rows nor its N = {n} columns are a multiple of 64, and "
                         "padded to m64 tiles either way round, the last m64 tile's 8 rows leave the second row of "
                         "each fragment (lane / 4 + 8) padding in every thread, which makes ptxas serialize the "
