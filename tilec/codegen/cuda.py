@@ -580,8 +580,7 @@ class _Printer:
                f"{n} rows, not a multiple of 64)"] if s.swapped else []
         if ir.padded_rows(acc):
             out.append(f"{ind}// {acc.name}{'^T' if s.swapped else ''}'s {acc.product_shape[0]} rows padded to {m}: "
-                       f"the wgmmas read {a.name}'s shared "
-                       "memory past them into registers nothing uses")
+                       f"the wgmmas read {a.name}'s shared memory past them into registers nothing uses")
         if nw * s.wg_cols != n:
             out.append(f"{ind}// the last warpgroup owns columns {n - ir.split_last(n, s.wg_cols)} .. {n - 1}; its "
                        f"wgmmas, {nw} wide, read {b.name}'s shared memory past them into registers nothing uses")
