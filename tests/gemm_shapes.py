@@ -48,18 +48,21 @@ SHAPES = [
     (64, 200, 64, 256),     # 104 + 96, 16-byte chunks (104 columns are no 32-byte chunks)
     (64, 128, 32, 384),     # 48 + 48 + 32
     (40, 64, 64, 256),      # swapped: 40 rows are wgmma's N, 24 + 16
-    # neither side a multiple of 64: M padded to m64 tiles (wgmma reads a past its rows into registers that
-    # hold no element)
-    (32, 48, 64, 128),      # m64n48, rows 32 .. 63 padding
-    (32, 40, 64, 256),      # and split unevenly over N: 24 + 16
-    (96, 96, 64, 256),      # 2 warpgroups over M, the second's rows 96 .. 127 padding
-    (40, 24, 32, 128),      # 40 rows (warp 2's second 8 padding), K depth 32
-    (16, 8, 16, 128),       # the smallest: m64n8k16, 16 rows of 64
-    # ... and N padded, swapped, where M's last m64 tile would hold 8 rows (every thread's second fragment row
-    # padding: ptxas serializes the wgmmas)
+    # neither side a multiple of 64: N padded to m64 tiles, swapped (wgmma reads b past its columns into
+    # registers that hold no element)
+    (32, 48, 64, 128),      # acc^T: 48 of 64 rows, m64n32
+    (32, 40, 64, 256),      # acc^T: 40 of 64 rows, its 32 columns over 2 warpgroups: m64n16 each
+    (96, 96, 64, 256),      # acc^T: 2 warpgroups over its rows, the second's rows 96 .. 127 padding
+    (40, 24, 32, 128),      # acc^T: 24 of 64 rows, m64n40, K depth 32
     (8, 40, 64, 128),       # acc^T: 40 of 64 rows, m64n8
     (72, 40, 32, 128),      # acc^T: 40 of 64 rows, m64n72
     (8, 200, 64, 256),      # acc^T: 200 of 256 rows over 2 warpgroups, m64n8
+    # ... and M padded, as is, where N's last m64 tile would hold 8 rows on one warpgroup row (every thread's
+    # second fragment row padding: ptxas serializes the wgmmas)
+    (16, 8, 16, 128),       # the smallest: m64n8k16, 16 rows of 64
+    (32, 72, 64, 128),      # m64n72, rows 32 .. 63 padding
+    (40, 136, 32, 256),     # 40 rows (warp 2's second 8 padding), split unevenly over N: 72 + 64, K depth 32
+    (96, 136, 64, 256),     # 2 warpgroups over M, the second's rows 96 .. 127 padding
 ]
 
 
@@ -73,32 +76,40 @@ def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", 
         flags=(", transpose_a = true" if transpose_a else "") + (", transpose_b = true" if transpose_b else ""))
 
 
-def _orientation(bm, bn, threads):
+def _orientation(bm, bn, threads, keep_rows=False):
     """(swapped, the rows wgmma computes where they are padded, else 0) as plan-gemm picks them: as is where M
-    is a multiple of 64; acc^T = b^T @ a^T where N is; where neither is, M padded to m64 tiles, or N (swapped)
-    where M's last m64 tile would hold 8 rows on one warpgroup row."""
+    is a multiple of 64; else acc^T = b^T @ a^T, its N rows padded to m64 tiles where N is no multiple of 64;
+    or as is, M padded, where that cannot be: N's last m64 tile 8 rows on one warpgroup row, or M not split
+    over the warpgroups' columns (each a multiple of 8 of at most 256, the last owning some). `keep_rows` (a
+    parallel over acc reads a 1-D local tile at [i]): M padded first."""
+    wg = threads // 128
+
     def pad(x):
         return -(-x // 64) * 64
 
-    def one_row(x):       # the padded product's m64 tiles all on one row of warpgroups
-        wg = rows = threads // 128
-        while rows > 1 and pad(x) % (64 * rows):
+    def plan(swap):
+        real, other = (bn, bm) if swap else (bm, bn)
+        rows = wg
+        while rows > 1 and pad(real) % (64 * rows):
             rows -= 1
         while wg % rows:
             rows -= 1
-        return rows == 1
-    if bm % 64 == 0:
+        cols = wg // rows
+        width = split_width(other, cols)
+        if real % 8 or other % 8 or width > 256 or other - width * (cols - 1) <= 0:
+            return None
+        if pad(real) > real and rows == 1 and real % 64 == 8:
+            return None
+        return swap, pad(real) if pad(real) > real else 0
+    if bm % 64 == 0 or bm % 8:
         return False, 0
-    if bn % 64 == 0:
-        return True, 0
-    if bm % 64 == 8 and one_row(bm):
-        return True, pad(bn)
-    return False, pad(bm)
+    first = not keep_rows
+    return plan(first) or plan(not first) or (bn % 64 == 0, 0)       # (the last: refused)
 
 
-def swapped(bm, bn, threads) -> bool:
+def swapped(bm, bn, threads, keep_rows=False) -> bool:
     """Whether the tile runs as acc^T = b^T @ a^T (_orientation)."""
-    return _orientation(bm, bn, threads)[0]
+    return _orientation(bm, bn, threads, keep_rows)[0]
 
 
 def padded(bm, bn, threads) -> int:
@@ -207,10 +218,12 @@ kernel g(A: f16[M, K], B: f16[K, N], Bias: f32[M, N], C: f32[M, N]) {{
     copy(s, C[by * BM, bx * BN]);
 }}
 """
-# (BM, BN, threads): split unevenly over N; rows padded to m64 tiles (32 of 64, 40 of 64 and split unevenly,
-# 96 of 128 over two warpgroups); N padded, swapped (8 and 72 rows: acc^T's 40 of 64)
+# (BM, BN, threads): split unevenly over N; N padded to m64 tiles, swapped (acc^T's 40 of 64 rows, its 32,
+# 24 + 16, 48 + 48, 8 or 72 columns); M padded where N's padding cannot be (32 of 64, 40 of 64 and split
+# unevenly, 96 of 128 over two warpgroups)
 UNEVEN_SPLITS = [(64, 24, 256), (64, 40, 256), (64, 200, 256), (64, 128, 384), (64, 40, 384),
-                 (32, 40, 128), (40, 24, 256), (96, 40, 256), (8, 40, 128), (72, 40, 128)]
+                 (32, 40, 128), (40, 24, 256), (96, 40, 256), (8, 40, 128), (72, 40, 128),
+                 (32, 72, 128), (40, 136, 256), (96, 136, 256)]
 
 
 def uneven_operands(bm, bn):

@@ -52,8 +52,10 @@ SRC = """kernel row_stats(A: f16[M, K], B: f16[K, N], C: f32[M, N], R: f32[NB, M
 """
 # (BM, WG): one warpgroup, one m64 tile; one warpgroup, two m64 tiles (4 rows a
 # thread); two warpgroups over M; three; two warpgroups of two m64 tiles each; two
-# warpgroups side by side over N (each row in both); two over M by two over N
-CONFIGS = [(64, 1), (128, 1), (128, 2), (192, 3), (256, 2), (64, 2), (128, 4)]
+# warpgroups side by side over N (each row in both); two over M by two over N; rows
+# padded to m64 tiles (M no multiple of 64: not swapped, as the tiles' rows must be
+# acc's): 32 of 64, 96 of 128 over two warpgroups, 40 of 64 on two side by side
+CONFIGS = [(64, 1), (128, 1), (128, 2), (192, 3), (256, 2), (64, 2), (128, 4), (32, 1), (96, 2), (40, 2)]
 SHAPES = [(64, 64, 64), (200, 104, 96), (132, 200, 64)]     # strides TMA takes: no fallback
 
 
@@ -90,6 +92,19 @@ def test_the_tiles_live_in_rows():
     k = lower(SRC, {}).stages["plan-gemm"]
     assert {b.name: b.layout for b in k.buffers if b.scope == "local"} == \
         {"acc": "wgmma", "peak": "rows", "total": "rows", "scale": "rows"}
+
+
+@pytest.mark.parametrize("bm, wg, rows", [(32, 1, 64), (96, 2, 128), (40, 2, 64)])
+def test_rows_of_fewer_than_64_keep_the_accumulator_as_is(bm, wg, rows):
+    """M no multiple of 64 would run swapped (acc^T, N a multiple of 64), whose fragments
+    hold no row of acc: with tiles that must live in its rows, M is padded instead."""
+    k = lower(SRC, {"BM": bm, "WG": wg}).stages["plan-gemm"]
+    acc = k.buffer("acc")
+    assert (acc.transposed, acc.fragment_rows) == (False, rows)
+    assert {b.name: b.layout for b in k.buffers if b.scope == "local"} == \
+        {"acc": "wgmma", "peak": "rows", "total": "rows", "scale": "rows"}
+    without = SRC.replace("acc[i, j] = acc[i, j] * scale[i];", "acc[i, j] = acc[i, j] * 2.0;")
+    assert lower(without, {"BM": bm, "WG": wg}).stages["plan-gemm"].buffer("acc").transposed
 
 
 @pytest.mark.parametrize("bm, wg", CONFIGS, ids=lambda x: str(x))
@@ -135,9 +150,9 @@ def edited(old, new, consts=None):
      "<string>:21:5: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
      "beside 'acc'), but here a parallel over it runs each row on the 4 lanes of a quad, so it cannot both "
      "read and write the shared tile 'r'"),
-    (edited("    const BM = 128, BN = 64, BK = 64, WG = 2;", "    const BM = 32, BN = 64, BK = 64, WG = 1;"),
+    (edited("    const BM = 128, BN = 64, BK = 64, WG = 2;", "    const BM = 8, BN = 64, BK = 64, WG = 1;"),
      "<string>:26:33: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "
-     "beside 'acc'), but here the fragments of 'acc' hold its transpose (a swapped gemm of 32 rows)"),
+     "beside 'acc'), but here the fragments of 'acc' hold its transpose (a swapped gemm of 8 rows)"),
     (edited("        acc[i, j] = acc[i, j] * scale[i];", "        acc[i, j] = acc[i, j] * scale[i];\n"
             "    }\n    parallel (i, j) in (BM, BN) {\n        a[i, j] = f16(scale[i]);"),
      "<string>:29:23: error: local tile 'scale' must live in an accumulator's rows (line 26 reads scale[i] "

@@ -81,10 +81,11 @@ def test_shape_interpreted_equals_numpy(case):
                     "(lane / 4 + 8) padding in every thread, which makes ptxas serialize the wgmmas: make one side "
                     "16 more or fewer, or a multiple of 64"),
     (72, 136, 64, 128, "gemm: neither the tile's 72 rows nor its N = 136 columns are a multiple of 64, and padded"),
-    (16, 64, 64, 512, "gemm: the tile's 16 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
-                      "rows by 16 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 16 "
-                      "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "
-                      "wider tile"),
+    # swapped, M = 8 over 4 warpgroups leaves the last none; M padded would leave 8 rows (as 8 x 8)
+    (8, 64, 64, 512, "gemm: the tile's 8 rows are not a multiple of 64, so wgmma computes acc^T = b^T @ a^T, 64 "
+                     "rows by 8 columns; 4 warpgroups over 64 rows are 1 over M and 4 over N, but the N = 8 "
+                     "columns in steps of 8 (8 a warpgroup) leave the last warpgroup none: use fewer threads or a "
+                     "wider tile"),
     (64, 8, 64, 256, "gemm: 2 warpgroups over 64 rows are 1 over M and 2 over N, but the N = 8 columns in steps of 8 "
                      "(8 a warpgroup) leave the last warpgroup none"),
     (64, 100, 64, 256, "gemm: 2 warpgroups over 64 rows are 1 over M and 2 over N: the N = 100 columns must be a "

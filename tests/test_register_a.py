@@ -112,7 +112,7 @@ def test_check_barriers_catches_the_wait_left_out():
     (("f16", "f8e4m3"), "an 8-bit A's register fragments are not an accumulator's layout"),
     (("gemm(p, b, acc);", "gemm(p, b, acc, transpose_a = true);"), "cannot be used with transpose_a"),
     (("const BM = 64,", "const BM = 32,"), r"cannot be used with 32 rows, not a multiple of 64 \(a swapped gemm\)"),
-    (("const BM = 64, BN = 64,", "const BM = 32, BN = 48,"),
+    (("const BM = 64, BN = 64,", "const BM = 32, BN = 72,"),
      r"cannot be used with 32 rows, not a multiple of 64 \(padded to m64 tiles\)"),
     (("WG = 1,", "WG = 2,"), "needs each warpgroup to own whole rows of 'acc', but its 64 columns are split over 2"),
 ])

@@ -16,10 +16,10 @@ is runs swapped: wgmma computes acc^T += b^T @ a^T, N on its 64-row side and
 a's M rows as its N (a multiple of 8), so no row of the m64 instruction is
 padding. `acc`'s fragments then hold acc^T (`transposed`), which codegen maps
 back to acc's elements. Where neither M nor N is a multiple of 64 (M one of
-8), M is padded to whole m64 tiles (`fragment_rows`): wgmma reads a's shared
-memory past its M rows (its `overrun`) into fragment rows that hold no element,
-which codegen's walks skip; or N is, swapped, where M's padding would leave
-every thread's second fragment row padding (_orientation)."""
+8), N is padded to whole m64 tiles and the gemm runs swapped (`fragment_rows`):
+wgmma reads b's shared memory past its N rows (its `overrun`) into fragment rows
+that hold no element, which codegen's walks skip; or M is, as is, where N's
+padding would leave every thread's second fragment row padding (_orientation)."""
 from __future__ import annotations
 
 import math
@@ -46,6 +46,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     phases = {}                                 # a patch -> Buffer.phases (its views' stride)
     threads = k.threads.value
     target = get_arch(opts.arch)
+    keep_rows = _rows_beside(k)                 # accumulators whose rows hold 1-D tiles: not swapped where avoidable
 
     def plan(s):
         if not isinstance(s, ir.Gemm):
@@ -91,9 +92,9 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
             raise SemanticError(f"gemm runs on warpgroups of 128 threads; threads is {threads}", s.span)
         wg = threads // 128
         # M not a multiple of 64 (a few rows): wgmma computes acc^T += b^T @ a^T, b's N on its 64-row side;
-        # neither a multiple of 64: M padded to m64 tiles (its rows past M read from a's memory past it), or
-        # N so, swapped, where M's padding would leave every thread's second fragment row empty (_orientation)
-        swap, pm, pn, rows, cols = _orientation(wg, m, n, s)
+        # neither a multiple of 64: N padded to m64 tiles, swapped (its rows past N read from b's memory past
+        # it), or M so, as is, where N's padding would leave every thread's second fragment row empty
+        swap, pm, pn, rows, cols = _orientation(wg, m, n, s, acc.name in keep_rows)
         real = n if swap else m                     # the product's rows that are the tile's (the rest padding)
         kstep = 32 // esize
         if ka % kstep:
@@ -461,32 +462,61 @@ def _check_registers(fragments: dict, threads: int, producer: bool, s: ir.Gemm):
                             "warpgroup (a smaller N tile) or fewer threads", s.span)
 
 
-def _orientation(wg, m, n, s) -> tuple:
+def _orientation(wg, m, n, s, keep_rows=False) -> tuple:
     """(swapped, the product's rows and columns, warpgroups over them) of gemm `s`
-    on a tile of m x n: as is where m is a multiple of 64; swapped (acc^T = b^T @
-    a^T) where n is and m one of 8; where neither is, m padded to m64 tiles, or n
-    (swapped) where m's padding would leave the last m64 tile 8 rows on one
-    warpgroup row: the second row of every thread's fragments (lane / 4 + 8) is
-    then padding in all of them, and ptxas serializes the wgmmas (C7511)."""
-    def padding_only_row(real, pm, rows):
-        return pm > real and rows == 1 and real % 64 == 8
-
+    on a tile of m x n: as is where m is a multiple of 64. Else (m one of 8)
+    swapped, acc^T = b^T @ a^T, n rows padded to m64 tiles where n is no multiple
+    of 64 (on the H100 0.5-15% faster than m padded in every shape measured,
+    benchmarks/NOTES.md session 54); or as is, m padded, where that cannot be:
+    where the padding would leave the last m64 tile 8 rows on one warpgroup row
+    (the second row of every thread's fragments, lane / 4 + 8, is then padding in
+    all of them, and ptxas serializes the wgmmas: C7511), or m cannot be split
+    over the warpgroups' columns. `keep_rows` (1-D tiles live in the
+    accumulator's rows, which acc^T's fragments do not hold): m padded first."""
     if m % 64 == 0 or m % 8:
         return (False, m, n) + _split(wg, m, n, s.span)
-    if n % 64 == 0:
-        return (True, n, m) + _split(wg, n, m, s.span, _swapped_note(m, n))
-    pm = -(-m // 64) * 64
-    rows, cols = _split(wg, pm, n, s.span)
-    if not padding_only_row(m, pm, rows):
-        return False, pm, n, rows, cols
-    pn = -(-n // 64) * 64                   # (n is a multiple of 8: _split)
-    rows, cols = _split(wg, pn, m, s.span, _swapped_note(m, n))
-    if not padding_only_row(n, pn, rows):
-        return True, pn, m, rows, cols
+
+    def plan(swap):
+        """The plan with the product's rows (n swapped, else m) padded to m64 tiles, or
+        None where the last would hold 8 rows on one warpgroup row."""
+        real, other = (n, m) if swap else (m, n)
+        rows_to = -(-real // 64) * 64
+        rows, cols = _split(wg, rows_to, other, s.span, _swapped_note(m, n) if swap else "")
+        if rows_to > real and rows == 1 and real % 64 == 8:
+            return None
+        return swap, rows_to, other, rows, cols
+
+    order = (False, True) if keep_rows else (True, False)
+    errors = {}
+    for swap in order if n % 8 == 0 else (False,):      # (N no multiple of 8: _split refuses it as is)
+        try:
+            got = plan(swap)
+        except SemanticError as e:          # m or n over the warpgroups' columns: the last would own none ...
+            errors[swap] = e
+            continue
+        if got:
+            return got
+    if errors:                              # the error of the way this tile ran before padding came
+        raise errors.get(n % 64 == 0, next(iter(errors.values())))
     raise SemanticError(f"gemm: neither the tile's {m} rows nor its N = {n} columns are a multiple of 64, and "
                         "padded to m64 tiles either way round, the last m64 tile's 8 rows leave the second row of "
                         "each fragment (lane / 4 + 8) padding in every thread, which makes ptxas serialize the "
                         "wgmmas: make one side 16 more or fewer, or a multiple of 64", s.span)
+
+
+def _rows_beside(k: ir.Kernel) -> set:
+    """The gemm accumulators that a `parallel` over their [M, N] walks with a 1-D
+    local tile of M elements (which must then live in their rows: _place_rows)."""
+    bufs = {b.name: b for b in k.buffers}
+    accs = {s.acc for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)}
+    found = set()
+    for s in ir.walk_stmts(k.body):
+        if isinstance(s, ir.Parallel) and len(s.extents) > 1:
+            e = effects.deep(k, s)
+            names = (e.reads | e.writes) & bufs.keys()
+            ones = {bufs[n].shape[0] for n in names if bufs[n].scope == "local" and len(bufs[n].shape) == 1}
+            found |= {n for n in names & accs if bufs[n].shape[0] in ones}
+    return found
 
 
 def _swapped_note(m, n) -> str:
