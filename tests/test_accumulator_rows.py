@@ -107,6 +107,25 @@ def test_rows_of_fewer_than_64_keep_the_accumulator_as_is(bm, wg, rows):
     assert lower(without, {"BM": bm, "WG": wg}).stages["plan-gemm"].buffer("acc").transposed
 
 
+def test_rows_beside_a_tile_that_sums_a_gemms_parts_keep_the_gemm_as_is():
+    """The gemm accumulates into `part`, which threads add to acc, and the row tile is read
+    beside acc: part is planned unswapped too (acc takes part's layout; a GPU hunt's random
+    program found the swapped part refused, session 54)."""
+    src = SRC.replace("    local acc: f32[BM, BN];\n", "    local acc: f32[BM, BN];\n    local part: f32[BM, BN];\n") \
+        .replace("        gemm(a, b, acc);\n", "        fill(part, 0);\n        gemm(a, b, part);\n"
+                 "        parallel (i, j) in (BM, BN) {\n            acc[i, j] = acc[i, j] + part[i, j];\n        }\n")
+    k = lower(src, {"BM": 32, "WG": 1}).stages["plan-gemm"]
+    assert {b.name: (b.layout, b.transposed, b.fragment_rows) for b in k.buffers if b.scope == "local"} == {
+        "acc": ("wgmma", False, 64), "part": ("wgmma", False, 64), "peak": ("rows", False, 64),
+        "total": ("rows", False, 64), "scale": ("rows", False, 64)}
+    a, b = operands(100, 104, 96, seed=5)
+    outs = [guarded(s, np.float32, like="numpy") for s in ((100, 104), (2, 100), (2, 100))]
+    tilec.compile(src, backend="interpret", BM=32, WG=1)(a, b, *(o.view for o in outs))
+    for o in outs:
+        o.check()
+    check(*(o.view for o in outs), a, b, 32)
+
+
 @pytest.mark.parametrize("bm, wg", CONFIGS, ids=lambda x: str(x))
 @pytest.mark.parametrize("m, n, k", SHAPES, ids=lambda x: str(x))
 def test_rows_in_the_interpreter(bm, wg, m, n, k):

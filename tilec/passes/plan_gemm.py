@@ -505,18 +505,19 @@ def _orientation(wg, m, n, s, keep_rows=False) -> tuple:
 
 
 def _rows_beside(k: ir.Kernel) -> set:
-    """The gemm accumulators that a `parallel` over their [M, N] walks with a 1-D
-    local tile of M elements (which must then live in their rows: _place_rows)."""
+    """The gemm accumulators whose rows 1-D tiles will live in (_place_rows): those of
+    the shape of a 2-D local tile that a `parallel` over it walks with a 1-D local tile
+    of its rows (the tile itself, or one that takes the accumulator's layout beside it,
+    as acc does beside a gemm into `part`: _spread_fragments)."""
     bufs = {b.name: b for b in k.buffers}
-    accs = {s.acc for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm)}
-    found = set()
+    shapes = set()
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.Parallel) and len(s.extents) > 1:
             e = effects.deep(k, s)
-            names = (e.reads | e.writes) & bufs.keys()
-            ones = {bufs[n].shape[0] for n in names if bufs[n].scope == "local" and len(bufs[n].shape) == 1}
-            found |= {n for n in names & accs if bufs[n].shape[0] in ones}
-    return found
+            local = [bufs[n] for n in (e.reads | e.writes) & bufs.keys() if bufs[n].scope == "local"]
+            ones = {b.shape[0] for b in local if len(b.shape) == 1}
+            shapes |= {tuple(b.shape) for b in local if len(b.shape) == 2 and b.shape[0] in ones}
+    return {s.acc for s in ir.walk_stmts(k.body) if isinstance(s, ir.Gemm) and tuple(bufs[s.acc].shape) in shapes}
 
 
 def _swapped_note(m, n) -> str:
