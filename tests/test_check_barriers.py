@@ -604,3 +604,18 @@ def test_a_deep_nest_still_catches_a_store_left_in_flight():
     assert isinstance(last, ir.OneThread) and isinstance(last.body[-1], ir.BulkWait)
     err = rejected(replace(k, body=k.body[:-1] + (replace(last, body=last.body[:-1]),)))
     assert "the kernel can exit while a TMA store still reads shared memory" in err.message
+
+
+def test_a_staging_tile_over_a_patch_the_next_trip_loads_into_is_a_race():
+    """examples/conv2d_patch.tile at 48 channels: its rotating loop loads the next tile's
+    patch before this tile's store. The epilogue's staging tile placed over the patch
+    (what lower-copies once chose, session 54: garbage from the third tile on) is a write
+    into memory a TMA load is filling; the check names it (before: it saw only the tile's
+    own name, and passed)."""
+    k = lower(ROOT / "examples/conv2d_patch.tile", dict(C=48)).stages["insert-barriers"]
+    check_barriers.run(k, Options())
+    over = replace(k, buffers=tuple(replace(b, alias="p") if b.name == "tl_acc_out" else b for b in k.buffers))
+    err = rejected(over)
+    assert err.message == ("threads write 'tl_acc_out', placed over the memory of 'p', while a TMA load into 'p' "
+                           "may still be writing it"), err.message
+    assert err.span.line == 23

@@ -39,7 +39,9 @@ SRC = """kernel conv_patch(X: f16[N, H, W, C], Wt: f16[KP, 64], Y: f16[T, 64]) {
     copy(acc, Y[((bz * cdiv(H, 16) + by) * cdiv(W, 8) + bx) * 128, 0]);
 }"""
 
-CHANNELS = [(8, 80), (16, 144), (24, 224), (32, 288), (40, 368)]     # C, the weights' rows: 9 * C rounded up to 16
+# C, the weights' rows: 9 * C rounded up to 16 (48 and 64: patches of 16 KB or more, which an epilogue's staging
+# tile could once share while the next patch loaded into them)
+CHANNELS = [(8, 80), (16, 144), (24, 224), (32, 288), (40, 368), (48, 432), (64, 576)]
 
 
 def problem(n, h, w, c, kp, like):
@@ -187,6 +189,20 @@ def test_the_example_stores_each_tile_as_one_box_of_16_x_8_pixels():
     assert "tensormap tmap_Y: tiled Y box [1, 16, 8, 64]" in ir_text
     assert "shared tl_acc_out: f16[128, 64]" in ir_text
     assert "thread.copy acc -> Y" not in ir_text
+
+
+@pytest.mark.parametrize("c", [48, 56, 64, 96])
+def test_the_epilogue_never_stages_in_a_patch_that_the_next_tiles_load_into(c):
+    """The rotating loop loads the next tile's patch before this tile's store: a staging
+    tile over either copy of the patch would overwrite it (session 54: garbage from the
+    third tile on, for C >= 48, whose patches can hold the 16 KB tile). Own memory, or a
+    thread copy where the kernel's shared memory would grow past half a block's."""
+    k = tilec.compile(EXAMPLE, C=c).kernel_ir
+    span = {b.name: (b.smem_offset, b.smem_offset + b.ring_bytes) for b in k.buffers if b.scope == "shared"}
+    patches = [span[n] for n in ("p", "tl_p_stage1")]
+    for name, (lo, hi) in span.items():
+        if name.startswith("tl_acc_out"):
+            assert all(hi <= plo or phi <= lo for plo, phi in patches), (name, span)
 
 
 def test_a_rotating_patch_names_its_zeros_in_every_copy():

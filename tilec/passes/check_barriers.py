@@ -1003,6 +1003,11 @@ class _Checker:
             if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
         under = {self.alias[t.partition("@")[0]] for t in writes if t.partition("@")[0] in self.alias}
+        for w in sorted(w for w in writes if w.partition("@")[0] in self.alias):     # a staging tile over a ring
+            u = self.alias[w.partition("@")[0]]
+            for t in sorted(t for t in st.visible if t.partition("@")[0] == u and set(classes) - st.visible[t]):
+                _fail(f"threads write '{w}', placed over the memory of '{t}', while a TMA load into '{t}' may "
+                      "still be writing it", s.span)
         for group in st.wgmma:
             for t in sorted(g for g in group if g in writes or g.partition("@")[0] in under):
                 _fail(f"threads overwrite '{t}' while a wgmma may still read it (no wgmma.wait_group after the "

@@ -90,7 +90,10 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
     over a patch and resident weights, 36-76 KB); else the copy stays a thread
     copy (a tile of its own would cost the kernel its second block per SM).
     Inside a loop (one trip per output tile) the ring is reused by the next trip, whose pipeline meets the
-    stores first (insert-barriers); but with a producer warpgroup the next
+    stores first (insert-barriers), unless the loop that holds the store is itself pipelined (a TMA ring or
+    a rotating body): its loads for later trips run before this trip's store, into the very memory (a patch
+    conv of 48 channels or more over 3 or more row tiles computed garbage from its third tile on, session
+    54); but with a producer warpgroup the next
     trip's loads run while the consumers stage this one, so there the staging
     tile gets memory of its own: two tiles of one 128-byte column chunk each,
     when the accumulator has more chunks than one and each warpgroup holds
@@ -107,19 +110,21 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
     new = []
     copies = {}                                 # accumulator -> its copies staged so far
 
-    def visit(body, after, in_loop):
-        """`after`: the statements that run after this body, outside it."""
+    def visit(body, after, in_loop, ahead):
+        """`after`: the statements that run after this body, outside it; `ahead`: the
+        tiles that enclosing pipelined loops load for later trips while this one runs."""
         for i, s in enumerate(body):
             rest = tuple(body[i + 1:]) + after
             if isinstance(s, ir.For):
-                visit(s.body, rest, True)
+                e = deep(k, s) if s.ring or s.rotate else None
+                visit(s.body, rest, True, ahead | e.writes if e else ahead)
             elif isinstance(s, ir.If):
-                visit(s.then, rest, in_loop)
-                visit(s.orelse, rest, in_loop)
+                visit(s.then, rest, in_loop, ahead)
+                visit(s.orelse, rest, in_loop, ahead)
             elif isinstance(s, ir.Copy):
-                stage(s, rest, in_loop)
+                stage(s, rest, in_loop, ahead)
 
-    def stage(s, rest, in_loop):
+    def stage(s, rest, in_loop, ahead):
         acc, t = k.buffer(s.src.name), k.param(s.dst.name)
         if acc is None or acc.layout != "wgmma" or not isinstance(t, ir.TensorParam) or \
                 not stores_at_non_negative(s.dst, lets, grid_scalars):
@@ -142,7 +147,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
                 return
             alias = ""                  # memory of its own
         else:
-            free = [r for r, size in rings.items() if r not in later and size >= nbytes
+            free = [r for r, size in rings.items() if r not in later and r not in ahead and size >= nbytes
                     and not any(b.alias == r for b in new)]
             shared = sum(b.ring_bytes for b in k.buffers + tuple(new) if b.scope == "shared" and not b.alias)
             if not free and shared + nbytes > small:
@@ -153,7 +158,7 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
         staged[id(s)] = (tile,)
         copies[acc.name] = n
 
-    visit(k.body, (), False)
+    visit(k.body, (), False, frozenset())
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
 
 
