@@ -116,8 +116,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
         for i, s in enumerate(body):
             rest = tuple(body[i + 1:]) + after
             if isinstance(s, ir.For):
-                e = deep(k, s) if s.ring or s.rotate else None
-                visit(s.body, rest, True, ahead | e.writes if e else ahead)
+                loaded = deep(k, s).writes if s.ring or s.rotate else frozenset()
+                visit(s.body, rest, True, ahead | loaded)
             elif isinstance(s, ir.If):
                 visit(s.then, rest, in_loop, ahead)
                 visit(s.orelse, rest, in_loop, ahead)
