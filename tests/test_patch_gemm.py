@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import example as pinned
 
 import tilec
 from tilec.compiler import load_source
@@ -540,3 +542,32 @@ def test_the_examples_on_a_persistent_grid_convolve(like, tma):
     src = persistent(EXAMPLE).replace("const C = 8", "const C = 24")
     x, wt, want = conv_strided(3, 37, 24, Geo(24, 3, 3, 1), 11, nhwc=True)
     convolve(like, src, tma, x, np.ascontiguousarray(wt[:216]), want)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stem_=st.booleans(), c=st.integers(1, 12).map(lambda x: 8 * x), f=st.sampled_from([8, 16, 40, 64, 136, 256]),
+       rows=st.integers(1, 7), persistent=st.integers(0, 1), tma=st.sampled_from([True, True, False]),
+       n=st.integers(1, 2), h=st.integers(10, 90), w=st.integers(5, 40))
+# the configurations the staging tile once broke: the third row tile inside the image
+@pinned(stem_=False, c=48, f=64, rows=4, persistent=0, tma=True, n=1, h=70, w=24)
+@pinned(stem_=True, c=16, f=64, rows=7, persistent=0, tma=True, n=1, h=75, w=45)
+def test_the_patch_examples_over_their_consts_convolve_or_are_refused_at_a_line(stem_, c, f, rows, persistent, tma,
+                                                                                 n, h, w):
+    """conv2d_patch.tile and conv2d_stem.tile with any channels, filters, row tiles a block,
+    persistent or not, on ragged images: numpy's convolution in the interpreter (which places
+    shared tiles at plan-smem's offsets, so one tile laid over another's live memory shows), or
+    an error at a line of the program (shared memory, TMA boxes). A sweep like this, by hand,
+    found no more after the staging fix of session 54 (no test had gone past 40 channels)."""
+    text, old, taps = (STEM, "const C = 8, F = 64, ROWS = 7, PERSISTENT = 0", 49) if stem_ else \
+        (EXAMPLE, "const C = 8, F = 64, ROWS = 4, PERSISTENT = 0", 9)
+    tune = "    tune ROWS in (7, 4, 2), PERSISTENT in (0, 1);" if stem_ else "    tune ROWS in (4, 2, 7);"
+    assert old in text and tune in text
+    src = text.replace(old, f"const C = {c}, F = {f}, ROWS = {rows}, PERSISTENT = {persistent}").replace(tune, "")
+    try:
+        InterpretedKernel(src, {}, tma=tma)
+    except tilec.TilecError as e:
+        assert str(e).startswith("<string>:") and ": error: " in str(e).splitlines()[0], str(e)
+        return
+    g = Geo(c, 7, 7, 2) if stem_ else Geo(c, 3, 3, 1)     # (a stem of more than 24 channels: out of memory)
+    x, wt, want = conv_strided(n, h, w, g, n * h + w + c, nhwc=True, f=f)
+    convolve("numpy", src, tma, x, np.ascontiguousarray(wt[:taps * c]), want)
