@@ -89,11 +89,7 @@ def _orientation(bm, bn, threads, keep_rows=False):
 
     def plan(swap):
         real, other = (bn, bm) if swap else (bm, bn)
-        rows = wg
-        while rows > 1 and pad(real) % (64 * rows):
-            rows -= 1
-        while wg % rows:
-            rows -= 1
+        rows = rows_over(pad(real), wg)
         cols = wg // rows
         width = split_width(other, cols)
         if real % 8 or other % 8 or width > 256 or other - width * (cols - 1) <= 0:
@@ -105,6 +101,17 @@ def _orientation(bm, bn, threads, keep_rows=False):
         return False, 0
     first = not keep_rows
     return plan(first) or plan(not first) or (bn % 64 == 0, 0)       # (the last: refused)
+
+
+def rows_over(m, wg) -> int:
+    """Warpgroups over a product of m rows (a multiple of 64): as many as keep whole m64 tiles each
+    and divide the block's (plan-gemm's _split)."""
+    rows = wg
+    while rows > 1 and m % (64 * rows):
+        rows -= 1
+    while wg % rows:
+        rows -= 1
+    return rows
 
 
 def swapped(bm, bn, threads, keep_rows=False) -> bool:
@@ -122,10 +129,8 @@ def split(bm, bn, threads):
     """(rows wgmma computes, its columns, warpgroups over those columns) as plan-gemm splits them."""
     swap, rows = _orientation(bm, bn, threads)
     m, n = (rows or bn, bm) if swap else (rows or bm, bn)
-    wg = rows = threads // 128
-    while rows > 1 and m % (64 * rows):
-        rows -= 1
-    return m, n, wg // rows
+    wg = threads // 128
+    return m, n, wg // rows_over(m, wg)
 
 
 def split_width(n, over_n) -> int:

@@ -2,7 +2,7 @@
 torch.matmul: warpgroups over M or N, 128-, 64- and 32-byte swizzled operand
 rows (16-byte rows, not swizzled, for 8 or 24 M/N-major columns a warpgroup),
 M-major a and K-major b, tiles of fewer than 64 rows (swapped: acc^T = b^T @ a^T; or, N no multiple
-of 64 either, padded to m64 tiles, or N padded and swapped where M's last m64 tile would be 8 rows);
+of 64 either, N padded to m64 tiles and swapped, or M padded where N's last m64 tile would be 8 rows);
 f32 outputs (fragment stores) and f16/bf16 outputs (the swizzled staging tile and TMA stores), ragged
 and aligned sizes, each output a view inside a sentinel-filled buffer (tests/guard.py)."""
 import pytest

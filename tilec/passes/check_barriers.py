@@ -1002,9 +1002,9 @@ class _Checker:
         for t in writes:
             if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
-        under = {self.alias[t.partition("@")[0]] for t in writes if t.partition("@")[0] in self.alias}
-        for w in sorted(w for w in writes if w.partition("@")[0] in self.alias):     # a staging tile over a ring
-            u = self.alias[w.partition("@")[0]]
+        over = {w: self.alias[w.partition("@")[0]] for w in writes if w.partition("@")[0] in self.alias}
+        under = set(over.values())          # the tiles whose memory a written tile lies over (a staging tile)
+        for w, u in sorted(over.items()):
             for t in sorted(t for t in st.visible if t.partition("@")[0] == u and set(classes) - st.visible[t]):
                 _fail(f"threads write '{w}', placed over the memory of '{t}', while a TMA load into '{t}' may "
                       "still be writing it", s.span)
