@@ -161,7 +161,10 @@ def test_the_patch_conv_example_convolves_in_the_interpreter(c, kp, tma, n, h, w
     example("numpy", c, kp, tma, n, h, w)
 
 
-FILTERS = [(8, 80, 8), (8, 80, 40), (24, 224, 128), (16, 144, 256), (24, 224, 256)]     # C, KP, F
+# C, KP, F; at 48 channels 16, 48 or 80 filters load the weights' 432 rows of 32-byte swizzled chunks in two boxes
+# of 216 rows each: the second starts 256-byte aligned (the 32-byte pattern's period), not 1024
+FILTERS = [(8, 80, 8), (8, 80, 40), (24, 224, 128), (16, 144, 256), (24, 224, 256), (48, 432, 16), (48, 432, 48),
+           (48, 432, 80)]
 
 
 @pytest.mark.parametrize("c,kp,f", FILTERS)

@@ -264,9 +264,10 @@ def _split(tensor, shape, s):
 def _row_parts(shape, row_bytes) -> int:
     """Into how many equal parts of at most MAX_BOX rows a column chunk of `shape`
     ([rows, width], rows of `row_bytes`) splits, each part starting where its TMA
-    load may (1024-byte aligned when swizzled, the pattern's period; 128 if not): 1
+    load may (aligned to the swizzle pattern's period when swizzled: 8 rows of
+    `row_bytes`, as TMA swizzles by address bits 4.. XOR 7..; 128 bytes if not): 1
     when it fits one box (or cannot split so; _check_box then says why)."""
-    rows, align = shape[0], 1024 if row_bytes > 16 else 128
+    rows, align = shape[0], 8 * row_bytes if row_bytes > 16 else 128
     return next((n for n in range(1, rows + 1) if rows % n == 0 and rows // n <= MAX_BOX
                  and rows // n * row_bytes % align == 0), 1)
 
