@@ -66,6 +66,11 @@ SHAPES = [
 ]
 
 
+# K tiles of more than 256 rows: a [BK, BN] b whose chunks (32-byte rows at BN = 16, 64-byte at 32) load in two
+# boxes of 136 rows; the second starts at the swizzle pattern's period (256 / 512 bytes), not 1024-aligned
+DEEP = [(64, 16, 272, 128), (64, 32, 272, 128)]
+
+
 def source(bm, bn, bk, threads, transpose_a=False, transpose_b=False, dt="f16", ct="f32", stages=2):
     return GEMM.format(
         dt=dt, ct=ct, bm=bm, bn=bn, bk=bk, threads=threads, stages=stages,

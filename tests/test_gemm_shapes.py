@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilec
-from gemm_shapes import (BESIDE, UNEVEN, UNEVEN_SPLITS, case_id, cases, padded, source, split, split_width, swapped,
+from gemm_shapes import (BESIDE, DEEP, UNEVEN, UNEVEN_SPLITS, case_id, cases, padded, source, split, split_width, swapped,
                          swizzle, uneven_operands)
 from guard import guarded
 
@@ -66,6 +66,30 @@ def test_shape_interpreted_equals_numpy(case):
     k(a, b, c.view)
     want = (a.T if ta else a).astype(np.float32) @ (b.T if tb else b).astype(np.float32)
     np.testing.assert_allclose(c.view, want, rtol=1e-3, atol=1e-3)
+    c.check()
+
+
+@pytest.mark.parametrize("ta", [False, True], ids=["a", "ta"])
+@pytest.mark.parametrize("shape", DEEP, ids=lambda s: "x".join(map(str, s)))
+def test_a_k_tile_over_256_rows_loads_in_parts_at_the_swizzle_period(shape, ta):
+    """b's 272 rows of 32- or 64-byte swizzled chunks load as two boxes of 136, the
+    second at byte 136 x the row's bytes (256- / 512-byte aligned: the pattern's period,
+    8 rows); NVRTC's log stays empty and the interpreter's product equals numpy's."""
+    bm, bn, bk, th = shape
+    src = source(bm, bn, bk, th, ta, False)
+    k = tilec.compile(src, arch="sm_90a")
+    assert k.compile_log == "", k.compile_log
+    loads = [line.split("<-")[0].split()[-1] for line in k.ir("plan-tma").splitlines() if "<- B[" in line]
+    assert loads == ["b", f"b+{136 * bn * 2}"], loads
+    k = tilec.compile(src, backend="interpret")
+    m, n, kk = 72, bn + 8, 2 * bk + 16
+    rng = np.random.default_rng(bn)
+    a = rng.standard_normal((kk, m) if ta else (m, kk)).astype(np.float16)
+    b = rng.standard_normal((kk, n)).astype(np.float16)
+    c = guarded((m, n), "f32", like="numpy")
+    k(a, b, c.view)
+    np.testing.assert_allclose(c.view, (a.T if ta else a).astype(np.float32) @ b.astype(np.float32),
+                               rtol=1e-3, atol=1e-3)
     c.check()
 
 

@@ -8,7 +8,7 @@ and aligned sizes, each output a view inside a sentinel-filled buffer (tests/gua
 import pytest
 
 import tilec
-from gemm_shapes import UNEVEN, UNEVEN_SPLITS, case_id, cases, source, uneven_operands
+from gemm_shapes import DEEP, UNEVEN, UNEVEN_SPLITS, case_id, cases, source, uneven_operands
 from guard import guarded
 
 pytestmark = pytest.mark.gpu
@@ -45,6 +45,13 @@ def test_shape_equals_matmul(case, ct, size):
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] or c[2]], ids=case_id)
 def test_shape_bf16(case):
     run_case(case, "bf16", "bf16", 1000, 1032, 520)
+
+
+@pytest.mark.parametrize("ta", [False, True], ids=["a", "ta"])
+@pytest.mark.parametrize("shape", DEEP, ids=lambda s: "x".join(map(str, s)))
+def test_a_k_tile_over_256_rows_equals_matmul(shape, ta):
+    """b's swizzled chunks in two boxes, the second at the pattern's period (256 or 512 bytes)."""
+    run_case((shape, ta, False), "f16", "f32", 1000, 1032, 1000)
 
 
 @pytest.mark.parametrize("bm, bn, threads", UNEVEN_SPLITS)
