@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 
-import tilec
 from tilec import kernel as kernel_mod
 from tilec.compiler import load_source
 from tilec.runtime import workers
