@@ -4,9 +4,12 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import pytest
+
+import tilec
 
 from tilec.compiler import lower
 from tilec.errors import Source
@@ -609,13 +612,65 @@ def test_a_deep_nest_still_catches_a_store_left_in_flight():
 def test_a_staging_tile_over_a_patch_the_next_trip_loads_into_is_a_race():
     """examples/conv2d_patch.tile at 48 channels: its rotating loop loads the next tile's
     patch before this tile's store. The epilogue's staging tile placed over the patch
-    (what lower-copies once chose, session 54: garbage from the third tile on) is a write
-    into memory a TMA load is filling; the check names it (before: it saw only the tile's
-    own name, and passed)."""
+    (what lower-copies once chose, session 54: garbage from the third tile on) races the
+    loads into the patch twice, and the check names both (before: it saw only the tile's
+    own name, and passed): first the next patch's load, issued while the store still reads
+    the staging tile; with that store waited for, the staging write itself, into memory a
+    TMA load is filling."""
     k = lower(ROOT / "examples/conv2d_patch.tile", dict(C=48)).stages["insert-barriers"]
     check_barriers.run(k, Options())
     over = replace(k, buffers=tuple(replace(b, alias="p") if b.name == "tl_acc_out" else b for b in k.buffers))
     err = rejected(over)
+    assert err.message == ("TMA load overwrites 'p' while a TMA store may still be reading 'tl_acc_out', which "
+                           "shares its memory (no wait_group.read)"), err.message
+    assert err.span.line == 20
+    loads = []
+
+    def second_load_into_p(s):      # (the first is the prologue's, before any store)
+        if isinstance(s, ir.OneThread) and any(isinstance(x, ir.TmaLoad) and x.buffer == "p" for x in s.body):
+            loads.append(s)
+            return len(loads) == 2
+        return False
+    waited = mutate(over.body, second_load_into_p, lambda s: replace(s, body=(ir.BulkWait(read=True),) + s.body))
+    err = rejected(replace(over, body=waited))
     assert err.message == ("threads write 'tl_acc_out', placed over the memory of 'p', while a TMA load into 'p' "
                            "may still be writing it"), err.message
     assert err.span.line == 23
+
+
+def stem_over_24_channels():
+    """examples/conv2d_stem.tile at 24 channels: its loop runs plain (two patches do not
+    fit), so the epilogue's staging tile lies over the patch, rightly: the next trip's
+    load waits for the store (`wait_group.read`) and comes after the block barriers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tilec.PipelineWarning)
+        k = lower(ROOT / "examples/conv2d_stem.tile", dict(C=24)).stages["insert-barriers"]
+    assert next(b for b in k.buffers if b.name == "tl_acc_out").alias == "p"
+    check_barriers.run(k, Options())
+    loop = next(i for i, s in enumerate(k.body) if isinstance(s, ir.For))
+    return k, loop
+
+
+def test_a_load_into_a_patch_while_a_store_reads_the_staging_tile_over_it_is_a_race():
+    """Without the loop's `wait_group.read` the next trip's TMA load fills the patch while
+    the store still reads the staging tile placed over it: named at the load (before, the
+    check saw names only and caught the race later, at the next staging write)."""
+    k, loop = stem_over_24_channels()
+    body = mutate(k.body[loop].body, lambda s: isinstance(s, ir.BulkWait), lambda s: None)
+    err = rejected(replace(k, body=k.body[:loop] + (replace(k.body[loop], body=body),) + k.body[loop + 1:]))
+    assert err.message == ("TMA load overwrites 'p' while a TMA store may still be reading 'tl_acc_out', which "
+                           "shares its memory (no wait_group.read)"), err.message
+    assert err.span.line == 21
+
+
+def test_a_load_into_a_patch_that_threads_wrote_through_a_staging_tile_needs_a_barrier():
+    """The epilogue's staging write with nothing after it in the trip (no barrier, no
+    store): the next trip's TMA load into the patch would race the threads still writing
+    the staging tile over it. The old check passed this kernel."""
+    k, loop = stem_over_24_channels()
+    body = k.body[loop].body
+    at = next(i for i, s in enumerate(body) if isinstance(s, ir.ThreadCopy))
+    err = rejected(replace(k, body=k.body[:loop] + (replace(k.body[loop], body=body[:at + 1]),) + k.body[loop + 1:]))
+    assert err.message == ("TMA load overwrites 'p', whose memory threads used through 'tl_acc_out', without a "
+                           "block barrier in between"), err.message
+    assert err.span.line == 21

@@ -433,6 +433,10 @@ class _Checker:
         self.local = {b.name for b in k.buffers if b.scope == "local"}
         self.register_a = ir.register_a_tiles(k.body)
         self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
+        self.sharing = {}           # a tile -> the tiles placed over its memory, or the one it lies over
+        for w, u in self.alias.items():
+            self.sharing.setdefault(w, set()).add(u)
+            self.sharing.setdefault(u, set()).add(w)
         self.releases = {b.name: set(b.releases) for b in k.barriers if b.releases}   # a ring's empty barriers
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
@@ -894,6 +898,12 @@ class _Checker:
         if t in _storing(st):
             _fail(f"TMA load overwrites '{t}' while a TMA store may still be reading it (no wait_group.read)",
                   s.span)
+        for x in self.beside(t, _storing(st)):
+            _fail(f"TMA load overwrites '{t}' while a TMA store may still be reading '{x}', which shares its "
+                  "memory (no wait_group.read)", s.span)
+        for x in self.beside(t, st.touched):
+            _fail(f"TMA load overwrites '{t}', whose memory threads used through '{x}', without a block barrier "
+                  "in between", s.span)
         if any(t in group for group in st.wgmma):
             _fail(f"TMA load overwrites '{t}' while a wgmma may still read it (no wgmma.wait_group after the gemm)",
                   s.span)
@@ -978,6 +988,12 @@ class _Checker:
                                            (e.reads | e.writes) & self.local, e.writes & self.local)
         return hit[1:]
 
+    def beside(self, t, tiles) -> list:
+        """Those of `tiles` (names, with a stage) that share tile `t`'s memory under
+        another name: a staging tile placed over a ring (lower-copies' `alias`)."""
+        others = self.sharing.get(t.partition("@")[0], ())
+        return sorted(x for x in tiles if x.partition("@")[0] in others)
+
     def accesses(self, s):
         """The shared tiles `s` and what it nests read and write (effects.shared_accesses)."""
         return self._touches(s)[:2]
@@ -1002,6 +1018,9 @@ class _Checker:
         for t in writes:
             if t in _storing(st):
                 _fail(f"threads write '{t}' while a TMA store may still be reading it", s.span)
+            for x in self.beside(t, _storing(st)):
+                _fail(f"threads write '{t}' while a TMA store may still be reading '{x}', which shares its memory",
+                      s.span)
         over = {w: self.alias[w.partition("@")[0]] for w in writes if w.partition("@")[0] in self.alias}
         under = set(over.values())          # the tiles whose memory a written tile lies over (a staging tile)
         for w, u in sorted(over.items()):
