@@ -1069,7 +1069,7 @@ print(type(k).__name__, k._key, k.default.from_disk_cache, built)
 # ---- the command line
 
 def tilec_cli(*args):
-    # `check` of the shipped gemm.tile compiles 454 candidates through NVRTC: 2-5 minutes on two
+    # `check` of the shipped gemm.tile compiles 462 candidates through NVRTC: 2-5 minutes on two
     # CPUs, past 300 s where CI runs Python versions side by side (a guard against a hang, not a
     # measure of speed)
     return subprocess.run([*TILEC, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -1080,7 +1080,7 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert re.fullmatch(r"examples/gemm\.tile: ok \(kernel gemm, \d+-byte cubin for sm_90a; "
-                        r"tune: 454 of 588 candidates compile; 2676 more excluded by the tune condition for every "
+                        r"tune: 462 of 588 candidates compile; 2676 more excluded by the tune condition for every "
                         r"shape\)", lines[0]), lines[0]
     # the 240 with STREAM_K=1 PERSISTENT=0 (`where STREAM_K <= PERSISTENT`) are not compiled: the compiler would
     # refuse them (stream_k = 1 needs persistent = 1); nor 128-deep K steps but for tiles of 8-64 rows and 64 or
@@ -1099,7 +1099,8 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
         f"examples/gemm.tile: 9 candidates with BM=192 BN=256 PRODUCER=1 BK=64 refused: {registers}"]
     # the rest: 8-stage rings (and 6-stage rings of 64x128 tiles 128 deep) that do not fit (one line, or one per
     # group of candidates), each naming the bytes its tiles need; only 8x64, 8x128, 16x64, 16x128, 64x64, 64x128
-    # and 128x64 tiles fit 8 stages 64 deep, and 8x64 to 40x64 128 deep
+    # and 128x64 tiles fit 8 stages 64 deep, and 8x64 to 48x64 128 deep; 80x128 to 96x128 too (beside a producer:
+    # on a persistent grid the epilogue stores by thread copies where a staging tile of its own would not fit)
     smem = [line for line in lines[1:] if not line.endswith(registers)]
     named = re.compile(r"examples/gemm\.tile: (?:candidate|\d+ candidates with) BM=(\d+) BN=(\d+) STAGES=[68] .*refused: "
                        r"examples/gemm\.tile:1[01]:5: error: shared tiles need (\d+) bytes, 1024 more to align "
@@ -1107,9 +1108,9 @@ def test_check_compiles_every_candidate_and_lists_the_refused():
                        r"1024-byte steps\))?; a Hopper block has at most 232448 bytes of shared memory")
     tiles = {(int(m.group(1)), int(m.group(2))) for m in map(named.fullmatch, smem) if m}
     assert all(named.fullmatch(line) for line in smem), smem
-    assert tiles == {(8, 128), (8, 256), (16, 128), (16, 256), (24, 128), (32, 128), (40, 128), (48, 64), (48, 128),
-                     (56, 64), (56, 128), (64, 64), (64, 128), (64, 256), (80, 128), (88, 128), (96, 128), (104, 128),
-                     (112, 128), (120, 128), (128, 128), (128, 256), (192, 64), (192, 128), (192, 256)}
+    assert tiles == {(8, 128), (8, 256), (16, 128), (16, 256), (24, 128), (32, 128), (40, 128), (48, 128),
+                     (56, 64), (56, 128), (64, 64), (64, 128), (64, 256), (104, 128), (112, 128), (120, 128),
+                     (128, 128), (128, 256), (192, 64), (192, 128), (192, 256)}
     p = tilec_cli("check", "examples/conv2d.tile", "-D", "STAGES=4")
     assert p.returncode == 0, p.stderr
     assert re.fullmatch(r"examples/conv2d\.tile: ok \(kernel conv2d, \d+-byte cubin for sm_90a; "

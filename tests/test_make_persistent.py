@@ -161,6 +161,39 @@ def test_persistent_gemm_interpreted_equals_numpy(tiles_m, tiles_n, ksteps, stag
                              ksteps * 64)
 
 
+def test_an_epilogue_whose_staging_tile_would_not_fit_stores_by_thread_copies():
+    """96 x 128 tiles, 8 stages beside a producer on a persistent grid: the rings take
+    196 KB, the staging tile of its own (the producer loads the next tile into them)
+    24 KB more, past a block's 227 KB. The epilogue stores its fragments by thread
+    copies instead (before: refused at tile a's line, counting bytes the program never
+    asked for); the interpreter's product equals numpy's."""
+    consts = dict(BM=96, BN=128, STAGES=8, PRODUCER=1, PERSISTENT=1)
+    k = tilec.compile(GEMM, arch="sm_90a", **consts)
+    assert k.compile_log == "", k.compile_log
+    ir_text = k.ir("plan-smem")
+    assert "tl_acc_out" not in ir_text and "thread.copy acc -> C[" in ir_text, ir_text
+    check_gemm_against_numpy(tilec.compile(GEMM, backend="interpret", **consts), 2 * 96 - 8, 3 * 128 - 8, 4 * 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [184, 1000])
+def test_an_epilogue_whose_staging_tile_would_not_fit_on_the_gpu(m):
+    """The same 96 x 128, 8-stage producer kernel on a persistent grid (2 tiles of rows,
+    or 11 over 8 columns of tiles: 88 over the resident blocks), against torch."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    k = tilec.compile(GEMM, fallback=False, BM=96, BN=128, STAGES=8, PRODUCER=1, PERSISTENT=1)
+    a = torch.randn(m, 1000, device="cuda").half()
+    b = torch.randn(1000, 1016, device="cuda").half()
+    c = guarded((m, 1016), "f16", fill=float("nan"))
+    k(a, b, c.view)
+    torch.cuda.synchronize()
+    want = a.float() @ b.float()
+    assert ((c.view.float() - want).norm() / want.norm()).item() < 2e-3
+    c.check()
+
+
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore::tilec.TmaFallbackWarning")
 @pytest.mark.parametrize("shape", [(1, 8, 64), (5, 17, 130), (64, 64, 1000), (300, 64, 640)])

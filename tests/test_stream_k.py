@@ -406,7 +406,7 @@ def test_select_in_grids_and_elements(n):
 
 
 def test_a_ring_too_big_is_refused_before_the_barrier_passes(monkeypatch):
-    """gemm.tile's 128x256 tile on 8 stages needs 416 KB: check-smem refuses it, with
+    """gemm.tile's 128x256 tile on 8 stages needs 384 KB: check-smem refuses it, with
     plan-smem's message at the largest tile's line, before insert-barriers and
     check-barriers (seconds for a deep producer ring) run."""
     from tilec.passes import check_barriers, insert_barriers
@@ -417,5 +417,5 @@ def test_a_ring_too_big_is_refused_before_the_barrier_passes(monkeypatch):
     monkeypatch.setattr(check_barriers, "run", never)
     line = next(i for i, text in enumerate(GEMM.splitlines(), 1) if text.strip().startswith("shared b"))
     msg = error(GEMM, BM=128, BN=256, STAGES=8, PRODUCER=1, PERSISTENT=1, STREAM_K=1)
-    assert msg.splitlines()[0] == (f"<string>:{line}:5: error: shared tiles need 425984 bytes, 1024 more to align "
+    assert msg.splitlines()[0] == (f"<string>:{line}:5: error: shared tiles need 393216 bytes, 1024 more to align "
                                    "swizzled tiles; a Hopper block has at most 232448 bytes of shared memory")

@@ -23,9 +23,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..arch import get as get_arch
+from ..errors import SemanticError
 from ..ir import nodes as ir
 from ..ir.effects import deep
 from ..ir.exprs import map_body, non_negative
+from .plan_smem import place
 
 NAME = "lower-copies"
 
@@ -40,7 +42,7 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     lets = {s.name: s for s in ir.walk_stmts(k.body) if isinstance(s, ir.Let)}
     grid_scalars = frozenset(g.name for g in k.grid if isinstance(g, ir.Var) and g.kind == "scalar")
     if opts.tma:
-        k = _epilogue_tiles(k, staged, lets, grid_scalars, get_arch(opts.arch).smem_per_block // OWN_STAGING_SHARE)
+        k = _epilogue_tiles(k, staged, lets, grid_scalars, opts.arch)
 
     def lower(s):
         if not isinstance(s, ir.Copy):
@@ -81,12 +83,12 @@ def tma_store(k: ir.Kernel, tile: ir.Buffer, dst: ir.Region, span, chunk=0, chun
     return out
 
 
-def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozenset, small: int) -> ir.Kernel:
+def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozenset, arch: str) -> ir.Kernel:
     """For each copy from a wgmma accumulator to a global tensor whose rows come
     in 128-byte chunks, a shared staging tile (layout sw128, the tensor's dtype)
     over a gemm operand ring that no later statement uses and that is large
     enough. Without such a ring the tile has memory of its own where the kernel's
-    shared tiles and it take at most `small` bytes (half of a block's: a conv
+    shared tiles and it take at most half of a block's shared memory (a conv
     over a patch and resident weights, 36-76 KB); else the copy stays a thread
     copy (a tile of its own would cost the kernel its second block per SM).
     Inside a loop (one trip per output tile) the ring is reused by the next trip, whose pipeline meets the
@@ -98,7 +100,10 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
     tile gets memory of its own: two tiles of one 128-byte column chunk each,
     when the accumulator has more chunks than one and each warpgroup holds
     all of its columns (then a chunk is a compile-time set of registers) and
-    the fragments are not acc^T's (whose columns are spread over the threads)."""
+    the fragments are not acc^T's (whose columns are spread over the threads),
+    where the block's shared memory holds it beside the rings (else the copy
+    stays a thread copy: a kernel that fits as written is not refused for it)."""
+    small = get_arch(arch).smem_per_block // OWN_STAGING_SHARE
     rings = {}                                  # operand tile -> bytes of its ring
     for s in ir.walk_stmts(k.body):
         if isinstance(s, ir.For):
@@ -141,18 +146,21 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
         if in_loop and k.producer_warpgroup:
             if acc.shape[1] > width and acc.wg_cols == 1 and not acc.transposed:
                 chunk = name + ("_" if n > 1 else "")
-                staged[id(s)] = tuple(_tile(f"{chunk}{i}", t, (acc.shape[0], width), "", s.span) for i in range(2))
-                new.extend(staged[id(s)])
-                copies[acc.name] = n
+                tiles = tuple(_tile(f"{chunk}{i}", t, (acc.shape[0], width), "", s.span) for i in range(2))
+            else:
+                tiles = (_tile(name, t, acc.shape, "", s.span),)       # memory of its own
+            if not _fits(replace(k, buffers=k.buffers + tuple(new) + tiles), arch):
                 return
-            alias = ""                  # memory of its own
-        else:
-            free = [r for r, size in rings.items() if r not in later and r not in ahead and size >= nbytes
-                    and not any(b.alias == r for b in new)]
-            shared = sum(b.ring_bytes for b in k.buffers + tuple(new) if b.scope == "shared" and not b.alias)
-            if not free and shared + nbytes > small:
-                return
-            alias = max(free, key=rings.get) if free else ""        # else memory of its own
+            new.extend(tiles)
+            staged[id(s)] = tiles
+            copies[acc.name] = n
+            return
+        free = [r for r, size in rings.items() if r not in later and r not in ahead and size >= nbytes
+                and not any(b.alias == r for b in new)]
+        shared = sum(b.ring_bytes for b in k.buffers + tuple(new) if b.scope == "shared" and not b.alias)
+        if not free and shared + nbytes > small:
+            return
+        alias = max(free, key=rings.get) if free else ""        # else memory of its own
         tile = _tile(name, t, acc.shape, alias, s.span)
         new.append(tile)
         staged[id(s)] = (tile,)
@@ -160,6 +168,16 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
 
     visit(k.body, (), False, frozenset())
     return replace(k, buffers=k.buffers + tuple(new)) if new else k
+
+
+def _fits(k: ir.Kernel, arch: str) -> bool:
+    """Whether `k`'s shared tiles fit a block of `arch` beside at least one mbarrier
+    (plan-smem's count; insert-barriers adds the barriers later)."""
+    try:
+        place(k, arch, barriers=1)
+    except SemanticError:
+        return False
+    return True
 
 
 def _tile(name: str, t: ir.TensorParam, shape, alias, span) -> ir.Buffer:
