@@ -1266,9 +1266,10 @@ def test_gpu_every_gemm_candidate_computes_the_product(mnk):
     assert registers == [
         {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "STREAM_K": sk, "BK": 64}
         for s in (3, 4, 8) for p, sk in ((0, 0), (1, 0), (1, 1))]
-    # the rest: rings of 6 or 8 stages that do not fit beside the epilogue's staging tile (tilec check lists them)
+    # the rest: rings of 6 or 8 stages that do not fit (tilec check lists them; beside a producer on a persistent
+    # grid the epilogue stores by thread copies where its staging tile would not fit: 8 more compile, session 55)
     smem = [dict(c) for c, e in refused.items() if "a Hopper block has at most 232448 bytes of shared memory" in e]
-    assert len(registers) + len(smem) == len(refused) and len(smem) == 125
+    assert len(registers) + len(smem) == len(refused) and len(smem) == 117
     assert all(c["STAGES"] in (6, 8) and ring_bytes(c) > 200 * 1024 for c in smem)
 
 
@@ -1363,10 +1364,10 @@ def test_gpu_every_conv2d_candidate_and_the_tuned_conv2d_compute_the_convolution
     assert refused["registers"] == [
         {"BM": 192, "BN": 256, "STAGES": s, "PRODUCER": 1, "PERSISTENT": p, "BK": bk}
         for s in (3, 4, 5, 6) for p in (0, 1) for bk in ((64, 32) if s <= 4 else (64,))]
-    assert len(refused["shared memory"]) == 21 and all(c["STAGES"] >= 5 for c in refused["shared memory"])
+    assert len(refused["shared memory"]) == 20 and all(c["STAGES"] >= 5 for c in refused["shared memory"])
     tuned_conv = tilec.compile(CONV_PATH)
     check(tuned_conv, "tuned")
-    assert tuned_conv.tune_report().count(" ms") == 115 and tuned_conv.best_config in cands
+    assert tuned_conv.tune_report().count(" ms") == 116 and tuned_conv.best_config in cands
 
 
 @pytest.mark.gpu
