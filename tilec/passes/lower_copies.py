@@ -13,7 +13,8 @@ tile placed over a pipeline ring that is no longer used, then a TMA store.
 Where the staging tile needs memory of its own (a loop over output tiles with a
 producer warpgroup), it is two tiles of one 128-byte column chunk each, used in
 turn: chunk c of the accumulator is staged in tile c % 2 and stored while the
-threads stage chunk c + 1 in the other.
+threads stage chunk c + 1 in the other; where even that does not fit beside the
+kernel's tiles, the copy stays a thread copy.
 
 With `opts.tma` off (the fallback variant, run when an argument breaks a TMA
 rule at launch) global <-> shared copies become thread copies too.
