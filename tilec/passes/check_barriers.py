@@ -432,11 +432,11 @@ class _Checker:
                                     # touched, local tiles written)
         self.local = {b.name for b in k.buffers if b.scope == "local"}
         self.register_a = ir.register_a_tiles(k.body)
-        self.alias = {b.name: b.alias for b in k.buffers if b.alias}    # a tile placed over another's memory
         self.sharing = {}           # a tile -> the tiles placed over its memory, or the one it lies over
-        for w, u in self.alias.items():
-            self.sharing.setdefault(w, set()).add(u)
-            self.sharing.setdefault(u, set()).add(w)
+        for b in k.buffers:
+            if b.alias:             # (lower-copies' staging tile over a ring)
+                self.sharing.setdefault(b.name, set()).add(b.alias)
+                self.sharing.setdefault(b.alias, set()).add(b.name)
         self.releases = {b.name: set(b.releases) for b in k.barriers if b.releases}   # a ring's empty barriers
         # trips after which the barriers' state repeats: phases every 2, a ring of S stages every 2S
         rings = [x.stages for x in ir.walk_stmts(k.body) if isinstance(x, ir.For) and x.stages]
@@ -1021,17 +1021,16 @@ class _Checker:
             for x in self.beside(t, _storing(st)):
                 _fail(f"threads write '{t}' while a TMA store may still be reading '{x}', which shares its memory",
                       s.span)
-        over = {w: self.alias[w.partition("@")[0]] for w in writes if w.partition("@")[0] in self.alias}
-        under = set(over.values())          # the tiles whose memory a written tile lies over (a staging tile)
-        for w, u in sorted(over.items()):
-            for t in sorted(t for t in st.visible if t.partition("@")[0] == u and set(classes) - st.visible[t]):
+        loading = [t for t in st.visible if set(classes) - st.visible[t]]
+        for w in sorted(writes):    # (TMA loads only rings, never the staging tile placed over one)
+            for t in self.beside(w, loading):
                 _fail(f"threads write '{w}', placed over the memory of '{t}', while a TMA load into '{t}' may "
                       "still be writing it", s.span)
         for group in st.wgmma:
-            for t in sorted(g for g in group if g in writes or g.partition("@")[0] in under):
+            for t in sorted(g for g in group if g in writes or self.beside(g, writes)):
                 _fail(f"threads overwrite '{t}' while a wgmma may still read it (no wgmma.wait_group after the "
                       "gemm)", s.span)
-        for t in sorted(t for t in st.wgmma_read if t in writes or t.partition("@")[0] in under):
+        for t in sorted(t for t in st.wgmma_read if t in writes or self.beside(t, writes)):
             # wgmma.wait_group waits for the warpgroup's own wgmmas: another's may still read it
             _fail(f"threads overwrite '{t}', which a wgmma read, without a block barrier after every warpgroup's "
                   "wgmma.wait_group", s.span)
