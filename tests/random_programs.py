@@ -425,7 +425,8 @@ class Ev:
             a, b = to_type(args[0].v, t), to_type(args[1].v, t)
             mag = None
             if args[0].mag is not None or args[1].mag is not None:
-                mag = np.maximum(_mag(args[0]), _mag(args[1]))
+                # fmax: a NaN operand (sqrt of a negative) is not picked, so its NaN bound is not the result's
+                mag = np.fmax(_mag(args[0]), _mag(args[1]))
             return Val(_min_max(f, a, b), mag)
         if f == "abs":
             a = args[0]
