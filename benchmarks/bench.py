@@ -636,6 +636,32 @@ def bench_gemm_f8(rows):
                      "TFLOP", ratio, chosen(k)))
 
 
+def bench_gemm_tf32(rows):
+    """f32 gemm on tensor cores in tf32 (examples/gemm_tf32.tile as shipped, autotuned
+    on the first call of each shape) against torch.matmul of the same [M, K] x [N, K]^T
+    f32 operands with torch.backends.cuda.matmul.allow_tf32 (cuBLAS's tf32 kernels)."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/gemm_tf32.tile"))
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        for n in (4096, 8192):
+            a = torch.randn(n, n, device="cuda")
+            bt = torch.randn(n, n, device="cuda")
+            c = torch.empty(n, n, device="cuda")
+            k(a, bt, c)
+            want = a.double() @ bt.double().t()
+            err = ((c.double() - want).norm() / want.norm()).item()
+            assert err < 2e-3, f"gemm_tf32 {n}: relative error {err}"
+            out = torch.empty_like(c)
+            t_tilec, t_torch, ratio = compare(lambda: k(a, bt, c), lambda: torch.matmul(a, bt.t(), out=out))
+            flops = 2 * n ** 3
+            rows.append((f"gemm_tf32 {n}^3", "torch.matmul tf32", flops / t_tilec / 1e12, flops / t_torch / 1e12,
+                         "TFLOP", ratio, chosen(k)))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
 def bench_gemm_f8_blockscaled(rows):
     """Block-scaled e4m3 gemm (examples/gemm_f8_blockscaled.tile as shipped, autotuned
     on the first call of each shape): scales per row of A and of B for each 128-deep K
@@ -854,7 +880,7 @@ def bench_compile(rows):
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_softmax,
            bench_attention, bench_im2col,
            bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8,
-           bench_gemm_f8_blockscaled, bench_conv2d, bench_conv2d_patch,
+           bench_gemm_tf32, bench_gemm_f8_blockscaled, bench_conv2d, bench_conv2d_patch,
            bench_host)
 
 

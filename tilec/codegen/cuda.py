@@ -563,7 +563,7 @@ class _Printer:
         m, n = acc.fragment_shape
         rows = a.shape[0]                                    # a K-major a's rows: m, less its padding if any
         nw = ir.split_width(n, s.wg_cols)
-        dt, esize = a.dtype.name, a.dtype.size
+        dt, esize = ("tf32" if s.tf32 else a.dtype.name), a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
         a_from = "regs" if s.a_in_registers else "m" if ta else "k"    # registers, M- or K-major shared
         self.mma_shapes.add((nw, dt, a_from, not tb, False))
@@ -1436,7 +1436,7 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
         add("wgmma_common")
         for n, dt, a_from, b_n_major, zero in sorted(pr.mma_shapes):
             ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
-            add("wgmma_mma", n, dt, a_from, b_n_major, ptx, 32 // ir.DTYPES[dt].size, zero)
+            add("wgmma_mma", n, dt, a_from, b_n_major, ptx, 32 // ir.DTYPES["f32" if dt == "tf32" else dt].size, zero)
     for swizzle in sorted(pr.swizzles if pr is not None else ()):
         add("swizzled", swizzle)
     for name, positions in sorted(pr.row_orders.items() if pr is not None else ()):

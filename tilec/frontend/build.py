@@ -239,7 +239,7 @@ class _Builder(Transformer):
         fname = str(func)
         span = self._span(meta)
         pos, kws = self._split_args(args)
-        allowed_kws = {"gemm": {"transpose_a", "transpose_b"}, "reduce": {"axis", "op"}}.get(fname, set())
+        allowed_kws = {"gemm": {"transpose_a", "transpose_b", "tf32"}, "reduce": {"axis", "op"}}.get(fname, set())
         for k, v in kws:
             if k not in allowed_kws:
                 raise SemanticError(f"{fname} has no argument '{k}'", v.span)
@@ -252,13 +252,14 @@ class _Builder(Transformer):
         if fname == "gemm":
             self._need_args("gemm", pos, 3, span, ["a", "b", "acc"])
             flags = {}
-            for name in ("transpose_a", "transpose_b"):
+            for name in ("transpose_a", "transpose_b", "tf32"):
                 v = dict(kws).get(name, ir.Int(0))
                 if not isinstance(v, ir.Int) or v.value not in (0, 1):
                     raise SemanticError(f"{name} must be true or false", v.span)
                 flags[name] = bool(v.value)
             a, b, acc = (self._tile_name(x, "gemm", w) for x, w in zip(pos, ("a", "b", "acc")))
-            return ir.Gemm(a, b, acc, flags["transpose_b"], transpose_a=flags["transpose_a"], span=span)
+            return ir.Gemm(a, b, acc, flags["transpose_b"], transpose_a=flags["transpose_a"], tf32=flags["tf32"],
+                           span=span)
         if fname == "reduce":
             return self._reduce(pos, dict(kws), span)
         raise SemanticError(f"unknown statement '{fname}' (expected copy, fill, gemm or reduce)",

@@ -374,7 +374,8 @@ class Gemm(Stmt):
     acc = a @ b, its old value ignored (plan-gemm folds a `fill(acc, 0)` just
     before the gemm into it: the first wgmma of each row tile does not read acc).
     `a_in_registers`: a is a local tile, wgmma's A from registers (its fragments
-    laid out as an [M, K] accumulator's are)."""
+    laid out as an [M, K] accumulator's are). `tf32`: f32 operands, which the
+    tensor cores read as tf32 (`tf32 = true` in the source says so)."""
     a: str
     b: str
     acc: str
@@ -382,6 +383,7 @@ class Gemm(Stmt):
     warpgroups: int = 0
     m_tiles: int = 0
     transpose_a: bool = False
+    tf32: bool = False
     wg_cols: int = 1
     swapped: bool = False
     zero: bool = False

@@ -72,7 +72,8 @@ def stmt(s, ind: str) -> list:
     if isinstance(s, ir.Fill):
         return [f"{ind}fill {s.buffer}, {expr(s.value)}{L}"]
     if isinstance(s, ir.Gemm):
-        tb = (", transpose_a" if s.transpose_a else "") + (", transpose_b" if s.transpose_b else "")
+        tb = (", transpose_a" if s.transpose_a else "") + (", transpose_b" if s.transpose_b else "") + \
+            (", tf32" if s.tf32 else "")
         wg = f" on {s.warpgroups} warpgroups x {s.m_tiles} m64 tiles" if s.warpgroups else ""
         wg += f", {s.wg_cols} across N" if s.wg_cols > 1 else ""
         wg += f", {s.a} from registers" if s.a_in_registers else ""

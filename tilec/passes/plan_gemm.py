@@ -3,7 +3,7 @@
 The block's threads form warpgroups of 128, split over M where the tile has
 m64 row tiles enough, the rest over N: warpgroup g owns rows
 (g / wg_cols) * 64 * m_tiles.. and columns (g % wg_cols) * N / wg_cols.. of
-the accumulator, one wgmma.mma_async m64nNk16 (k32 for 8-bit operands) per
+the accumulator, one wgmma.mma_async m64nNk16 (k32 for 8-bit operands, k8 for tf32) per
 m64 row tile and K step, N = its column count.
 The operands are read by wgmma from shared memory through matrix descriptors,
 so `a` and `b` get a swizzled layout (column chunks whose rows are 128, 64 or
@@ -78,14 +78,14 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                        f"past {taps})")
             raise SemanticError(f"gemm shapes do not chain: a {ashape} @ b {bshape} into acc "
                                 f"{list(acc.shape)}{why}", s.span)
-        if a.dtype.name not in MMA_DTYPES or b.dtype != a.dtype:
-            raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, not "
-                                f"{a.dtype.name} and {b.dtype.name}", s.span)
+        _check_operand_dtypes(a, b, s)
         esize = a.dtype.size
-        if esize == 1 and (s.transpose_a or not s.transpose_b):
-            raise SemanticError(f"an {a.dtype.name} gemm reads a and b K-major (wgmma takes 8-bit operands in no "
-                                "other order): declare a as [M, K] and b as [N, K] and write "
-                                "gemm(a, b, acc, transpose_b = true)", s.span)
+        if esize != 2 and (s.transpose_a or not s.transpose_b):
+            what = "tf32 operands" if s.tf32 else "8-bit operands"
+            raise SemanticError(f"a{'' if s.tf32 else 'n'} {'tf32' if s.tf32 else a.dtype.name} gemm reads a and b "
+                                f"K-major (wgmma takes {what} in no other order): declare a as [M, K] and b as "
+                                f"[N, K] and write gemm(a, b, acc, transpose_b = true{', tf32 = true' * s.tf32})",
+                                s.span)
         if acc.dtype.name != "f32":
             raise SemanticError(f"gemm accumulates in f32; '{acc.name}' is {acc.dtype.name}", s.span)
         if threads % 128:
@@ -169,6 +169,24 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
     return k
 
 
+def _check_operand_dtypes(a, b, s):
+    """f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, or f32 ones where the
+    gemm says `tf32 = true`: the tensor cores read f32 as tf32 (8 exponent bits
+    and 10 of mantissa, the lower 13 of each element ignored), as torch's
+    allow_tf32 and Triton's default tl.dot of f32 do."""
+    if b.dtype != a.dtype or a.dtype.name not in MMA_DTYPES + ("f32",):
+        raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype (or f32 ones, with "
+                            f"tf32 = true), not {a.dtype.name} and {b.dtype.name}", s.span)
+    if a.dtype.name == "f32" and not s.tf32:
+        raise SemanticError("gemm of f32 operands runs on the tensor cores in tf32 (10 bits of mantissa, the "
+                            "lower 13 of each element ignored; f32 accumulation): say so with "
+                            "gemm(a, b, acc, transpose_b = true, tf32 = true), or convert the operands to f16 "
+                            "or bf16", s.span)
+    if s.tf32 and a.dtype.name != "f32":
+        raise SemanticError(f"gemm: tf32 = true reads f32 operands as tf32; '{a.name}' and '{b.name}' are "
+                            f"{a.dtype.name}", s.span)
+
+
 def _patch_items(a, s) -> int:
     """The (filter tap, 8 channels) items of an im2col view of patch `a`: its K in 16-byte units."""
     return s.patch[0] * s.patch[1] * a.shape[2] // 8
@@ -240,9 +258,9 @@ def _check_register_a(a, acc, esize, swapped, padded, wg_cols, s):
     is the A fragment layout of a 16-bit wgmma, k16 slice by k16 slice. So a's rows are
     acc's, split over warpgroups the same way and not over N."""
     if esize != 2:
-        raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) must be f16 or bf16: an "
-                            f"8-bit A's register fragments are not an accumulator's layout; make '{a.name}' "
-                            "a shared tile", s.span)
+        raise SemanticError(f"gemm: a local a ('{a.name}', wgmma's A from registers) must be f16 or bf16: "
+                            f"{'a tf32' if s.tf32 else 'an 8-bit'} A's register fragments are not an accumulator's "
+                            f"layout; make '{a.name}' a shared tile", s.span)
     if s.transpose_a or swapped or padded:
         why = "transpose_a" if s.transpose_a else f"{acc.shape[0]} rows, not a multiple of 64 " + \
             ("(a swapped gemm)" if swapped else "(padded to m64 tiles)")

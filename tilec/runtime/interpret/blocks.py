@@ -751,6 +751,8 @@ class _Blocks:
         stage = self._stage(s.stage, env)
         av = decode(self.tile(a, stage), a.dtype).astype(F32)
         bv = decode(self.tile(b, stage), b.dtype).astype(F32)
+        if s.tf32:          # the tensor cores read tf32: each f32's lower 13 mantissa bits are not read
+            av, bv = ((np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(F32) for x in (av, bv))
         if s.patch:         # the im2col view of patch av [PH, PW, C]: rows its output pixels, columns (kh, kw, c)
             (kh, kw), (ph, pw, c), st = s.patch, av.shape, s.patch_stride
             oh, ow = (ph - kh) // st + 1, (pw - kw) // st + 1
