@@ -1111,7 +1111,8 @@ class Gemm:
             grid += ", stream_k = 1"
         if self.group:
             grid += f", group = {self.group}"
-        flags = (", transpose_a = true" if self.ta else "") + (", transpose_b = true" if self.tb else "")
+        flags = (", transpose_a = true" if self.ta else "") + (", transpose_b = true" if self.tb else "") + \
+            (", tf32 = true" if self.dt == "f32" else "")
         lines = []
         Program._emit(prog, self.epilogue, lines, 2)
         epilogue = ""
@@ -1361,11 +1362,17 @@ def _scalars(draw):
 @st.composite
 def gemm_program(draw):
     from gemm_shapes import SHAPES
-    f8 = draw(st.integers(0, 5)) == 0
+    kind = draw(st.integers(0, 7))
+    f8 = kind == 0
     if f8:
         dt = draw(st.sampled_from(["f8e4m3", "f8e5m2"]))
         bm, bn, threads = draw(st.sampled_from([(128, 128, 256), (64, 128, 128), (128, 256, 256), (64, 64, 128)]))
         bk, ta, tb = 128, False, True              # wgmma reads 8-bit operands K-major only
+    elif kind == 1:                                # f32 read as tf32 (tf32 = true): K-major only as well
+        dt = "f32"
+        bm, bn, threads = draw(st.sampled_from([(128, 128, 256), (64, 128, 128), (128, 64, 256), (64, 64, 128),
+                                                (16, 128, 128), (192, 128, 384), (64, 24, 256)]))
+        bk, ta, tb = draw(st.sampled_from([32, 32, 16, 8, 64])), False, True
     else:
         dt = draw(st.sampled_from(["f16", "f16", "bf16"]))
         bm, bn, bk, threads = draw(st.sampled_from(SHAPES + BIG_GEMM_TILES))
