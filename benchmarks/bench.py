@@ -662,6 +662,25 @@ def bench_gemm_tf32(rows):
         torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
+def bench_gemm_i8(rows):
+    """i8 gemm summed in i32 (examples/gemm_i8.tile as shipped, autotuned on the first
+    call of each shape) against torch._int_mm (cuBLASLt's int8 kernels) of the same
+    [M, K] x [N, K]^T operands, i32 outputs."""
+    import torch
+    k = tilec.compile(str(ROOT / "examples/gemm_i8.tile"))
+    for n in (4096, 8192):
+        a = torch.randint(-128, 128, (n, n), device="cuda", dtype=torch.int8)
+        bt = torch.randint(-128, 128, (n, n), device="cuda", dtype=torch.int8)
+        c = torch.empty(n, n, device="cuda", dtype=torch.int32)
+        k(a, bt, c)
+        want = torch._int_mm(a, bt.t())
+        assert torch.equal(c, want), f"gemm_i8 {n}: {(c != want).sum().item()} elements differ from torch._int_mm"
+        t_tilec, t_torch, ratio = compare(lambda: k(a, bt, c), lambda: torch._int_mm(a, bt.t()))
+        ops = 2 * n ** 3
+        rows.append((f"gemm_i8 {n}^3", "torch._int_mm", ops / t_tilec / 1e12, ops / t_torch / 1e12, "TOPS", ratio,
+                     chosen(k)))
+
+
 def bench_gemm_f8_blockscaled(rows):
     """Block-scaled e4m3 gemm (examples/gemm_f8_blockscaled.tile as shipped, autotuned
     on the first call of each shape): scales per row of A and of B for each 128-deep K
@@ -880,7 +899,7 @@ def bench_compile(rows):
 BENCHES = (bench_compile, bench_copy, bench_copy_prehopper, bench_ragged, bench_scale, bench_rowsum, bench_softmax,
            bench_attention, bench_im2col,
            bench_gemm, bench_gemm_small, bench_gemm_decode, bench_persistent, bench_autotune, bench_gemm_f8,
-           bench_gemm_tf32, bench_gemm_f8_blockscaled, bench_conv2d, bench_conv2d_patch,
+           bench_gemm_tf32, bench_gemm_i8, bench_gemm_f8_blockscaled, bench_conv2d, bench_conv2d_patch,
            bench_host)
 
 

@@ -314,7 +314,7 @@ class _Printer:
         each one): without it NVVM may sink a fill into a branch or hoist a read
         above wgmma.wait_group, and ptxas then serializes every wgmma (C7515)."""
         bufs = bufs if bufs is not None else [b for b in self.k.buffers if b.layout == "wgmma"]
-        return [f"{ind}wgmma_fence_operand({b.name});" for b in bufs if b.dtype.name == "f32"]
+        return [f"{ind}wgmma_fence_operand({b.name});" for b in bufs if b.dtype.name in ("f32", "i32")]
 
     @staticmethod
     def flat(shape, idx) -> str:
@@ -505,15 +505,20 @@ class _Printer:
         """Stream-K's hand-over of a tile's partial sums through the launch's
         workspace: a flag per block at its start, then the blocks' slots; slot
         `s.slot` holds each accumulator's fragment registers, register r of
-        thread i at float r * threads + i (coalesced, 16 bytes per thread)."""
+        thread i at float (or i32) r * threads + i (coalesced, 16 bytes per thread)."""
         self.uses_stream_k = True
         slot = f"reinterpret_cast<float4*>(tl_workspace + {WORKSPACE_FLAG_BYTES}) + " \
                f"static_cast<long long>({self.expr(s.slot)}) * {workspace_bytes_per_block(self.k) // 16}"
         flag = f"&tl_slot_ready[{self.expr(s.slot)}]"
+        def vec(name):          # an i32 accumulator's registers move as int4 (float4 would round them)
+            return "int4" if self.k.buffer(name).dtype.name == "i32" else "float4"
+
+        def at_slot(name, at):
+            return f"tl_slot[{at}]" if vec(name) == "float4" else f"reinterpret_cast<{'const ' * isinstance(s, ir.PartialAdd)}int4*>(tl_slot)[{at}]"
         if isinstance(s, ir.PartialStore):
             body = [f"{ind}  float4* const tl_slot = {slot};"]
             body += self.slot_loops(s.buffers, ind, lambda name, at: [
-                f"__stcg(&tl_slot[{at}], make_float4({name}[tl_r], {name}[tl_r + 1], {name}[tl_r + 2], "
+                f"__stcg(&{at_slot(name, at)}, make_{vec(name)}({name}[tl_r], {name}[tl_r + 1], {name}[tl_r + 2], "
                 f"{name}[tl_r + 3]));"])
             body += [f"{ind}  {self.block_sync}  // every thread's share is written",
                      f"{ind}  if (threadIdx.x == 0) tl_slot_release({flag});"]
@@ -522,7 +527,7 @@ class _Printer:
                     f"{ind}  {self.block_sync}  // the slot's partial sums are visible to every thread",
                     f"{ind}  const float4* const tl_slot = {slot};"]
             body += self.slot_loops(s.buffers, ind, lambda name, at: [
-                f"const float4 tl_v = __ldcg(&tl_slot[{at}]);", f"{name}[tl_r] += tl_v.x;",
+                f"const {vec(name)} tl_v = __ldcg(&{at_slot(name, at)});", f"{name}[tl_r] += tl_v.x;",
                 f"{name}[tl_r + 1] += tl_v.y;", f"{name}[tl_r + 2] += tl_v.z;", f"{name}[tl_r + 3] += tl_v.w;"])
             body += self.fence_fragments(ind + "  ", [self.k.buffer(n) for n in s.buffers])
         return [f"{ind}{{"] + body + [f"{ind}}}"]
@@ -563,7 +568,7 @@ class _Printer:
         m, n = acc.fragment_shape
         rows = a.shape[0]                                    # a K-major a's rows: m, less its padding if any
         nw = ir.split_width(n, s.wg_cols)
-        dt, esize = ("tf32" if s.tf32 else a.dtype.name), a.dtype.size
+        dt, esize = _mma_label(s, a, b), a.dtype.size
         kstep = 32 // esize                                  # each wgmma reads 32 bytes of K
         a_from = "regs" if s.a_in_registers else "m" if ta else "k"    # registers, M- or K-major shared
         self.mma_shapes.add((nw, dt, a_from, not tb, False))
@@ -1363,9 +1368,9 @@ def _warpgroup_col(wg_cols: int) -> str:
 _FRAGMENT_COL = "(threadIdx.x % 4) * 2"     # a lane's first column in each 8-column group
 
 
-# dtype -> (the C type of two adjacent elements, the primitive that packs two floats)
+# dtype -> (the C type of two adjacent elements, the primitive that packs two floats, or two ints: i32)
 PAIR_TYPES = {"f16": ("unsigned", "tl_pack_f16x2"), "bf16": ("unsigned", "tl_pack_bf16x2"),
-              "f32": ("tl_f32x2", "tl_pack_f32x2")}
+              "f32": ("tl_f32x2", "tl_pack_f32x2"), "i32": ("tl_i32x2", "tl_pack_i32x2")}
 
 
 def _converted(value: str, src_dt: ir.DType, dst_dt: ir.DType) -> str:
@@ -1433,10 +1438,11 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     if pr is not None and pr.uses_fastdiv:
         add("fastdiv")
     if pr is not None and pr.mma_shapes:
-        add("wgmma_common")
+        fenced = {b.dtype.name for b in k.buffers if b.layout == "wgmma"}     # fence_fragments' overloads
+        add("wgmma_common", "f32" in fenced, "i32" in fenced)
         for n, dt, a_from, b_n_major, zero in sorted(pr.mma_shapes):
-            ptx = {"f8e4m3": "e4m3", "f8e5m2": "e5m2"}.get(dt, dt)
-            add("wgmma_mma", n, dt, a_from, b_n_major, ptx, 32 // ir.DTYPES["f32" if dt == "tf32" else dt].size, zero)
+            types, k = _MMA_TYPES[dt]
+            add("wgmma_mma", n, dt, a_from, b_n_major, types, k, zero)
     for swizzle in sorted(pr.swizzles if pr is not None else ()):
         add("swizzled", swizzle)
     for name, positions in sorted(pr.row_orders.items() if pr is not None else ()):
@@ -1452,6 +1458,20 @@ def _primitives(k: ir.Kernel, printer_uses_math: bool, debug: bool = False, pr=N
     if pr is not None and pr.uses_stream_k:
         add("stream_k")
     return need
+
+
+# a gemm's operand label (in its wgmma function's name) -> the instruction's D.A.B types, its K step
+_MMA_TYPES = {"f16": ("f32.f16.f16", 16), "bf16": ("f32.bf16.bf16", 16), "f8e4m3": ("f32.e4m3.e4m3", 32),
+              "f8e5m2": ("f32.e5m2.e5m2", 32), "tf32": ("f32.tf32.tf32", 8), "i8": ("s32.s8.s8", 32),
+              "u8": ("s32.u8.u8", 32), "i8u8": ("s32.s8.u8", 32), "u8i8": ("s32.u8.s8", 32)}
+
+
+def _mma_label(s: ir.Gemm, a: ir.Buffer, b: ir.Buffer) -> str:
+    """The operand types of gemm `s` as wgmma reads them (a and b in wgmma's order):
+    one dtype's name, tf32, or an 8-bit integer pair (i8u8) where they differ."""
+    if s.tf32:
+        return "tf32"
+    return a.dtype.name if a.dtype == b.dtype else a.dtype.name + b.dtype.name
 
 
 def _has_phase_register(k, name) -> bool:

@@ -32,8 +32,9 @@ from .plan_smem import place
 
 NAME = "lower-copies"
 
-# output dtypes the epilogue stages (codegen converts their column pairs together)
-STAGED_DTYPES = ("f16", "bf16", "f32")
+# output dtypes the epilogue stages (codegen converts their column pairs together); i32 from an i32
+# accumulator only (its registers as they are; a float one's would need a saturating conversion)
+STAGED_DTYPES = ("f16", "bf16", "f32", "i32")
 OWN_STAGING_SHARE = 2           # an epilogue's staging tile of its own: where all shared tiles stay within
                                 # half of a block's shared memory (two blocks an SM still fit)
 
@@ -136,7 +137,8 @@ def _epilogue_tiles(k: ir.Kernel, staged: dict, lets: dict, grid_scalars: frozen
                 not stores_at_non_negative(s.dst, lets, grid_scalars):
             return
         width = 128 // t.dtype.size
-        if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width:
+        if t.dtype.name not in STAGED_DTYPES or acc.shape[1] % width or \
+                (t.dtype.name == "i32") != (acc.dtype.name == "i32"):
             return
         later = set().union(*(e.reads | e.writes for e in (deep(k, x) for x in rest)))
         nbytes = acc.elements * t.dtype.size

@@ -33,7 +33,8 @@ from ..ir.exprs import map_body, walk_expr
 
 NAME = "plan-gemm"
 
-MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")
+MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "i8", "u8")
+INT_DTYPES = ("i8", "u8")                  # wgmma .s8 / .u8: products summed in i32 (wrapping), not f32
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
@@ -86,8 +87,10 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
                                 f"K-major (wgmma takes {what} in no other order): declare a as [M, K] and b as "
                                 f"[N, K] and write gemm(a, b, acc, transpose_b = true{', tf32 = true' * s.tf32})",
                                 s.span)
-        if acc.dtype.name != "f32":
-            raise SemanticError(f"gemm accumulates in f32; '{acc.name}' is {acc.dtype.name}", s.span)
+        want = "i32" if a.dtype.name in INT_DTYPES else "f32"
+        if acc.dtype.name != want:
+            raise SemanticError(f"gemm accumulates {a.dtype.name} products in {want}; '{acc.name}' is "
+                                f"{acc.dtype.name}", s.span)
         if threads % 128:
             raise SemanticError(f"gemm runs on warpgroups of 128 threads; threads is {threads}", s.span)
         wg = threads // 128
@@ -170,13 +173,14 @@ def run(k: ir.Kernel, opts) -> ir.Kernel:
 
 
 def _check_operand_dtypes(a, b, s):
-    """f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, or f32 ones where the
-    gemm says `tf32 = true`: the tensor cores read f32 as tf32 (8 exponent bits
+    """f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, i8 / u8 ones (either on
+    either side), or f32 ones where the gemm says `tf32 = true`: the tensor cores read f32 as tf32 (8 exponent bits
     and 10 of mantissa, the lower 13 of each element ignored), as torch's
     allow_tf32 and Triton's default tl.dot of f32 do."""
-    if b.dtype != a.dtype or a.dtype.name not in MMA_DTYPES + ("f32",):
-        raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype (or f32 ones, with "
-                            f"tf32 = true), not {a.dtype.name} and {b.dtype.name}", s.span)
+    ints = a.dtype.name in INT_DTYPES and b.dtype.name in INT_DTYPES       # s8 x u8 mixes are wgmma's too
+    if b.dtype != a.dtype and not ints or a.dtype.name not in MMA_DTYPES + ("f32",):
+        raise SemanticError(f"gemm takes f16, bf16, f8e4m3 or f8e5m2 operands of one dtype, i8 or u8 ones, or f32 "
+                            f"ones with tf32 = true; not {a.dtype.name} and {b.dtype.name}", s.span)
     if a.dtype.name == "f32" and not s.tf32:
         raise SemanticError("gemm of f32 operands runs on the tensor cores in tf32 (10 bits of mantissa, the "
                             "lower 13 of each element ignored; f32 accumulation): say so with "

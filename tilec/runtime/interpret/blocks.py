@@ -744,13 +744,14 @@ class _Blocks:
 
     def gemm(self, s, env):
         """acc += a @ b (a is [K, M] with transpose_a, b [N, K] with transpose_b), products and sums in f32 as
-        wgmma accumulates; the order of its sums is not modelled (compare with a
+        wgmma accumulates (8-bit integers: in i32, wrapping); the order of its sums is not modelled (compare with a
         tolerance). Operands are read in their layout (the swizzle TMA wrote);
         the wgmma descriptors themselves are not interpreted."""
         a, b, acc = (self.buffers[n] for n in (s.a, s.b, s.acc))
         stage = self._stage(s.stage, env)
-        av = decode(self.tile(a, stage), a.dtype).astype(F32)
-        bv = decode(self.tile(b, stage), b.dtype).astype(F32)
+        work = np.int64 if acc.dtype.name == "i32" else F32    # 8-bit integers: exact sums, wrapped to i32 below
+        av = decode(self.tile(a, stage), a.dtype).astype(work)
+        bv = decode(self.tile(b, stage), b.dtype).astype(work)
         if s.tf32:          # the tensor cores read tf32: each f32's lower 13 mantissa bits are not read
             av, bv = ((np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(F32) for x in (av, bv))
         if s.patch:         # the im2col view of patch av [PH, PW, C]: rows its output pixels, columns (kh, kw, c)
@@ -763,7 +764,9 @@ class _Blocks:
         # on small tiles by a hundred times (seen on a 2-core machine)
         spec = f"{'ki' if s.transpose_a else 'ik'},{'nk' if s.transpose_b else 'kn'}->in"
         product = np.einsum(spec, av, bv)
-        total = product if s.zero else decode(self.tile(acc), acc.dtype).astype(F32) + product
+        total = product if s.zero else decode(self.tile(acc), acc.dtype).astype(work) + product
+        if work is np.int64:        # wgmma's s32 sums wrap (two's complement), as the interpreter's i32 adds do
+            total = total.astype(np.int32)
         self.set_tile(acc, encode(total, acc.dtype))
 
     # ------------------------------------------------------------ parallel bodies
