@@ -145,3 +145,49 @@ def test_mixed_signs_and_float_outputs_on_the_gpu(ta, tb, out):
     a, bt = operands(300, 264, 640, seed=7, ta=ta, tb=tb)
     got = _run_gpu(program(ta, tb, out), a, bt, out, BM=128, BN=256, STAGES=4, STREAM_K=1)
     assert np.array_equal(got, product(a, bt).astype(got.dtype))
+
+
+ROWS = """kernel rows(A: i8[M, K], B: i8[N, K], C: i32[M, N]) {
+    const BM = 128, BN = 128, BK = 128;
+    grid (bx, by) = (cdiv(N, BN), cdiv(M, BM));
+    threads 256;
+    shared a: i8[BM, BK];
+    shared b: i8[BN, BK];
+    local acc: i32[BM, BN];
+    local r: i32[BM];
+    fill(acc, 0);
+    for k in pipelined(cdiv(K, BK), stages = 3) {
+        copy(A[by * BM, k * BK], a);
+        copy(B[bx * BN, k * BK], b);
+        gemm(a, b, acc, transpose_b = true);
+    }
+    reduce(acc, r, axis = 1, op = OP);
+    parallel (i, j) in (BM, BN) {
+        acc[i, j] = acc[i, j] * 3 - r[i];
+    }
+    copy(acc, C[by * BM, bx * BN]);
+}
+"""
+
+
+def rows_reference(a, bt, op):
+    """Each tile's rows less their sum / maximum over the tile's 128 columns (N = 128 here)."""
+    p = product(a, bt).astype(np.int64)
+    r = p.sum(axis=1, keepdims=True) if op == "sum" else p.max(axis=1, keepdims=True)
+    return (p * 3 - r).astype(np.int32)
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_a_row_reduce_of_an_i32_accumulator_in_the_interpreter(op):
+    a, bt = operands(200, 128, 256, seed=11)
+    c = guarded((200, 128), "i32", like="numpy")
+    tilec.compile(ROWS.replace("OP", op), backend="interpret")(a, bt, c.view)
+    c.check()
+    assert np.array_equal(c.view, rows_reference(a, bt, op))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_a_row_reduce_of_an_i32_accumulator_on_the_gpu(op):
+    a, bt = operands(200, 128, 256, seed=11)
+    assert np.array_equal(_run_gpu(ROWS.replace("OP", op), a, bt, "i32"), rows_reference(a, bt, op))
