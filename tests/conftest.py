@@ -19,6 +19,18 @@ def python_c(code: str) -> list:
     return [sys.executable, "-c", f"import sys; sys.path[0] = {str(TILEC_HOME)!r}\n{code}"]
 
 
+def compile_error(src: str, edits=(), **consts) -> str:
+    """The SemanticError message of compiling `src` for sm_90a after replacing each
+    (old, new) of `edits` (each old must be there: an edit that no longer applies
+    fails the test, not the rule it was written to break)."""
+    for old, new in edits:
+        assert old in src, old
+        src = src.replace(old, new)
+    with pytest.raises(tilec.SemanticError) as e:
+        tilec.compile(src, arch="sm_90a", **consts)
+    return str(e.value)
+
+
 # `python -m tilec`, run by python_c's rule.
 TILEC = python_c("import runpy; runpy.run_module('tilec', run_name='__main__', alter_sys=True)")
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 import tilec
-from conftest import ROOT
+from conftest import ROOT, compile_error
 from guard import guarded
-from tilec import SemanticError
 
 EXAMPLE = ROOT / "examples" / "gemm_i8.tile"
 SRC = EXAMPLE.read_text()
@@ -53,13 +52,8 @@ def product(a, bt):
      "not i8 and f8e4m3"),
 ])
 def test_the_rules_are_told_at_the_gemm(edits, message):
-    src = SRC
-    for edit in edits:
-        assert edit[0] in src
-        src = src.replace(*edit)
-    with pytest.raises(SemanticError) as e:
-        tilec.compile(src, arch="sm_90a", BM=128, BN=128)
-    assert str(e.value).startswith(f"<string>:{GEMM_LINE}:9: error: {message}"), str(e.value)
+    error = compile_error(SRC, edits, BM=128, BN=128)
+    assert error.startswith(f"<string>:{GEMM_LINE}:9: error: {message}"), error
 
 
 def test_the_wgmmas_are_s32_and_the_epilogue_stages_i32_pairs():

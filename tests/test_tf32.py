@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tilec
-from conftest import ROOT
+from conftest import ROOT, compile_error
 from guard import guarded
 from tilec import SemanticError
 
@@ -56,13 +56,8 @@ def expect(got, a, bt):
     ((("tf32 = true", "tf32 = false"),), "gemm of f32 operands runs on the tensor cores in tf32", 9),
 ])
 def test_the_rules_are_told_at_the_gemm(edits, message, col):
-    src = SRC
-    for edit in edits:
-        assert edit[0] in src
-        src = src.replace(*edit)
-    with pytest.raises(SemanticError) as e:
-        tilec.compile(src, arch="sm_90a", BM=128, BN=128)
-    assert str(e.value).startswith(f"<string>:{GEMM_LINE}:{col}: error: {message}"), str(e.value)
+    error = compile_error(SRC, edits, BM=128, BN=128)
+    assert error.startswith(f"<string>:{GEMM_LINE}:{col}: error: {message}"), error
 
 
 def test_tf32_takes_f32_operands_only():
