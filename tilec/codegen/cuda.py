@@ -510,11 +510,14 @@ class _Printer:
         slot = f"reinterpret_cast<float4*>(tl_workspace + {WORKSPACE_FLAG_BYTES}) + " \
                f"static_cast<long long>({self.expr(s.slot)}) * {workspace_bytes_per_block(self.k) // 16}"
         flag = f"&tl_slot_ready[{self.expr(s.slot)}]"
+
         def vec(name):          # an i32 accumulator's registers move as int4 (float4 would round them)
             return "int4" if self.k.buffer(name).dtype.name == "i32" else "float4"
 
-        def at_slot(name, at):
-            return f"tl_slot[{at}]" if vec(name) == "float4" else f"reinterpret_cast<{'const ' * isinstance(s, ir.PartialAdd)}int4*>(tl_slot)[{at}]"
+        def at_slot(name, at):  # the slot's 16 bytes at `at`, as vec(name)
+            if vec(name) == "float4":
+                return f"tl_slot[{at}]"
+            return f"reinterpret_cast<{'const ' * isinstance(s, ir.PartialAdd)}int4*>(tl_slot)[{at}]"
         if isinstance(s, ir.PartialStore):
             body = [f"{ind}  float4* const tl_slot = {slot};"]
             body += self.slot_loops(s.buffers, ind, lambda name, at: [

@@ -34,7 +34,7 @@ from ..ir.exprs import map_body, walk_expr
 NAME = "plan-gemm"
 
 MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "i8", "u8")
-INT_DTYPES = ("i8", "u8")                  # wgmma .s8 / .u8: products summed in i32 (wrapping), not f32
+INT_DTYPES = ("i8", "u8")                  # wgmma .s8 / .u8: products summed in i32 (not saturated), not f32
 
 
 def run(k: ir.Kernel, opts) -> ir.Kernel:
