@@ -2,6 +2,8 @@
 examples/gemm_i8.tile in the interpreter and on the GPU against numpy's exact
 integer product, outputs guarded (tests/guard.py); the sums wrap as i32 adds do;
 the rules told at the gemm's line."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,33 @@ def test_a_row_reduce_of_an_i32_accumulator_in_the_interpreter(op):
 def test_a_row_reduce_of_an_i32_accumulator_on_the_gpu(op):
     a, bt = operands(200, 128, 256, seed=11)
     assert np.array_equal(_run_gpu(ROWS.replace("OP", op), a, bt, "i32"), rows_reference(a, bt, op))
+
+
+DEQUANT = (Path(__file__).parent / "filecheck" / "gemm_i8_dequant.tile")
+
+
+def dequant_case():
+    a, bt = operands(200, 256, 256, seed=12)
+    scale_b = (np.random.default_rng(13).random(256) * 1e-3).astype(np.float32)
+    want = (product(a, bt).astype(np.float32) * np.float32(0.01) * scale_b[None, :]).astype(np.float16)
+    return a, bt, scale_b, want
+
+
+def test_a_dequantizing_epilogue_in_the_interpreter():
+    """W8A8's usual end: the i32 sums times A's scale and B's column scales, to f16."""
+    a, bt, scale_b, want = dequant_case()
+    c = guarded(want.shape, "f16", like="numpy")
+    tilec.compile(DEQUANT, backend="interpret")(a, bt, scale_b, c.view, np.float32(0.01))
+    c.check()
+    assert np.array_equal(c.view, want)
+
+
+@pytest.mark.gpu
+def test_a_dequantizing_epilogue_on_the_gpu():
+    import torch
+    a, bt, scale_b, want = dequant_case()
+    c = guarded(want.shape, "f16")
+    tilec.compile(DEQUANT, fallback=False)(*(torch.from_numpy(x).cuda() for x in (a, bt, scale_b)), c.view, 0.01)
+    torch.cuda.synchronize()
+    c.check()
+    assert np.allclose(c.view.cpu().numpy().astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=0)
